@@ -1,0 +1,33 @@
+# Two entry points, each self-contained on a fresh machine (README quick start).
+#   make run   -> virtual environment, install, run the main job on the embedded default
+#   make test  -> virtual environment, install with test tools, ruff, pytest
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+
+.PHONY: install install-dev run test bench clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+install: $(PY)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e .
+
+install-dev: $(PY)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]'
+
+run: install
+	$(VENV)/bin/fedlap-privacy plan
+
+test: install-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m pytest -q
+
+bench: install-dev
+	$(PY) benchmarks/accountant.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
