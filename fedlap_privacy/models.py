@@ -48,7 +48,9 @@ class ConvNet(nn.Module):
             ]
             channels, size = config.width, size // 2
         if size < 1:
-            raise ValueError(f"image_size {config.image_size} is too small for depth {config.depth}")
+            raise ValueError(
+                f"image_size {config.image_size} is too small for depth {config.depth}"
+            )
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(channels * size * size, config.num_classes)
 

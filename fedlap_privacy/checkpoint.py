@@ -1,0 +1,108 @@
+"""Safe checkpoints: atomic writes, and loads that never execute code.
+
+A checkpoint is a dict of plain data -- dicts, lists, tuples, str, int, float, bool, None
+and torch tensors (e.g. a ``state_dict``) -- stamped with ``"format": FORMAT``. Saving goes
+through a temp file in the target directory (flush + fsync + ``os.replace``), so a crash
+never leaves a half-written checkpoint under the real name. Loading uses
+``torch.load(..., weights_only=True)``, which refuses pickles that would run code or build
+arbitrary objects; every failure is a one-line :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedlap_privacy.errors import CheckpointError
+
+FORMAT = "fedlap-privacy/1"
+
+
+def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` plus ``"format": FORMAT`` to ``path`` atomically.
+
+    Parent directories are created. The caller's dict is not modified. A payload that
+    :func:`load_checkpoint` could not read back (e.g. holding numpy arrays or custom
+    objects) is rejected with :class:`CheckpointError` before anything is written.
+    """
+    if not isinstance(payload, dict):
+        raise TypeError(f"checkpoint payload must be a dict, got {type(payload).__name__}")
+    path = Path(path)
+    buffer = io.BytesIO()
+    try:
+        torch.save({**payload, "format": FORMAT}, buffer)
+    except Exception as exc:  # unpicklable objects: lambdas, open files, ...
+        first = (str(exc).strip().splitlines() or [""])[0][:120]
+        raise CheckpointError(
+            f"cannot save {path}: the payload cannot be serialised ({type(exc).__name__}: {first})"
+        ) from None
+    try:  # the same check load_checkpoint applies, so what is saved can be loaded
+        torch.load(io.BytesIO(buffer.getvalue()), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = found[1] if found else "unsupported objects"
+        raise CheckpointError(
+            f"cannot save {path}: the payload is not plain data (it holds {what})"
+        ) from None
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {path}: {exc}") from exc
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`, without executing any code."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no such checkpoint: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if not zipfile.is_zipfile(path):  # not a torch archive: noise, not an attack
+            raise CheckpointError(
+                f"{path} is not a readable torch checkpoint (corrupt, truncated or another format)"
+            ) from None
+        message = str(exc)
+        found = re.search(r"GLOBAL ([\w.]+)", message)
+        detail = re.search(r"WeightsUnpickler error:\s*(.+)", message)
+        reason = (
+            f"global {found[1]}"
+            if found
+            else detail[1].strip()[:120]
+            if detail
+            else "unsupported pickle content"
+        )
+        raise CheckpointError(
+            f"refusing to load {path}: it contains code or objects that "
+            f"are not plain data ({reason})"
+        ) from None
+    except Exception as exc:  # RuntimeError, EOFError, OSError, ... from a damaged file
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        raise CheckpointError(
+            f"{path} is not a readable torch checkpoint (corrupt, "
+            f"truncated or another format: {first})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found_format = payload.get("format") if isinstance(payload, dict) else None
+        extra = f" (format {found_format!r}, expected {FORMAT!r})" if found_format else ""
+        raise CheckpointError(f"{path} is not a fedlap-privacy checkpoint{extra}")
+    return payload
