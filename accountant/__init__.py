@@ -1,0 +1,35 @@
+"""Privacy accounting for FedLAP-DP (SPEC section 1). Needs only numpy and scipy.
+
+Mechanism assumed everywhere: Poisson sampling of records, per-record L2 clipping to C,
+Gaussian noise N(0, sigma^2 C^2) added to the sum, add/remove-one neighbouring datasets.
+
+>>> from fedlap_privacy.accountant import FedLAPSchedule, epsilon
+>>> s = FedLAPSchedule(batch_size=256, client_size=10000, local_steps=200)
+>>> round(epsilon(s, sigma=1.0, rounds=15, delta=1e-5), 2)
+10.18
+"""
+
+from fedlap_privacy.accountant.planning import (
+    ACCOUNTANTS,
+    epsilon,
+    epsilon_curve,
+    plan_rounds,
+    plan_sigma,
+    rdp_epsilon,
+)
+from fedlap_privacy.accountant.rdp import DEFAULT_ORDERS, EXTENDED_ORDERS, rdp_to_epsilon, sgm_rdp
+from fedlap_privacy.accountant.schedule import FedLAPSchedule
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DEFAULT_ORDERS",
+    "EXTENDED_ORDERS",
+    "FedLAPSchedule",
+    "epsilon",
+    "epsilon_curve",
+    "plan_rounds",
+    "plan_sigma",
+    "rdp_epsilon",
+    "rdp_to_epsilon",
+    "sgm_rdp",
+]

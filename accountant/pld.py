@@ -1,0 +1,56 @@
+"""Privacy-loss-distribution accounting of the same composition (SPEC 1.4).
+
+An adapter over dp-accounting's PLD (Google): one round is the composition of a Poisson-
+sampled Gaussian at ``q1`` with ``T - 1`` at ``q2`` (add/remove-one neighbours, pessimistic
+discretisation, so the result is an upper bound on the true epsilon). PLD is tighter than
+RDP -> (epsilon, delta) conversion (about 8% on the reference configuration) but each
+evaluation costs a fraction of a second instead of a millisecond.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fedlap_privacy.accountant.schedule import FedLAPSchedule
+
+if TYPE_CHECKING:
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+__all__ = ["pld_epsilon", "pld_epsilon_curve", "round_pld"]
+
+#: Discretisation of the privacy-loss values (dp-accounting's default).
+VALUE_INTERVAL = 1e-4
+
+
+def round_pld(schedule: FedLAPSchedule, sigma: float) -> PrivacyLossDistribution:
+    """PLD of one round: SGM(q1) composed with (T - 1) x SGM(q2)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    def sgm(q: float) -> PrivacyLossDistribution:
+        return pld.from_gaussian_mechanism(
+            sigma, sampling_prob=q, value_discretization_interval=VALUE_INTERVAL
+        )
+
+    later = sgm(schedule.q2)
+    first = later if schedule.q1 == schedule.q2 else sgm(schedule.q1)
+    if schedule.local_steps == 1:
+        return first
+    return first.compose(later.self_compose(schedule.local_steps - 1))
+
+
+def pld_epsilon(schedule: FedLAPSchedule, sigma: float, rounds: int, delta: float) -> float:
+    """Epsilon after ``rounds`` rounds by PLD composition."""
+    total = round_pld(schedule, sigma).self_compose(rounds)
+    return max(float(total.get_epsilon_for_delta(delta)), 0.0)
+
+
+def pld_epsilon_curve(
+    schedule: FedLAPSchedule, sigma: float, rounds: int, delta: float
+) -> list[float]:
+    """Epsilon after each round 1..rounds by incremental PLD composition."""
+    one = round_pld(schedule, sigma)
+    total, curve = one, [max(float(one.get_epsilon_for_delta(delta)), 0.0)]
+    for _ in range(rounds - 1):
+        total = total.compose(one)
+        curve.append(max(float(total.get_epsilon_for_delta(delta)), 0.0))
+    return curve

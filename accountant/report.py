@@ -1,0 +1,82 @@
+"""One privacy plan as plain data: what ``fedlap-privacy plan`` computes and prints.
+
+Dispatches on which of (target epsilon, sigma, rounds) are given (SPEC 1.3):
+sigma + rounds -> the epsilon curve (and whether a target holds); eps + sigma -> plan the
+rounds; eps + rounds -> plan sigma; eps alone -> plan sigma for ``DEFAULT_ROUNDS``; neither
+eps nor sigma -> the authors' sigma = 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedlap_privacy.accountant.planning import (
+    Orders,
+    _check,
+    epsilon_curve,
+    plan_rounds,
+    plan_sigma,
+    rdp_epsilon,
+)
+from fedlap_privacy.accountant.schedule import FedLAPSchedule
+
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SIGMA", "privacy_plan"]
+
+DEFAULT_ROUNDS = 30  # the authors' DP configuration
+DEFAULT_SIGMA = 1.0
+
+
+def privacy_plan(
+    schedule: FedLAPSchedule,
+    delta: float,
+    *,
+    eps: float | None = None,
+    sigma: float | None = None,
+    rounds: int | None = None,
+    accountant: str = "rdp",
+    orders: Orders = None,
+) -> dict[str, Any]:
+    """Solve for the missing quantity and return every number of the plan."""
+    _check(eps=eps, sigma=sigma, rounds=rounds, delta=delta, accountant=accountant)
+    if eps is not None and sigma is not None and rounds is None:
+        mode = "plan-rounds"
+        rounds = plan_rounds(schedule, sigma, eps, delta, accountant, orders)
+    elif eps is not None and sigma is None:
+        mode = "plan-sigma"
+        rounds = DEFAULT_ROUNDS if rounds is None else rounds
+        sigma = plan_sigma(schedule, rounds, eps, delta, accountant, orders)
+    else:
+        mode = "epsilon"
+        sigma = DEFAULT_SIGMA if sigma is None else sigma
+        rounds = DEFAULT_ROUNDS if rounds is None else rounds
+    curve = (
+        epsilon_curve(schedule, sigma, rounds, delta, accountant, orders)
+        if rounds > 0
+        else np.zeros(0)
+    )
+    order = (
+        rdp_epsilon(schedule, sigma, rounds, delta, orders)[1]
+        if accountant == "rdp" and rounds > 0
+        else None
+    )
+    final = float(curve[-1]) if rounds > 0 else 0.0
+    return {
+        "mode": mode,
+        "accountant": accountant,
+        "epsilon": final,
+        "target_epsilon": eps,
+        "within_budget": None if eps is None else bool(rounds > 0 and final <= eps),
+        "delta": delta,
+        "sigma": sigma,
+        "rounds": rounds,
+        "q1": schedule.q1,
+        "q2": schedule.q2,
+        "local_steps": schedule.local_steps,
+        "batch_size": schedule.batch_size,
+        "client_size": schedule.client_size,
+        "client_fraction": schedule.client_fraction,
+        "order": order,
+        "curve": [float(e) for e in curve],
+    }

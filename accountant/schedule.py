@@ -1,0 +1,64 @@
+"""FedLAP-DP's two-rate composition (SPEC 1.3, paper Theorem 5.8).
+
+Contract: a record of client k is touched in a round's first access to private data only if
+its client is selected (probability ``client_fraction``, independently per round) and the
+Poisson batch (rate ``batch_size / client_size``) contains it; the round's later accesses are
+conditioned on the first. So each round is one sampled Gaussian step at
+``q1 = client_fraction * batch_size / client_size`` and ``local_steps - 1`` steps at
+``q2 = batch_size / client_size``, every step clipping records to C and adding
+``N(0, sigma^2 C^2 I)`` to the sum (add/remove-one neighbours). ``client_size`` is the SMALLEST
+client dataset, which gives the largest rate: the bound holds for every client.
+``local_steps`` is the worst-case number of accesses per client per round (in FedLAP-DP
+``R_i * L_max * R_b``); accesses that a run skips only make it more private.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedlap_privacy.accountant.rdp import sgm_rdp
+from fedlap_privacy.errors import ConfigError
+
+__all__ = ["FedLAPSchedule"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedLAPSchedule:
+    """Per-round sampling schedule of FedLAP-DP (and of record-level DP-FedAvg/-FedProx)."""
+
+    batch_size: float
+    client_size: int
+    local_steps: int
+    client_fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.client_size, int | np.integer) and self.client_size >= 1):
+            raise ConfigError(f"client size {self.client_size!r} must be a positive integer")
+        if not (np.isfinite(self.batch_size) and self.batch_size > 0):
+            raise ConfigError(f"batch size {self.batch_size!r} must be positive")
+        if self.batch_size > self.client_size:
+            raise ConfigError(
+                f"batch size {self.batch_size} is larger than the client size {self.client_size}"
+            )
+        if not (isinstance(self.local_steps, int | np.integer) and self.local_steps >= 1):
+            raise ConfigError(f"local steps {self.local_steps!r} must be a positive integer")
+        if not (0.0 < self.client_fraction <= 1.0):
+            raise ConfigError(f"client fraction {self.client_fraction!r} must be in (0, 1]")
+
+    @property
+    def q1(self) -> float:
+        """Sampling rate of a round's first access: client fraction x batch rate."""
+        return self.client_fraction * self.batch_size / self.client_size
+
+    @property
+    def q2(self) -> float:
+        """Sampling rate of every later access of the round."""
+        return self.batch_size / self.client_size
+
+    def rdp_per_round(self, sigma: float, orders: np.ndarray) -> np.ndarray:
+        """RDP of one round: xi(alpha|q1) + (T - 1) xi(alpha|q2) (Theorem 5.8)."""
+        second = sgm_rdp(self.q2, sigma, orders)
+        first = second if self.q1 == self.q2 else sgm_rdp(self.q1, sigma, orders)
+        return first + (self.local_steps - 1) * second

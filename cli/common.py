@@ -1,0 +1,49 @@
+"""What every sub-command shares: one-line errors, JSON output, a rich console."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+from fedlap_privacy.errors import FedlapError
+
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print one clear line to stderr and exit non-zero (never a traceback)."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def guarded(call: Callable[[], T]) -> T:
+    """Run ``call``; user errors (bad values, files, checkpoints) become one line + exit 2."""
+    try:
+        return call()
+    except (FedlapError, ValueError, FileNotFoundError) as exc:
+        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def print_json(obj: dict[str, Any]) -> None:
+    """One JSON object on stdout (non-finite floats become null, so the output is valid JSON)."""
+    sys.stdout.write(json.dumps(_finite(obj)) + "\n")

@@ -1,0 +1,29 @@
+"""The ``fedlap-privacy`` command. Sub-commands parse, call one function, print; no logic.
+
+Sub-command modules import torch only inside their functions, so ``plan`` starts fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from fedlap_privacy.cli.plan import plan
+
+app = typer.Typer(
+    name="fedlap-privacy",
+    help="Differentially private federated learning: plan privacy, train, audit.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def main() -> None:
+    """Differentially private federated learning: plan privacy, train, audit."""
+
+
+app.command("plan")(plan)
+
+if __name__ == "__main__":
+    app()

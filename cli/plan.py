@@ -1,0 +1,114 @@
+"""``fedlap-privacy plan``: epsilon of a FedLAP-DP run, or sigma / rounds for a target."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import typer
+from rich.table import Table
+
+from fedlap_privacy.cli.common import console, fail, guarded, print_json
+
+
+class Accountant(StrEnum):
+    rdp = "rdp"
+    pld = "pld"
+
+
+def _parse_orders(text: str | None):
+    from fedlap_privacy.accountant import EXTENDED_ORDERS
+
+    if text is None or text == "default":
+        return None
+    if text == "extended":
+        return EXTENDED_ORDERS
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        fail(f"--orders {text!r} must be 'default', 'extended' or comma-separated numbers > 1")
+
+
+def plan(
+    eps: float | None = typer.Option(None, "--eps", help="Target epsilon."),
+    delta: float = typer.Option(1e-5, "--delta", help="Target delta."),
+    sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier."),
+    rounds: int | None = typer.Option(None, "--rounds", help="Number of rounds M."),
+    batch_size: float = typer.Option(256, "--batch-size", help="Expected batch size B."),
+    client_size: int = typer.Option(10000, "--client-size", help="Smallest client dataset."),
+    client_fraction: float = typer.Option(1.0, "--client-fraction", help="Clients per round."),
+    local_steps: int = typer.Option(200, "--local-steps", help="Accesses per client-round T."),
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant"),
+    orders: str | None = typer.Option(None, "--orders", help="default | extended | a,b,c"),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Epsilon after each round, or plan sigma / rounds for a target (Theorem 5.8).
+
+    Defaults are the authors' CIFAR-10 DP configuration (B 256, 10,000 records per client,
+    T = 4 x 5 x 10 accesses per round, sigma 1, 30 rounds).
+    """
+    from fedlap_privacy.accountant import FedLAPSchedule
+    from fedlap_privacy.accountant.report import privacy_plan
+
+    def run() -> dict:
+        schedule = FedLAPSchedule(
+            batch_size=batch_size,
+            client_size=client_size,
+            local_steps=local_steps,
+            client_fraction=client_fraction,
+        )
+        return privacy_plan(
+            schedule, delta, eps=eps, sigma=sigma, rounds=rounds,
+            accountant=accountant.value, orders=_parse_orders(orders),
+        )
+
+    result = guarded(run)
+    if json_output:
+        print_json(result)
+    else:
+        _print_table(result)
+    if result["rounds"] == 0:
+        fail(
+            f"even one round exceeds epsilon {result['target_epsilon']} at sigma "
+            f"{result['sigma']:g}: raise sigma, lower the sampling rate or the local steps",
+            code=1,
+        )
+
+
+def _print_table(r: dict) -> None:
+    table = Table(title=f"FedLAP-DP privacy plan ({r['accountant'].upper()})", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("batch size B", f"{r['batch_size']:g}"),
+        ("client size min N_k", f"{r['client_size']}"),
+        ("client fraction C", f"{r['client_fraction']:g}"),
+        ("accesses per round T", f"{r['local_steps']}"),
+        ("q1 (first access)", f"{r['q1']:.6g}"),
+        ("q2 (later accesses)", f"{r['q2']:.6g}"),
+        ("delta", f"{r['delta']:g}"),
+        ("sigma" + (" (planned)" if r["mode"] == "plan-sigma" else ""), f"{r['sigma']:.6g}"),
+        ("rounds" + (" (planned)" if r["mode"] == "plan-rounds" else ""), f"{r['rounds']}"),
+        ("epsilon after the last round", f"{r['epsilon']:.4f}"),
+    ]
+    if r["order"] is not None:
+        rows.append(("best RDP order", f"{r['order']:g}"))
+    if r["target_epsilon"] is not None:
+        verdict = "[green]holds[/]" if r["within_budget"] else "[red]exceeded[/]"
+        rows.append((f"target epsilon {r['target_epsilon']:g}", verdict))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if r["curve"]:
+        curve = Table(title="epsilon after each round")
+        for _ in range(3):
+            curve.add_column("round", justify="right")
+            curve.add_column("epsilon", justify="right")
+        cells = [(str(i + 1), f"{e:.4f}") for i, e in enumerate(r["curve"])]
+        height = -(-len(cells) // 3)
+        for row in range(height):
+            line: list[str] = []
+            for col in range(3):
+                i = col * height + row
+                line += list(cells[i]) if i < len(cells) else ["", ""]
+            curve.add_row(*line)
+        console.print(curve)
