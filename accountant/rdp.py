@@ -48,8 +48,11 @@ _MAX_CELLS = 2_000_000  # quadrature cells evaluated at once
 
 def _as_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
     arr = np.atleast_1d(np.asarray(orders, dtype=float))
-    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 1):
-        raise ValueError("RDP orders must be a non-empty list of finite numbers > 1")
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError("RDP orders must be a non-empty list of numbers > 1")
+    bad = arr[~(np.isfinite(arr) & (arr > 1))]
+    if bad.size:
+        raise ValueError(f"RDP order {bad[0]:g} is invalid: orders must be finite numbers > 1")
     return arr
 
 

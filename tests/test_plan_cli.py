@@ -1,0 +1,180 @@
+"""``fedlap-privacy plan`` run as a real process (``python -m fedlap_privacy.cli.main``).
+
+Good input: one JSON object with every number of the plan, in each of the four modes.
+Bad input: non-zero exit, exactly one line on stderr naming the offending value, no traceback.
+``plan`` must not import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedlap_privacy.accountant import FedLAPSchedule, epsilon, epsilon_curve, plan_sigma
+
+DELTA = 1e-5
+REFERENCE = FedLAPSchedule(batch_size=256, client_size=10000, local_steps=200)
+KEYS = set(
+    "accountant epsilon delta sigma rounds q1 q2 local_steps batch_size client_size "
+    "client_fraction order curve".split()
+)
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "fedlap_privacy.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
+
+
+def plan_json(*args: str) -> dict:
+    proc = run_cli("plan", *args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1  # exactly one JSON object
+    out = json.loads(lines[0])
+    assert KEYS <= out.keys()
+    return out
+
+
+def test_plan_rounds_reproduces_the_paper() -> None:
+    out = plan_json("--eps", "10.19", "--sigma", "1")
+    assert out["rounds"] == 15
+    assert out["accountant"] == "rdp"
+    assert out["q1"] == out["q2"] == 0.0256
+    assert (out["batch_size"], out["client_size"], out["local_steps"]) == (256, 10000, 200)
+    assert out["client_fraction"] == 1.0 and out["delta"] == DELTA and out["sigma"] == 1.0
+    assert round(out["epsilon"], 2) == 10.18
+    assert len(out["curve"]) == 15 and round(out["curve"][0], 2) == 2.79
+    assert out["order"] > 1
+    assert plan_json("--eps", "10.18", "--sigma", "1")["rounds"] == 14
+
+
+def test_sigma_and_rounds_give_the_curve() -> None:
+    out = plan_json("--sigma", "1", "--rounds", "27")
+    assert out["rounds"] == 27 and out["sigma"] == 1.0
+    assert out["curve"] == pytest.approx(list(epsilon_curve(REFERENCE, 1.0, 27, DELTA)), rel=1e-12)
+    assert out["epsilon"] == pytest.approx(14.306, abs=5e-4)
+    assert out["curve"][14] == pytest.approx(10.1830, abs=5e-5)
+
+
+def test_eps_and_rounds_plan_sigma() -> None:
+    out = plan_json("--eps", "8", "--rounds", "20")
+    expected = plan_sigma(REFERENCE, 20, 8.0, DELTA)
+    assert out["rounds"] == 20
+    assert out["sigma"] == pytest.approx(expected, rel=1e-12)
+    assert out["epsilon"] <= 8.0
+    assert epsilon(REFERENCE, out["sigma"] / (1 + 2e-4), 20, DELTA) > 8.0
+
+
+def test_eps_alone_plans_sigma_for_30_rounds() -> None:
+    out = plan_json("--eps", "10")
+    assert out["rounds"] == 30 and len(out["curve"]) == 30
+    assert out["sigma"] == pytest.approx(plan_sigma(REFERENCE, 30, 10.0, DELTA), rel=1e-12)
+    assert 1.2 < out["sigma"] < 1.35 and out["epsilon"] <= 10.0
+
+
+def test_schedule_options_and_client_fraction() -> None:
+    out = plan_json(
+        *"--sigma 1.5 --rounds 5 --batch-size 64 --client-size 2000 --local-steps 30".split(),
+        *"--client-fraction 0.25 --delta 1e-6".split(),
+    )
+    s = FedLAPSchedule(batch_size=64, client_size=2000, local_steps=30, client_fraction=0.25)
+    assert out["q1"] == pytest.approx(0.25 * 64 / 2000) and out["q2"] == pytest.approx(0.032)
+    assert out["client_fraction"] == 0.25 and out["delta"] == 1e-6
+    assert out["epsilon"] == pytest.approx(epsilon(s, 1.5, 5, 1e-6), rel=1e-12)
+
+
+def test_pld_accountant() -> None:
+    out = plan_json(
+        *"--sigma 5 --rounds 3 --batch-size 10 --client-size 100 --local-steps 5".split(),
+        *"--client-fraction 0.1 --accountant pld".split(),
+    )
+    s = FedLAPSchedule(batch_size=10, client_size=100, local_steps=5, client_fraction=0.1)
+    assert out["accountant"] == "pld" and out["order"] is None and len(out["curve"]) == 3
+    pld = epsilon(s, 5.0, 3, DELTA, accountant="pld")
+    assert out["epsilon"] == pytest.approx(pld, rel=1e-9)
+    assert out["epsilon"] < epsilon(s, 5.0, 3, DELTA)
+
+
+def test_table_output() -> None:
+    proc = run_cli("plan", "--eps", "10.19", "--sigma", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "10.1830" in proc.stdout and "2.7866" in proc.stdout and "holds" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--eps", "0"], "epsilon 0.0"),
+        (["--eps", "-1"], "epsilon -1.0"),
+        (["--delta", "0"], "delta 0.0"),
+        (["--delta", "1.5"], "delta 1.5"),
+        (["--batch-size", "20000"], "20000"),
+        (["--client-fraction", "0"], "client fraction 0.0"),
+        (["--client-fraction", "1.5"], "client fraction 1.5"),
+        (["--sigma", "0"], "sigma 0.0"),
+        (["--sigma", "-2"], "sigma -2.0"),
+        (["--sigma", "1", "--rounds", "0"], "rounds 0"),
+        (["--sigma", "1", "--rounds", "-3"], "rounds -3"),
+        (["--local-steps", "0"], "local steps 0"),
+        (["--eps", "0.01", "--rounds", "30"], "epsilon 0.01"),  # below the order-grid floor
+        (["--eps", "0.5", "--sigma", "0.5"], "epsilon 0.5"),  # one round already exceeds
+    ],
+)
+def test_bad_input_is_one_line_on_stderr(args: list[str], needle: str) -> None:
+    # table and JSON output take the same path to the error; alternate them to save time
+    extra = ["--json"] if len(needle) % 2 else []
+    proc = run_cli("plan", *args, *extra)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip("\n").splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0]
+    assert lines[0].startswith("error:")
+
+
+def test_unreachable_rounds_still_prints_the_plan() -> None:
+    proc = run_cli("plan", "--eps", "0.5", "--sigma", "0.5", "--json")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    assert out["rounds"] == 0 and out["curve"] == [] and out["within_budget"] is False
+
+
+def test_plan_does_not_import_torch() -> None:
+    command = [sys.executable, "-X", "importtime", "-m", "fedlap_privacy.cli.main"]
+    proc = subprocess.run(
+        [*command, "plan", "--eps", "10"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "import time:" in proc.stderr  # the import log is there ...
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert "numpy" in imported
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}  # ... no torch
+    assert "opacus" not in imported
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).with_name("fedlap-privacy")
+    if not script.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    proc = subprocess.run(
+        [str(script), "plan", "--eps", "10.19", "--sigma", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rounds"] == 15
