@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import typer
 
+from fedlap_privacy.cli.audit import audit
 from fedlap_privacy.cli.plan import plan
+from fedlap_privacy.cli.train import train
 
 app = typer.Typer(
     name="fedlap-privacy",
@@ -24,6 +26,8 @@ def main() -> None:
 
 
 app.command("plan")(plan)
+app.command("train")(train)
+app.command("audit")(audit)
 
 if __name__ == "__main__":
     app()

@@ -1,0 +1,369 @@
+"""The membership-inference audit of a checkpoint, end to end (SPEC 4; paper section 6.6).
+
+:func:`run_audit` loads a checkpoint written by ``fedlap-privacy train`` (safely: weights
+only), rebuilds the model, reloads the dataset and checks that it matches, draws the
+balanced attack / audit sets of :mod:`.membership`, computes each record's loss and
+gradient norm once (:mod:`.features`), trains every attack of :mod:`.attacks` on the attack
+half and measures it on the audit half (:mod:`.metrics`). The result is set against the
+privacy the accountant promised (the checkpoint's ``privacy`` block):
+
+* ``record-level`` -- the audit tests exactly the promised (epsilon, delta);
+* ``client-level`` -- a record is inside one client, and changing one client's data is two
+  add/remove steps, so by group privacy the promise for a record is
+  ``(2 epsilon, (1 + e^epsilon) delta)``; that is what is tested;
+* ``local`` (LDP-FL's per-weight, per-round epsilon, SPEC 1.5) and ``none`` -- no bound on
+  record membership of the released model follows, so nothing is tested.
+
+``violation`` is True (loudly) when some attack's epsilon lower bound exceeds the tested
+epsilon: either the implementation or its accounting is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedlap_privacy.audit.attacks import ATTACK_MODELS, make_attack
+from fedlap_privacy.audit.features import FEATURES, compute_features
+from fedlap_privacy.audit.membership import make_membership_split, member_indices
+from fedlap_privacy.audit.metrics import attack_metrics
+from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.data import DATASETS, load_dataset
+from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
+from fedlap_privacy.models import build_model
+
+__all__ = [
+    "evaluate_attacks",
+    "parse_attacks",
+    "plot_roc",
+    "privacy_claim",
+    "run_audit",
+    "write_report",
+]
+
+CONFIDENCE = 0.95
+NOTIONS = ("record-level", "client-level", "local", "none")
+
+
+def parse_attacks(attacks: str | Sequence[str]) -> tuple[str, ...]:
+    """``"loss,grad-norm"`` (or a sequence) -> validated, de-duplicated feature names."""
+    names = attacks.split(",") if isinstance(attacks, str) else list(attacks)
+    out: list[str] = []
+    for name in (n.strip() for n in names):
+        if not name:
+            continue
+        if name not in FEATURES:
+            raise ConfigError(f"unknown attack {name!r}; choose from {', '.join(FEATURES)}")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise ConfigError(f"no attack given; choose from {', '.join(FEATURES)}")
+    return tuple(out)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def privacy_claim(privacy: Any, ledger: Any = None) -> dict[str, Any]:
+    """The promise the audit tests, from the checkpoint's ``privacy`` block (module docstring).
+
+    ``epsilon`` / ``delta`` / ``notion`` are what the accountant reported (the last ledger
+    entry, :mod:`fedlap_privacy.ledger`, stands in when the block lacks them);
+    ``epsilon_tested`` / ``delta_tested`` the record-level promise they imply (None: nothing
+    to test) and ``basis`` says why.
+    """
+    privacy = privacy if isinstance(privacy, dict) else {}
+    last = ledger[-1] if isinstance(ledger, list) and ledger else {}
+    last = last if isinstance(last, dict) else {}
+    notion = privacy.get("notion", last.get("notion", "none"))
+    epsilon, delta = _number(privacy.get("epsilon")), _number(privacy.get("delta"))
+    if epsilon is None and last:
+        epsilon, delta = _number(last.get("epsilon")), _number(last.get("delta"))
+    claim: dict[str, Any] = {
+        "notion": notion,
+        "epsilon": epsilon,
+        "delta": delta,
+        "accountant": privacy.get("accountant"),
+        "epsilon_tested": None,
+        "delta_tested": None,
+    }
+    if notion not in NOTIONS:
+        raise CheckpointError(
+            f"checkpoint privacy notion {notion!r} is unknown; expected one of {', '.join(NOTIONS)}"
+        )
+    if notion in ("none", "local") or epsilon is None or not math.isfinite(epsilon):
+        claim["basis"] = {
+            "none": "non-private model: no promise to test",
+            "local": "a per-weight local-DP epsilon bounds no record's membership in the model",
+        }.get(notion, "no finite epsilon recorded: no promise to test")
+        return claim
+    d = 0.0 if delta is None else delta
+    if notion == "record-level":
+        if d >= 1.0:
+            claim["basis"] = "delta >= 1 promises nothing: no promise to test"
+            return claim
+        claim.update(epsilon_tested=epsilon, delta_tested=d, basis="record-level DP, as promised")
+        return claim
+    group_delta = (1.0 + math.exp(min(epsilon, 700.0))) * d
+    if group_delta >= 1.0:
+        claim["basis"] = (
+            "client-level DP: the group-privacy delta (1 + e^eps) delta >= 1 for a record, "
+            "so no record-level promise to test"
+        )
+        return claim
+    claim.update(
+        epsilon_tested=2.0 * epsilon,
+        delta_tested=group_delta,
+        basis="client-level DP -> a record by group privacy: (2 eps, (1 + e^eps) delta)",
+    )
+    return claim
+
+
+def evaluate_attacks(
+    features: dict[str, np.ndarray],
+    is_member: np.ndarray,
+    is_audit: np.ndarray,
+    seed: int = 0,
+    delta: float = 0.0,
+    confidence: float = CONFIDENCE,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Fit every attack model on each feature's attack half, measure it on the audit half.
+
+    Returns ``{feature: {"mlp": metrics, "threshold": metrics}}``. The epsilon lower bounds
+    share one Bonferroni family over all these attacks (see :mod:`.metrics`).
+    """
+    is_member, is_audit = np.asarray(is_member, bool), np.asarray(is_audit, bool)
+    family = len(features) * len(ATTACK_MODELS)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, values in features.items():
+        values = np.asarray(values, dtype=np.float64)
+        results[name] = {}
+        for kind in ATTACK_MODELS:
+            attack = make_attack(kind, seed=seed)
+            attack.fit(values[~is_audit], is_member[~is_audit])  # never sees the audit half
+            scores = attack.score(values[is_audit])
+            metrics = attack_metrics(is_member[is_audit], scores, delta, confidence, family)
+            members = values[is_audit & is_member]
+            outsiders = values[is_audit & ~is_member]
+            metrics["feature_median"] = {
+                "members": float(np.median(members)),
+                "nonmembers": float(np.median(outsiders)),
+            }
+            results[name][kind] = metrics
+    return results
+
+
+def _load_target(
+    checkpoint_path: str | Path, data_dir: str | Path | None
+) -> tuple[dict[str, Any], Any, Any, np.ndarray, str | None]:
+    """Checkpoint, rebuilt model, dataset, member indices, the data dir used -- all checked."""
+    path = Path(checkpoint_path)
+    ckpt = load_checkpoint(path)
+    for key in ("model_state", "model_config", "dataset", "split"):
+        if key not in ckpt:
+            raise CheckpointError(f"checkpoint {path} lacks {key!r}; was it written by train?")
+    info = ckpt["dataset"] if isinstance(ckpt["dataset"], dict) else {}
+    name = info.get("name")
+    if name not in DATASETS:
+        raise CheckpointError(
+            f"checkpoint {path} names unknown dataset {name!r}; known: {', '.join(DATASETS)}"
+        )
+    config = ckpt["model_config"]
+    try:
+        if not isinstance(config, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in config.values()
+        ):
+            raise TypeError("not a dict of integers")
+        model = build_model(dict(config))
+        model.load_state_dict(ckpt["model_state"])
+    except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({first})") from None
+
+    from_checkpoint = data_dir is None and info.get("data_dir") is not None
+    used = data_dir if data_dir is not None else info.get("data_dir")
+    try:
+        dataset = load_dataset(name, used)
+    except DataError as exc:
+        if not from_checkpoint:
+            raise
+        raise DataError(
+            f"{exc} (data dir {used} recorded in the checkpoint; pass --data-dir)"
+        ) from None
+    expected = (config["in_channels"], config["image_size"], config["num_classes"])
+    found = (dataset.in_channels, dataset.image_size, dataset.num_classes)
+    if expected != found:
+        raise DataError(
+            f"dataset {name!r} has {found[0]}x{found[1]}x{found[1]} images and {found[2]} "
+            f"classes, but the checkpoint's model expects {expected[0]}x{expected[1]}x"
+            f"{expected[1]} and {expected[2]}"
+        )
+    split = ckpt["split"] if isinstance(ckpt["split"], dict) else {}
+    members = member_indices(split.get("client_indices"), len(dataset.y_train))
+    return ckpt, model, dataset, members, None if used is None else str(used)
+
+
+def run_audit(
+    checkpoint_path: str | Path,
+    data_dir: str | Path | None = None,
+    attacks: str | Sequence[str] = FEATURES,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    max_per_half: int | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Audit one checkpoint; returns the report dict (and writes it when ``out_dir`` is set).
+
+    ``attacks`` names the features (``"loss"``, ``"grad-norm"``); each is attacked by the
+    MLP and by the threshold baseline. ``max_per_half`` caps each of the four record sets
+    (all records by default). ``device`` defaults to CUDA when available. With ``out_dir``,
+    ``report.json`` and ``roc.png`` are written there.
+    """
+    features_wanted = parse_attacks(attacks)
+    ckpt, model, dataset, members, used_dir = _load_target(checkpoint_path, data_dir)
+    claim = privacy_claim(ckpt.get("privacy"), ckpt.get("ledger"))
+    split = make_membership_split(
+        members, dataset.y_train, dataset.y_test, seed=seed, max_per_half=max_per_half
+    )
+    x, y, is_member, is_audit = split.gather(
+        dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test
+    )
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(dev)
+    start = time.perf_counter()
+    features = compute_features(model, x, y, features_wanted)
+    feature_seconds = time.perf_counter() - start
+
+    delta = claim["delta_tested"] if claim["delta_tested"] is not None else 0.0
+    results = evaluate_attacks(features, is_member, is_audit, seed=seed, delta=delta)
+    best_name, best = max(
+        ((f"{f}/{k}", r["eps_lb"]) for f, by in results.items() for k, r in by.items()),
+        key=lambda item: item[1],
+    )
+    tested = claim["epsilon_tested"]
+    report: dict[str, Any] = {
+        "checkpoint": str(checkpoint_path),
+        "method": ckpt.get("method"),
+        "round": ckpt.get("round"),
+        "dataset": {
+            "name": dataset.name,
+            "data_dir": used_dir,
+            "n_train": len(dataset.y_train),
+            "n_test": len(dataset.y_test),
+        },
+        "sets": {
+            "seed": seed,
+            "members_total": len(members),
+            "per_half": split.per_half,
+            "attack_half": {"members": split.per_half, "nonmembers": split.per_half},
+            "audit_half": {"members": split.per_half, "nonmembers": split.per_half},
+            "member_classes": sorted(np.unique(dataset.y_train[members]).tolist()),
+        },
+        "privacy": claim,
+        "confidence": CONFIDENCE,
+        "semantics": {
+            "metrics": "computed on the audit half only; attacks are fitted on the other half",
+            "balanced_accuracy": "best threshold on the audit half (optimistic)",
+            "tpr_at_fpr": "best TPR with empirical FPR <= target, no interpolation",
+            "eps_lb": (
+                "max over audit thresholds of the SPEC 4 bound with one-sided Clopper-Pearson "
+                "upper bounds, Bonferroni over 2 bounds x (n+1) cuts x all attacks "
+                f"(family-wise {CONFIDENCE:.0%}); delta = delta_tested"
+            ),
+        },
+        "attacks": results,
+        "max_eps_lb": best,
+        "max_eps_lb_attack": best_name,
+        "violation": bool(tested is not None and best > tested),
+        "feature_seconds": feature_seconds,
+    }
+    if out_dir is not None:
+        write_report(report, out_dir)
+    return report
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write ``report.json`` (non-finite numbers as null) and ``roc.png`` into ``out_dir``."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = out / "report.json"
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=".report.json.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(_finite(report), f, indent=2)
+            os.replace(tmp, json_path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        png_path = out / "roc.png"
+        plot_roc(report, png_path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
+    return {"json": json_path, "png": png_path}
+
+
+def plot_roc(report: dict[str, Any], path: str | Path) -> None:
+    """Two panels: linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4.5))
+    FigureCanvasAgg(fig)
+    linear, loglog = fig.subplots(1, 2)
+    floor = 1.0
+    for feature, by_model in report["attacks"].items():
+        for kind, metrics in by_model.items():
+            fpr = np.asarray(metrics["roc"]["fpr"])
+            tpr = np.asarray(metrics["roc"]["tpr"])
+            floor = min(floor, 0.5 / max(1, metrics["n_nonmembers"]))
+            label = f"{feature} / {kind} (AUC {metrics['auc']:.3f})"
+            linear.plot(fpr, tpr, label=label)
+            loglog.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), label=label)
+    for ax, lo in ((linear, 0.0), (loglog, floor)):
+        ax.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="random guess (AUC 0.5)")
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+    linear.set_xlim(0, 1)
+    linear.set_ylim(0, 1)
+    loglog.set_xscale("log")
+    loglog.set_yscale("log")
+    loglog.set_xlim(floor, 1)
+    loglog.set_ylim(floor, 1)
+    linear.set_title("ROC (audit half)")
+    loglog.set_title("ROC, log-log (low-FPR regime)")
+    linear.legend(loc="lower right", fontsize=7)
+    eps = report["privacy"].get("epsilon")
+    fig.suptitle(
+        f"{report.get('method') or 'model'} on {report['dataset']['name']}: accountant eps = "
+        f"{'n/a' if eps is None else f'{eps:.3g}'} ({report['privacy']['notion']}), "
+        f"max eps lower bound = {report['max_eps_lb']:.3g}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=120)

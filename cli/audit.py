@@ -1,0 +1,124 @@
+"""``fedlap-privacy audit --model ckpt.pt``: membership-inference audit of a checkpoint (SPEC 4).
+
+Thin: parse flags, call :func:`fedlap_privacy.audit.report.run_audit`, print. torch (and the
+audit package) is imported inside the command, so other sub-commands start without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from fedlap_privacy.cli.common import console, guarded, print_json
+
+__all__ = ["audit", "render_report"]
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def render_report(report: dict[str, Any]) -> None:
+    """A rich table of the metrics per attack, the accountant's promise, the verdict."""
+    sets = report["sets"]
+    table = Table(
+        title=(
+            f"membership inference: {report['dataset']['name']}, audit half "
+            f"{sets['per_half']} members + {sets['per_half']} non-members"
+        )
+    )
+    for column in ("feature", "attack", "AUC", "TPR@0.1%FPR", "TPR@1%FPR", "bal. acc", "eps LB"):
+        table.add_column(column, justify="left" if column in ("feature", "attack") else "right")
+    tested = report["privacy"]["epsilon_tested"]
+    for feature, by_model in report["attacks"].items():
+        for kind, m in by_model.items():
+            eps_lb = _fmt(m["eps_lb"])
+            if tested is not None and m["eps_lb"] > tested:
+                eps_lb = f"[bold red]{eps_lb}[/]"
+            table.add_row(
+                feature,
+                kind,
+                _fmt(m["auc"]),
+                _fmt(m["tpr_at_fpr_0.001"]),
+                _fmt(m["tpr_at_fpr_0.01"]),
+                _fmt(m["balanced_accuracy"]),
+                eps_lb,
+            )
+    console.print(table)
+    privacy = report["privacy"]
+    delta = privacy["delta"]
+    console.print(
+        f"accountant: epsilon = {_fmt(privacy['epsilon'])}"
+        f"{'' if delta is None else f', delta = {delta:.3g}'} "
+        f"({privacy['notion']}, {privacy['accountant'] or 'no accountant'}); "
+        f"tested for a record: "
+        + (
+            "nothing"
+            if tested is None
+            else f"epsilon {tested:.3f}, delta {privacy['delta_tested']:.3g}"
+        )
+        + f" -- {privacy['basis']}",
+        highlight=False,
+    )
+    console.print(
+        f"max epsilon lower bound {report['max_eps_lb']:.3f} ({report['max_eps_lb_attack']}; "
+        f"Clopper-Pearson, family-wise {report['confidence']:.0%}); balanced accuracy at "
+        "the best audit threshold",
+        highlight=False,
+    )
+    if report["violation"]:
+        console.print(
+            f"[bold red]VIOLATION: the empirical lower bound {report['max_eps_lb']:.3f} exceeds "
+            f"the promised epsilon {tested:.3f} -- the DP implementation or its accounting "
+            "is wrong[/]"
+        )
+
+
+def audit(
+    model: Annotated[Path, typer.Option("--model", help="checkpoint written by train")],
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="dataset folder (default: the checkpoint's)"),
+    ] = None,
+    attacks: Annotated[
+        str, typer.Option("--attacks", help="comma-separated features: loss, grad-norm")
+    ] = "loss,grad-norm",
+    out: Annotated[
+        Path | None, typer.Option("--out", help="folder for report.json and roc.png")
+    ] = None,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="print the report as one JSON object")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the member/non-member draw")] = 0,
+    max_per_half: Annotated[
+        int | None,
+        typer.Option("--max-per-half", help="cap on each of the four record sets (speed)"),
+    ] = None,
+) -> None:
+    """Membership-inference audit: attack a checkpoint's training records, bound epsilon."""
+
+    def run() -> dict[str, Any]:
+        from fedlap_privacy.audit.report import parse_attacks, run_audit
+
+        names = parse_attacks(attacks)  # fail on a bad name before any heavy work
+        return run_audit(
+            model,
+            data_dir=data_dir,
+            attacks=names,
+            seed=seed,
+            out_dir=out,
+            max_per_half=max_per_half,
+        )
+
+    if json_output:
+        report = guarded(run)
+        print_json(report)
+        return
+    with console.status("auditing (per-record losses and gradient norms)..."):
+        report = guarded(run)
+    render_report(report)
+    if out is not None:
+        console.print(f"wrote {out / 'report.json'} and {out / 'roc.png'}", highlight=False)

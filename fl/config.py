@@ -1,0 +1,139 @@
+"""Training configuration: every knob of SPEC 2.3 and the presets that load the authors' values."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from fedlap_privacy.errors import ConfigError
+
+__all__ = ["METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig"]
+
+METHODS = ("fedlap", "fedlap-dp", "fedavg", "dp-fedavg", "dp-fedprox")
+DP_METHODS = ("fedlap-dp", "dp-fedavg", "dp-fedprox")
+RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
+
+
+@dataclass
+class TrainConfig:
+    """A run's configuration. Defaults: FedLAP-DP on ``digits``, tuned for epsilon <= 10.
+
+    FedLAP knobs follow SPEC 2.1: ``reinits`` R_i, ``max_loops`` L_max, ``real_batches`` R_b,
+    ``syn_steps`` R_s, ``local_model_steps`` R_l. Baselines use ``local_steps`` accesses
+    per round (DP-SGD steps for the DP ones) at learning rate ``lr_local``.
+    """
+
+    method: str = "fedlap-dp"
+    dataset: str = "digits"
+    data_dir: str | None = None
+    split: str = "noniid"
+    dirichlet_alpha: float = 0.5
+    clients: int = 5
+    client_fraction: float = 1.0
+    rounds: int = 12
+    seed: int = 0
+    width: int = 128
+    # privacy (record level)
+    sigma: float | None = 1.0
+    clip: float = 1.0
+    delta: float = 1e-5
+    target_eps: float | None = None
+    accountant: str = "rdp"
+    batch_size: int = 64
+    # FedLAP (Algorithms 1-3)
+    ipc: int = 10
+    init: str = "noise"
+    reinit_each_round: bool = False
+    reinits: int = 1
+    max_loops: int = 5
+    real_batches: int = 2
+    syn_steps: int = 5
+    local_model_steps: int = 2
+    mse_weight: float = 0.0
+    lr_img: float = 100.0
+    img_momentum: float = 0.5
+    lr_net: float = 0.01
+    radius: float = 1.5
+    radius_rule: str = "fixed"
+    server_epochs: int = 100
+    server_batch: int = 512
+    dsa: bool = True
+    # baselines
+    local_steps: int = 10
+    lr_local: float = 0.5
+    prox_mu: float = 0.01
+
+    @property
+    def private(self) -> bool:
+        return self.method in DP_METHODS
+
+    @property
+    def is_fedlap(self) -> bool:
+        return self.method in ("fedlap", "fedlap-dp")
+
+    @property
+    def accesses_per_round(self) -> int:
+        """Worst-case accesses to private data per client-round (T of Theorem 5.8)."""
+        if self.is_fedlap:
+            return self.reinits * self.max_loops * self.real_batches
+        return self.local_steps
+
+    def validate(self) -> TrainConfig:
+        from fedlap_privacy.data import DATASETS, SPLITS
+
+        checks = [
+            (self.method in METHODS, f"method {self.method!r} must be one of {', '.join(METHODS)}"),
+            (self.dataset in DATASETS, f"dataset {self.dataset!r} must be one of {DATASETS}"),
+            (self.split in SPLITS, f"split {self.split!r} must be one of {', '.join(SPLITS)}"),
+            (self.radius_rule in RADIUS_RULES, f"radius rule {self.radius_rule!r} is unknown"),
+            (self.init in ("noise", "real"), f"init {self.init!r} must be noise or real"),
+            (self.clients >= 1, f"clients {self.clients} must be >= 1"),
+            (0 < self.client_fraction <= 1, f"client fraction {self.client_fraction} not in (0,1]"),
+            (self.rounds >= 1, f"rounds {self.rounds} must be >= 1"),
+            (self.batch_size >= 1, f"batch size {self.batch_size} must be >= 1"),
+            (self.clip > 0, f"clipping bound {self.clip} must be > 0"),
+            (0 < self.delta < 1, f"delta {self.delta} must be in (0, 1)"),
+            (self.sigma is None or self.sigma > 0, f"sigma {self.sigma} must be > 0"),
+            (self.target_eps is None or self.target_eps > 0, f"target epsilon {self.target_eps}"
+             " must be > 0"),
+            (self.ipc >= 1 and self.radius > 0, "ipc and radius must be positive"),
+            (self.accesses_per_round >= 1, "each round must make at least one access"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+        if self.private and self.init == "real":
+            raise ConfigError("init 'real' reads private images without noise: use 'noise' for DP")
+        if self.private and self.radius_rule != "fixed":
+            raise ConfigError("client-suggested radii read private data: use radius rule 'fixed'")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
+        return cls(**values)
+
+
+#: SPEC 2.3: the authors' configurations (DP run / non-private run).
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper-dp": dict(
+        method="fedlap-dp", rounds=30, reinits=4, max_loops=5, real_batches=10, syn_steps=5,
+        local_model_steps=2, ipc=10, init="noise", reinit_each_round=False, mse_weight=0.0,
+        lr_img=100.0, lr_net=0.002, radius=1.5, radius_rule="fixed", server_epochs=100,
+        server_batch=512, sigma=1.0, clip=1.0, delta=1e-5, clients=5, client_fraction=1.0,
+        batch_size=256, local_steps=200,
+    ),
+    "paper": dict(
+        method="fedlap", rounds=200, reinits=1, max_loops=5, real_batches=40, syn_steps=5,
+        local_model_steps=0, ipc=50, init="real", reinit_each_round=True, mse_weight=0.1,
+        lr_img=100.0, lr_net=0.1, radius=10.0, radius_rule="min", server_epochs=100,
+        server_batch=512, clients=5, client_fraction=1.0, batch_size=256, sigma=None,
+    ),
+}

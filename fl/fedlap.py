@@ -1,0 +1,233 @@
+"""FedLAP and FedLAP-DP: client local approximation and server global optimisation.
+
+Client (paper Algorithm 3, SPEC 2.1): learn a small synthetic set S_k whose gradients match
+the client's (DP) real-data gradients along trajectories that stay inside a trust region of
+radius r around the global weights. Server (Eq. 14/16, SPEC 2.2): train the global model on
+the union of the synthetic sets, weighted by N_k/N, until the weights reach the radius.
+
+Privacy: in FedLAP-DP the only access to private data is :func:`fedlap_privacy.fl.dp.dp_gradient`
+on a Poisson batch; everything after it (image updates, local steps on S_k) is
+post-processing. A client-round makes at most ``reinits * max_loops * real_batches`` such
+accesses, which is the T the accountant composes. Synthetic labels are fixed and balanced
+over the classes the client holds (its class list and size N_k are public metadata, as in
+the paper).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
+from fedlap_privacy.fl.matching import match_distance
+from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
+
+__all__ = [
+    "ClientUpdate",
+    "SyntheticSet",
+    "client_approximation",
+    "init_synthetic",
+    "server_optimisation",
+]
+
+#: draws one augmentation (the same for real and synthetic batches) from a generator
+AugmentationDraw = Callable[[torch.Generator], Callable[[Tensor], Tensor]]
+
+
+@dataclass
+class SyntheticSet:
+    """A client's synthetic images with fixed, balanced labels (never optimised)."""
+
+    images: Tensor  # (n, C, H, W)
+    labels: Tensor  # (n,) int64
+
+    def to_dict(self) -> dict[str, Tensor]:
+        return {"images": self.images.detach().cpu(), "labels": self.labels.cpu()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Tensor], device: torch.device) -> SyntheticSet:
+        return cls(d["images"].to(device), d["labels"].to(device))
+
+
+@dataclass
+class ClientUpdate:
+    synthetic: SyntheticSet
+    accesses: int  # accesses to private data actually made (<= reinits*max_loops*real_batches)
+    suggested_radius: float | None  # non-private FedLAP only
+
+
+def init_synthetic(
+    x: Tensor, y: Tensor, ipc: int, init: str, generator: torch.Generator
+) -> SyntheticSet:
+    """``ipc`` images per class the client holds: N(0,1) noise, or real images (non-private)."""
+    classes = torch.unique(y)
+    labels = classes.repeat_interleave(ipc)
+    if init == "noise":
+        shape = (labels.numel(), *x.shape[1:])
+        images = torch.randn(shape, generator=generator, device=generator.device).to(x.device)
+    else:
+        picks = []
+        for c in classes:
+            idx = torch.nonzero(y == c).flatten()
+            order = torch.randperm(idx.numel(), generator=generator, device=generator.device)
+            picks.append(idx[order.to(idx.device)[:ipc]].repeat(math.ceil(ipc / idx.numel()))[:ipc])
+        images = x[torch.cat(picks)].clone()
+    return SyntheticSet(images, labels.to(x.device))
+
+
+def _real_gradient(
+    model: nn.Module, x: Tensor, y: Tensor, cfg: TrainConfig, generator: torch.Generator
+) -> list[Tensor]:
+    """g_real: the DP gradient (FedLAP-DP) or the plain mean gradient (FedLAP)."""
+    if cfg.private:
+        assert cfg.sigma is not None
+        return dp_gradient(model, x, y, cfg.clip, cfg.sigma, cfg.batch_size, generator)
+    loss = F.cross_entropy(model(x), y)
+    return [g.detach() for g in torch.autograd.grad(loss, list(model.parameters()))]
+
+
+def _model_steps(
+    model: nn.Module, syn: SyntheticSet, steps: int, lr: float, anchor: list[Tensor], radius: float
+) -> bool:
+    """``steps`` SGD steps on the synthetic set; True if the trust region was reached."""
+    params = list(model.parameters())
+    for _ in range(steps):
+        loss = F.cross_entropy(model(syn.images), syn.labels)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p.sub_(lr * g)
+        if project_to_ball(model, anchor, radius):
+            return True
+    return False
+
+
+def client_approximation(
+    global_model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    syn: SyntheticSet,
+    cfg: TrainConfig,
+    lr_net: float,
+    generator: torch.Generator,
+    augment: AugmentationDraw | None,
+) -> ClientUpdate:
+    """Algorithm 3: refine ``syn`` so its gradients match the client's along trajectories.
+
+    ``x, y`` is the client's private data (on the model's device). Returns the new synthetic
+    set, the number of private-data accesses made, and (non-private only) the radius the
+    client suggests.
+    """
+    anchor = clone_params(global_model)
+    model = copy.deepcopy(global_model)
+    params = list(model.parameters())
+    images = syn.images.detach().clone().requires_grad_(True)
+    opt = torch.optim.SGD([images], lr=cfg.lr_img, momentum=cfg.img_momentum)
+    rate = cfg.batch_size / x.shape[0]
+    accesses = 0
+    for _ in range(cfg.reinits):
+        with torch.no_grad():
+            for p, a in zip(params, anchor, strict=True):
+                p.copy_(a)
+        for _ in range(cfg.max_loops):
+            if distance(model, anchor) >= cfg.radius:
+                break
+            for _ in range(cfg.real_batches):
+                aug = augment(generator) if augment is not None else (lambda t: t)
+                batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
+                g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
+                accesses += 1
+                for _ in range(cfg.syn_steps):
+                    loss = F.cross_entropy(model(aug(images)), syn.labels)
+                    g_syn = torch.autograd.grad(loss, params, create_graph=True)
+                    dist = match_distance(g_real, g_syn, cfg.mse_weight)
+                    (images.grad,) = torch.autograd.grad(dist, [images])
+                    opt.step()
+            current = SyntheticSet(images.detach(), syn.labels)
+            if _model_steps(model, current, cfg.local_model_steps, lr_net, anchor, cfg.radius):
+                break
+    learned = SyntheticSet(images.detach(), syn.labels)
+    suggested = None
+    if not cfg.private and cfg.radius_rule in ("min", "max", "median"):
+        suggested = suggest_radius(global_model, learned, x, y, cfg, lr_net)
+    return ClientUpdate(learned, accesses, suggested)
+
+
+def suggest_radius(
+    global_model: nn.Module,
+    syn: SyntheticSet,
+    x: Tensor,
+    y: Tensor,
+    cfg: TrainConfig,
+    lr_net: float,
+    max_eval: int = 2048,
+) -> float:
+    """Non-private FedLAP: the distance at which training on S_k gave the lowest real loss.
+
+    Trains from w_g on the client's own synthetic set, evaluating the loss on (up to
+    ``max_eval``) real records after every step; capped at ``cfg.radius`` (SPEC 2.2).
+    """
+    anchor = clone_params(global_model)
+    model = copy.deepcopy(global_model)
+    xs, ys = x[:max_eval], y[:max_eval]
+
+    def real_loss() -> float:
+        with torch.no_grad():
+            return float(F.cross_entropy(model(xs), ys))
+
+    best_loss, best_dist = real_loss(), 0.0
+    for _ in range(cfg.server_epochs):
+        reached = _model_steps(model, syn, 1, lr_net, anchor, cfg.radius)
+        loss = real_loss()
+        if loss < best_loss:
+            best_loss, best_dist = loss, distance(model, anchor)
+        if reached:
+            break
+    return min(best_dist, cfg.radius) if best_dist > 0 else cfg.radius
+
+
+def server_optimisation(
+    model: nn.Module,
+    sets: list[SyntheticSet],
+    weights: list[float],
+    radius: float | None,
+    lr: float,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+) -> int:
+    """Eq. 14/16: minimise sum_k (N_k/N) loss(w, S_k) from w_g until ||w - w_g|| hits ``radius``.
+
+    Each synthetic record of client k weighs (N_k/N)/|S_k|; a mini-batch's loss is its
+    weighted mean. The radius is checked after every step and never exceeded; ``radius``
+    None runs the iteration cap (``epochs`` passes). Returns the number of steps taken.
+    """
+    anchor = clone_params(model)
+    images = torch.cat([s.images for s in sets])
+    labels = torch.cat([s.labels for s in sets])
+    record_w = torch.cat(
+        [torch.full((len(s.labels),), w / len(s.labels), device=images.device)
+         for s, w in zip(sets, weights, strict=True)]
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+    steps = 0
+    for _ in range(epochs):
+        order = torch.randperm(len(labels), generator=generator, device=generator.device)
+        for start in range(0, len(labels), batch_size):
+            idx = order[start : start + batch_size].to(images.device)
+            losses = F.cross_entropy(model(images[idx]), labels[idx], reduction="none")
+            loss = (losses * record_w[idx]).sum() / record_w[idx].sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            steps += 1
+            if radius is not None and project_to_ball(model, anchor, radius):
+                return steps
+    return steps

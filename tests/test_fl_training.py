@@ -1,0 +1,224 @@
+"""FedLAP / FedLAP-DP / baselines: the rules of SPEC 2 on tiny configurations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlap_privacy.accountant import FedLAPSchedule, epsilon
+from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.fl.config import PRESETS, TrainConfig
+from fedlap_privacy.fl.fedavg import average_weights
+from fedlap_privacy.fl.fedlap import (
+    SyntheticSet,
+    client_approximation,
+    init_synthetic,
+    server_optimisation,
+)
+from fedlap_privacy.fl.simulation import CHECKPOINT, METRICS, PENDING, cosine_lr, train
+from fedlap_privacy.fl.trust_region import clone_params, distance
+from fedlap_privacy.models import ModelConfig, build_model
+
+TINY = dict(
+    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
+    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3,
+)
+
+
+def tiny(**kw) -> TrainConfig:
+    return TrainConfig(**{**TINY, **kw})
+
+
+def _model(seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(1, 8, 10, width=16))
+
+
+def _data(n: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 2, (n,), generator=g)
+
+
+def test_client_stays_in_trust_region_and_keeps_labels():
+    model = _model()
+    x, y = _data()
+    g = torch.Generator().manual_seed(1)
+    syn = init_synthetic(x, y, 3, "noise", g)
+    labels = syn.labels.clone()
+    radius = 0.05  # tiny, so the local steps hit it
+    cfg = tiny(method="fedlap-dp", radius=radius, lr_net=5.0, max_loops=4, local_model_steps=3)
+    seen: list[float] = []
+    anchor = clone_params(model)
+    orig = torch.nn.Module.__call__
+
+    def spy(self, *args, **kwargs):  # record the distance of every weight the client uses
+        if self is not model and isinstance(self, type(model)):
+            seen.append(distance(self, anchor))
+        return orig(self, *args, **kwargs)
+
+    torch.nn.Module.__call__ = spy
+    try:
+        update = client_approximation(model, x, y, syn, cfg, 5.0, g, None)
+    finally:
+        torch.nn.Module.__call__ = orig
+    assert seen and max(seen) <= radius * (1 + 1e-5)
+    assert torch.equal(update.synthetic.labels, labels)
+    assert not torch.equal(update.synthetic.images, syn.images)  # the images did learn
+    # the trust region stopped the trajectory early: fewer accesses than the worst case
+    assert 1 <= update.accesses < cfg.accesses_per_round
+
+
+def test_server_never_steps_past_radius_and_counts_steps():
+    model = _model()
+    anchor = clone_params(model)
+    x, y = _data(20)
+    sets = [SyntheticSet(x[:10], y[:10]), SyntheticSet(x[10:], y[10:])]
+    steps = server_optimisation(model, sets, [0.5, 0.5], 0.1, 10.0, 50, 512,
+                                torch.Generator().manual_seed(0))
+    assert steps < 50  # stopped by the radius, not the cap
+    assert distance(model, anchor) == pytest.approx(0.1, rel=1e-4)
+
+
+def test_server_weights_clients_by_size():
+    """The server's first gradient equals sum_k (N_k/N) grad loss(w, S_k)."""
+    x, y = _data(12)
+    x = x.double()
+    sets = [SyntheticSet(x[:4], y[:4]), SyntheticSet(x[4:], y[4:])]
+    weights = [0.8, 0.2]
+    model = _model().double()
+    params = list(model.parameters())
+    expected = [torch.zeros_like(p) for p in params]
+    for s, w in zip(sets, weights, strict=True):
+        grads = torch.autograd.grad(F.cross_entropy(model(s.images), s.labels), params)
+        for e, g in zip(expected, grads, strict=True):
+            e += w * g
+    before = clone_params(model)
+    lr = 1e-3
+    server_optimisation(model, sets, weights, None, lr, 1, 512, torch.Generator())
+    for p, b, e in zip(model.parameters(), before, expected, strict=True):
+        torch.testing.assert_close((b - p.detach()) / lr, e, rtol=1e-6, atol=1e-9)
+
+
+def test_fedavg_average_is_size_weighted():
+    a = {"w": torch.tensor([0.0, 2.0])}
+    b = {"w": torch.tensor([4.0, 6.0])}
+    out = average_weights([a, b], [300, 100])
+    torch.testing.assert_close(out["w"], torch.tensor([1.0, 3.0]))
+
+
+def test_synthetic_init_is_balanced_over_client_classes():
+    x, y = _data()
+    syn = init_synthetic(x, y, 5, "noise", torch.Generator().manual_seed(0))
+    assert syn.labels.tolist() == [0] * 5 + [1] * 5
+    real = init_synthetic(x, y, 5, "real", torch.Generator().manual_seed(0))
+    for img, lab in zip(real.images, real.labels, strict=True):  # real init: images of its class
+        match = (x == img).flatten(1).all(1)
+        assert match.any() and bool((y[match] == lab).all())
+
+
+def test_cosine_learning_rate():
+    assert cosine_lr(0.1, 1, 10) == pytest.approx(0.1)
+    assert cosine_lr(0.1, 10, 10) == pytest.approx(1e-6)
+    assert cosine_lr(0.1, 1, 1) == 0.1
+
+
+def test_presets_carry_the_authors_values():
+    dp = TrainConfig.from_dict(PRESETS["paper-dp"]).validate()
+    assert dp.accesses_per_round == 200 and dp.sigma == 1.0 and dp.lr_net == 0.002
+    plain = TrainConfig.from_dict(PRESETS["paper"]).validate()
+    assert plain.radius_rule == "min" and plain.mse_weight == 0.1 and plain.ipc == 50
+
+
+def test_dp_config_rejects_private_data_leaks():
+    with pytest.raises(ValueError, match="init 'real'"):
+        tiny(method="fedlap-dp", init="real").validate()
+    with pytest.raises(ValueError, match="radius rule"):
+        tiny(method="fedlap-dp", radius_rule="min").validate()
+
+
+@pytest.mark.parametrize("method", ["fedlap-dp", "dp-fedavg", "dp-fedprox"])
+def test_ledger_epsilon_equals_the_accountant(tmp_path, method):
+    cfg = tiny(method=method, sigma=2.0)
+    result = train(cfg, tmp_path, device="cpu")
+    sizes = [len(p) for p in load_checkpoint(tmp_path / CHECKPOINT)["split"]["client_indices"]]
+    schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=min(sizes),
+                              local_steps=cfg.accesses_per_round)
+    for m, entry in enumerate(result.ledger.entries, start=1):
+        assert entry.epsilon == pytest.approx(epsilon(schedule, 2.0, m, cfg.delta), rel=1e-12)
+        assert entry.accesses <= entry.local_steps == cfg.accesses_per_round
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    assert ckpt["privacy"]["epsilon"] == pytest.approx(result.ledger.entries[-1].epsilon)
+    assert ckpt["privacy"]["notion"] == "record-level"
+    lines = (tmp_path / METRICS).read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [1, 2]
+    assert (tmp_path / "accuracy.png").exists() and (tmp_path / "epsilon.png").exists()
+
+
+def test_target_epsilon_stops_before_exceeding(tmp_path):
+    cfg = tiny(method="dp-fedavg", sigma=1.0, rounds=50)
+    sizes_eps = train(tiny(method="dp-fedavg", sigma=1.0, rounds=1), None, device="cpu")
+    first = sizes_eps.ledger.entries[0].epsilon
+    cfg.target_eps = first * 1.5  # one round fits, two may not
+    result = train(cfg, tmp_path, device="cpu")
+    assert result.ledger.epsilon <= cfg.target_eps
+    assert result.summary["rounds_run"] < 50 and "would be exceeded" in result.summary["stopped"]
+
+
+def test_sigma_is_planned_for_target_and_rounds():
+    cfg = tiny(method="dp-fedavg", sigma=None, target_eps=5.0, rounds=2)
+    result = train(cfg, None, device="cpu")
+    assert result.summary["rounds_run"] == 2
+    assert result.ledger.epsilon <= 5.0
+    assert result.ledger.epsilon == pytest.approx(5.0, rel=2e-3)  # the smallest such sigma
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_at(event_name: str, round_: int):
+    def callback(event, info):
+        if event == event_name and info.get("round") == round_:
+            raise _Stop
+
+    return callback
+
+
+@pytest.mark.parametrize("method", ["fedlap-dp", "dp-fedavg"])
+def test_resume_equals_uninterrupted_run(tmp_path, method):
+    cfg = tiny(method=method, rounds=3)
+    full = train(tiny(method=method, rounds=3), tmp_path / "full", device="cpu")
+    with pytest.raises(_Stop):
+        train(cfg, tmp_path / "cut", device="cpu", callback=_stop_at("round_end", 2))
+    assert not (tmp_path / "cut" / PENDING).exists()
+    resumed = train(tiny(method=method, rounds=3), tmp_path / "cut", resume=True, device="cpu")
+    assert resumed.ledger.to_list() == full.ledger.to_list()
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert resumed.history[-1]["test_accuracy"] == full.history[-1]["test_accuracy"]
+
+
+def test_crash_mid_round_is_counted_not_lost(tmp_path):
+    cfg = tiny(method="dp-fedavg", rounds=2)
+    with pytest.raises(_Stop):
+        train(cfg, tmp_path, device="cpu", callback=_stop_at("client_done", 2))
+    assert (tmp_path / PENDING).exists()
+    resumed = train(tiny(method="dp-fedavg", rounds=2), tmp_path, resume=True, device="cpu")
+    statuses = [e.status for e in resumed.ledger.entries]
+    assert statuses == ["completed", "interrupted", "completed"]
+    full = train(tiny(method="dp-fedavg", rounds=2), None, device="cpu")
+    assert resumed.ledger.epsilon > full.ledger.epsilon  # the interrupted round is paid for
+    assert resumed.ledger.rounds_spent == 3
+
+
+def test_non_private_fedlap_suggests_radii(tmp_path):
+    cfg = tiny(method="fedlap", init="real", radius_rule="min", radius=10.0, mse_weight=0.1,
+               sigma=None, lr_net=0.1, rounds=1)
+    result = train(cfg, tmp_path, device="cpu")
+    h = result.history[0]
+    assert h["epsilon"] is None and result.ledger.notion == "none"
+    assert 0 < h["radius"] <= 10.0
