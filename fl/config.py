@@ -34,6 +34,7 @@ class TrainConfig:
     rounds: int = 12
     seed: int = 0
     width: int = 128
+    depth: int | None = None  # ConvNet blocks; None: 3 (SPEC 2.4), 2 for 8x8 digits
     # privacy (record level)
     sigma: float | None = 1.0
     clip: float = 1.0
@@ -58,6 +59,7 @@ class TrainConfig:
     radius_rule: str = "fixed"
     server_epochs: int = 100
     server_batch: int = 512
+    server_momentum: float = 0.5
     dsa: bool = True
     # baselines
     local_steps: int = 10
@@ -127,13 +129,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         method="fedlap-dp", rounds=30, reinits=4, max_loops=5, real_batches=10, syn_steps=5,
         local_model_steps=2, ipc=10, init="noise", reinit_each_round=False, mse_weight=0.0,
         lr_img=100.0, lr_net=0.002, radius=1.5, radius_rule="fixed", server_epochs=100,
-        server_batch=512, sigma=1.0, clip=1.0, delta=1e-5, clients=5, client_fraction=1.0,
-        batch_size=256, local_steps=200,
+        server_batch=512, server_momentum=0.0, sigma=1.0, clip=1.0, delta=1e-5, clients=5,
+        client_fraction=1.0,
+        batch_size=256, local_steps=200, lr_local=0.1,
     ),
     "paper": dict(
         method="fedlap", rounds=200, reinits=1, max_loops=5, real_batches=40, syn_steps=5,
         local_model_steps=0, ipc=50, init="real", reinit_each_round=True, mse_weight=0.1,
         lr_img=100.0, lr_net=0.1, radius=10.0, radius_rule="min", server_epochs=100,
-        server_batch=512, clients=5, client_fraction=1.0, batch_size=256, sigma=None,
+        server_batch=512, server_momentum=0.0, clients=5, client_fraction=1.0, batch_size=256,
+        sigma=None,
     ),
 }

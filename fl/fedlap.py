@@ -16,6 +16,7 @@ the paper).
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,23 @@ def _real_gradient(
     return [g.detach() for g in torch.autograd.grad(loss, list(model.parameters()))]
 
 
+def structurally_zero(model: nn.Module) -> list[bool]:
+    """Per parameter: True where its gradient is zero for every input (SPEC 2.1 note).
+
+    A conv bias followed by a GroupNorm with one channel per group is removed by the
+    normalisation, so its true gradient is identically zero; with DP its released gradient
+    is pure noise, which must not be matched. Decided from the architecture, not the data.
+    """
+    flags: dict[int, bool] = {}
+    modules = list(model.modules())
+    for current, following in itertools.pairwise(modules):
+        if (isinstance(current, nn.Conv2d) and current.bias is not None
+                and isinstance(following, nn.GroupNorm)
+                and following.num_groups == following.num_channels):
+            flags[id(current.bias)] = True
+    return [flags.get(id(p), False) for p in model.parameters()]
+
+
 def _model_steps(
     model: nn.Module, syn: SyntheticSet, steps: int, lr: float, anchor: list[Tensor], radius: float
 ) -> bool:
@@ -131,6 +149,7 @@ def client_approximation(
     images = syn.images.detach().clone().requires_grad_(True)
     opt = torch.optim.SGD([images], lr=cfg.lr_img, momentum=cfg.img_momentum)
     rate = cfg.batch_size / x.shape[0]
+    include = [not zero for zero in structurally_zero(model)]
     accesses = 0
     for _ in range(cfg.reinits):
         with torch.no_grad():
@@ -147,7 +166,7 @@ def client_approximation(
                 for _ in range(cfg.syn_steps):
                     loss = F.cross_entropy(model(aug(images)), syn.labels)
                     g_syn = torch.autograd.grad(loss, params, create_graph=True)
-                    dist = match_distance(g_real, g_syn, cfg.mse_weight)
+                    dist = match_distance(g_real, g_syn, cfg.mse_weight, include=include)
                     (images.grad,) = torch.autograd.grad(dist, [images])
                     opt.step()
             current = SyntheticSet(images.detach(), syn.labels)
@@ -202,11 +221,14 @@ def server_optimisation(
     epochs: int,
     batch_size: int,
     generator: torch.Generator,
+    momentum: float = 0.0,
+    augment: AugmentationDraw | None = None,
 ) -> int:
     """Eq. 14/16: minimise sum_k (N_k/N) loss(w, S_k) from w_g until ||w - w_g|| hits ``radius``.
 
     Each synthetic record of client k weighs (N_k/N)/|S_k|; a mini-batch's loss is its
-    weighted mean. The radius is checked after every step and never exceeded; ``radius``
+    weighted mean, augmented by a fresh DSA draw per step when ``augment`` is given (as in the
+    authors' code). The radius is checked after every step and never exceeded; ``radius``
     None runs the iteration cap (``epochs`` passes). Returns the number of steps taken.
     """
     anchor = clone_params(model)
@@ -216,13 +238,14 @@ def server_optimisation(
         [torch.full((len(s.labels),), w / len(s.labels), device=images.device)
          for s, w in zip(sets, weights, strict=True)]
     )
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     steps = 0
     for _ in range(epochs):
         order = torch.randperm(len(labels), generator=generator, device=generator.device)
         for start in range(0, len(labels), batch_size):
             idx = order[start : start + batch_size].to(images.device)
-            losses = F.cross_entropy(model(images[idx]), labels[idx], reduction="none")
+            batch = images[idx] if augment is None else augment(generator)(images[idx])
+            losses = F.cross_entropy(model(batch), labels[idx], reduction="none")
             loss = (losses * record_w[idx]).sum() / record_w[idx].sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()

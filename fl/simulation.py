@@ -118,8 +118,9 @@ class _Run:
                             for p in self.parts]
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
+        depth = cfg.depth or (2 if self.data.image_size <= 8 else 3)
         self.model_config = ModelConfig(
-            self.data.in_channels, self.data.image_size, self.data.num_classes, cfg.width
+            self.data.in_channels, self.data.image_size, self.data.num_classes, cfg.width, depth
         )
         torch.manual_seed(cfg.seed)
         self.model = build_model(self.model_config).to(device)
@@ -230,7 +231,7 @@ class _Run:
             radius = _server_radius(cfg, radii)
             server_steps = server_optimisation(
                 self.model, sets, weights, radius, lr, cfg.server_epochs, cfg.server_batch,
-                _generator(self.device, cfg.seed, m, 10**6),
+                _generator(self.device, cfg.seed, m, 10**6), cfg.server_momentum, augment,
             )
         elif chosen:
             self.model.load_state_dict(average_weights(states, weights))
