@@ -218,7 +218,7 @@ def _idx_path(name: str, root: Path, stem: str, download: bool) -> Path:
     target = root / f"{stem}.gz"
     if not download:
         raise DataError(
-            f"missing dataset file {target} (or {root / stem}); pass download=True to fetch it"
+            f"missing dataset file {target} (or {root / stem}); fetch it with --download"
         )
     _download(MIRRORS[name] + target.name, target, CHECKSUMS[name][target.name])
     return target
@@ -288,7 +288,7 @@ def _cifar_folder(root: Path, download: bool) -> Path:
         missing = next(folder / name for name in names if not (folder / name).is_file())
         raise DataError(
             f"missing dataset file {missing} (looked in {root / CIFAR_DIR} and "
-            f"{root}); pass download=True to fetch it"
+            f"{root}); fetch it with --download"
         )
     archive = root / CIFAR_ARCHIVE
     if not archive.is_file():
