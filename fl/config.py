@@ -19,6 +19,11 @@ RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
 class TrainConfig:
     """A run's configuration. Defaults: FedLAP-DP on ``digits``, tuned for epsilon <= 10.
 
+    The digits defaults (10 rounds, sigma 1.5, B 64, T = 1 x 5 x 2 = 10 accesses per round,
+    lr_net 0.05) spend epsilon 9.55 at delta 1e-5 on the paper's non-IID split. 8x8 inputs
+    get a narrower, shallower ConvNet (32 channels, 2 blocks): with 3 blocks the last
+    GroupNorm sees 2x2 maps and training stalls, and fewer weights mean less DP noise.
+
     FedLAP knobs follow SPEC 2.1: ``reinits`` R_i, ``max_loops`` L_max, ``real_batches`` R_b,
     ``syn_steps`` R_s, ``local_model_steps`` R_l. Baselines use ``local_steps`` accesses
     per round (DP-SGD steps for the DP ones) at learning rate ``lr_local``.
@@ -31,12 +36,12 @@ class TrainConfig:
     dirichlet_alpha: float = 0.5
     clients: int = 5
     client_fraction: float = 1.0
-    rounds: int = 12
+    rounds: int = 10
     seed: int = 0
-    width: int = 128
-    depth: int | None = None  # ConvNet blocks; None: 3 (SPEC 2.4), 2 for 8x8 digits
+    width: int | None = None  # ConvNet channels; None: 128 (SPEC 2.4), 32 for 8x8 inputs
+    depth: int | None = None  # ConvNet blocks; None: 3 (SPEC 2.4), 2 for 8x8 inputs
     # privacy (record level)
-    sigma: float | None = 1.0
+    sigma: float | None = 1.5
     clip: float = 1.0
     delta: float = 1e-5
     target_eps: float | None = None
@@ -54,7 +59,7 @@ class TrainConfig:
     mse_weight: float = 0.0
     lr_img: float = 100.0
     img_momentum: float = 0.5
-    lr_net: float = 0.01
+    lr_net: float = 0.05
     radius: float = 1.5
     radius_rule: str = "fixed"
     server_epochs: int = 100

@@ -118,9 +118,10 @@ class _Run:
                             for p in self.parts]
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
-        depth = cfg.depth or (2 if self.data.image_size <= 8 else 3)
+        small = self.data.image_size <= 8
         self.model_config = ModelConfig(
-            self.data.in_channels, self.data.image_size, self.data.num_classes, cfg.width, depth
+            self.data.in_channels, self.data.image_size, self.data.num_classes,
+            cfg.width or (32 if small else 128), cfg.depth or (2 if small else 3),
         )
         torch.manual_seed(cfg.seed)
         self.model = build_model(self.model_config).to(device)
