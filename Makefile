@@ -1,6 +1,7 @@
 # Two entry points, each self-contained on a fresh machine (README quick start).
 #   make run   -> virtual environment, install, run the main job on the embedded default
 #   make test  -> virtual environment, install with test tools, ruff, pytest
+#   make bench -> the speed comparisons against Opacus / dp-accounting / per-record loops
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
@@ -20,7 +21,7 @@ install-dev: $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 
 run: install
-	$(VENV)/bin/fedlap-privacy plan
+	$(VENV)/bin/fedlap-privacy train --out runs/latest
 
 test: install-dev
 	$(VENV)/bin/ruff check .
@@ -28,6 +29,8 @@ test: install-dev
 
 bench: install-dev
 	$(PY) benchmarks/accountant.py
+	$(PY) benchmarks/dp_step.py
+	$(PY) benchmarks/audit_features.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
