@@ -39,6 +39,7 @@ from fedlap_privacy.audit.metrics import attack_metrics
 from fedlap_privacy.checkpoint import load_checkpoint
 from fedlap_privacy.data import DATASETS, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
+from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.models import build_model
 
 __all__ = [
@@ -298,16 +299,6 @@ def run_audit(
     return report
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
     """Write ``report.json`` (non-finite numbers as null) and ``roc.png`` into ``out_dir``."""
     out = Path(out_dir)
@@ -317,7 +308,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
         fd, tmp = tempfile.mkstemp(dir=out, prefix=".report.json.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(_finite(report), f, indent=2)
+                json.dump(json_safe(report), f, indent=2)
             os.replace(tmp, json_path)
         finally:
             Path(tmp).unlink(missing_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -12,6 +11,7 @@ import typer
 from rich.console import Console
 
 from fedlap_privacy.errors import FedlapError
+from fedlap_privacy.jsonsafe import json_safe
 
 console = Console()
 err_console = Console(stderr=True)
@@ -34,16 +34,6 @@ def guarded(call: Callable[[], T]) -> T:
         fail("interrupted", code=130)
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def print_json(obj: dict[str, Any]) -> None:
     """One JSON object on stdout (non-finite floats become null, so the output is valid JSON)."""
-    sys.stdout.write(json.dumps(_finite(obj)) + "\n")
+    sys.stdout.write(json.dumps(json_safe(obj)) + "\n")
