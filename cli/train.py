@@ -45,12 +45,16 @@ def train(
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("runs/latest"), "--out", help="Output directory."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run in --out."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --out with its own settings (--rounds may "
+        "raise the total)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
     from fedlap_privacy.fl.config import PRESETS, TrainConfig
-    from fedlap_privacy.fl.simulation import train as run_training
+    from fedlap_privacy.fl.simulation import resume as resume_training
+    from fedlap_privacy.fl.simulation import train as start_training
 
     values: dict[str, Any] = dict(PRESETS[preset.value]) if preset else {}
     overrides = {
@@ -65,7 +69,7 @@ def train(
         values["sigma"] = sigma
     elif target_eps is not None and rounds is not None:
         values["sigma"] = None  # plan sigma up front for the target
-    cfg = TrainConfig.from_dict(values)
+    cfg = guarded(lambda: TrainConfig.from_dict(values))
 
     if download:
         from fedlap_privacy.data import load_dataset
@@ -92,7 +96,11 @@ def train(
                 + ("eps -" if eps is None else f"eps {eps:.2f}")))
 
     with progress:
-        result = guarded(lambda: run_training(cfg, out, resume, device, on_event))
+        result = guarded(
+            lambda: resume_training(out, rounds, device, on_event)
+            if resume
+            else start_training(cfg, out, device, on_event)
+        )
     if json_output:
         print_json(result.summary)
         return

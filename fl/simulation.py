@@ -43,7 +43,7 @@ from fedlap_privacy.fl.fedlap import (
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import ModelConfig, build_model
 
-__all__ = ["CHECKPOINT", "METRICS", "TrainResult", "resolve_device", "train"]
+__all__ = ["CHECKPOINT", "METRICS", "TrainResult", "resolve_device", "resume", "train"]
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"
@@ -269,32 +269,54 @@ def _augmentation(cfg: TrainConfig) -> AugmentationDraw | None:
 def train(
     cfg: TrainConfig,
     out_dir: str | Path | None = None,
-    resume: bool = False,
     device: str = "auto",
     callback: Callback | None = None,
 ) -> TrainResult:
-    """Run (or with ``resume`` continue) a federated training; see the module docstring."""
-    callback = callback or (lambda event, info: None)
+    """Start a new federated training; see the module docstring.
+
+    Refuses an output directory that already holds a run (its ledger would be lost):
+    continue that one with :func:`resume`.
+    """
     out = Path(out_dir) if out_dir is not None else None
-    ckpt = None
-    if resume:
-        if out is None or not (out / CHECKPOINT).exists():
-            raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
-        ckpt = load_checkpoint(out / CHECKPOINT)
-        stored = TrainConfig.from_dict(ckpt["config"])
-        stored.rounds = cfg.rounds if cfg.rounds != stored.rounds else stored.rounds
-        cfg = stored
+    if out is not None and ((out / CHECKPOINT).exists() or (out / PENDING).exists()):
+        raise ConfigError(f"{out} already holds a run: continue it with --resume or pick --out")
     cfg.validate()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+    return _execute(_Run(cfg, resolve_device(device), out), callback)
+
+
+def resume(
+    out_dir: str | Path,
+    rounds: int | None = None,
+    device: str = "auto",
+    callback: Callback | None = None,
+) -> TrainResult:
+    """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
+
+    A round that was interrupted after touching private data is entered in the ledger first.
+    """
+    out = Path(out_dir)
+    if not (out / CHECKPOINT).exists():
+        raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
+    ckpt = load_checkpoint(out / CHECKPOINT)
+    cfg = TrainConfig.from_dict(ckpt["config"])
+    if rounds is not None:
+        cfg.rounds = rounds
+    cfg.validate()
     run = _Run(cfg, resolve_device(device), out)
-    if ckpt is not None:
-        run.restore(ckpt)
-        pending = out / PENDING if out is not None else None
-        if pending is not None and pending.exists():
-            interrupted = int(json.loads(pending.read_text())["round"])
-            run.ledger.record(interrupted, cfg.accesses_per_round, cfg.clients, "interrupted")
-            run.save()
+    run.restore(ckpt)
+    if (out / PENDING).exists():
+        interrupted = int(json.loads((out / PENDING).read_text())["round"])
+        run.ledger.record(interrupted, cfg.accesses_per_round, cfg.clients, "interrupted")
+        run.save()
+    return _execute(run, callback)
+
+
+def _execute(run: _Run, callback: Callback | None) -> TrainResult:
+    """Run the remaining rounds of ``run``; checkpoints after every round."""
+    cfg, out = run.cfg, run.out
+    callback = callback or (lambda event, info: None)
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": run.round + 1})
     stopped = "completed"
     while run.round < cfg.rounds:

@@ -18,7 +18,14 @@ from fedlap_privacy.fl.fedlap import (
     init_synthetic,
     server_optimisation,
 )
-from fedlap_privacy.fl.simulation import CHECKPOINT, METRICS, PENDING, cosine_lr, train
+from fedlap_privacy.fl.simulation import (
+    CHECKPOINT,
+    METRICS,
+    PENDING,
+    cosine_lr,
+    resume,
+    train,
+)
 from fedlap_privacy.fl.trust_region import clone_params, distance
 from fedlap_privacy.models import ModelConfig, build_model
 
@@ -194,7 +201,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, method):
     with pytest.raises(_Stop):
         train(cfg, tmp_path / "cut", device="cpu", callback=_stop_at("round_end", 2))
     assert not (tmp_path / "cut" / PENDING).exists()
-    resumed = train(tiny(method=method, rounds=3), tmp_path / "cut", resume=True, device="cpu")
+    resumed = resume(tmp_path / "cut", device="cpu")
     assert resumed.ledger.to_list() == full.ledger.to_list()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
                     strict=True):
@@ -207,12 +214,20 @@ def test_crash_mid_round_is_counted_not_lost(tmp_path):
     with pytest.raises(_Stop):
         train(cfg, tmp_path, device="cpu", callback=_stop_at("client_done", 2))
     assert (tmp_path / PENDING).exists()
-    resumed = train(tiny(method="dp-fedavg", rounds=2), tmp_path, resume=True, device="cpu")
+    resumed = resume(tmp_path, device="cpu")
     statuses = [e.status for e in resumed.ledger.entries]
     assert statuses == ["completed", "interrupted", "completed"]
     full = train(tiny(method="dp-fedavg", rounds=2), None, device="cpu")
     assert resumed.ledger.epsilon > full.ledger.epsilon  # the interrupted round is paid for
     assert resumed.ledger.rounds_spent == 3
+
+
+def test_a_finished_run_is_not_overwritten(tmp_path):
+    train(tiny(method="dp-fedavg", rounds=1), tmp_path, device="cpu")
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(tiny(method="dp-fedavg", rounds=1), tmp_path, device="cpu")
+    more = resume(tmp_path, rounds=2, device="cpu")  # raising the total continues the ledger
+    assert [e.round for e in more.ledger.entries] == [1, 2]
 
 
 def test_non_private_fedlap_suggests_radii(tmp_path):
