@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -75,13 +76,20 @@ def main() -> None:
                 values.update(sigma=None, target_eps=target)
             cfg = TrainConfig.from_dict(values)
             t0 = time.perf_counter()
-            res = train(cfg, out / f"{method}-eps{target}", device=args.device)
+            res = train(cfg, out / f"{method}-eps{target}", device=args.device, callback=_log)
             row = {**res.summary, "target_eps": target, "seconds": time.perf_counter() - t0,
                    "accesses_per_round": cfg.accesses_per_round, "batch_size": cfg.batch_size}
             results.append(row)
             print(json.dumps(row), flush=True)
             (out / "table2.json").write_text(json.dumps(results, indent=2))
     print(markdown(results, args.dataset))
+
+
+def _log(event: str, info: dict[str, Any]) -> None:
+    """Progress on stderr: long runs (an hour on CPU) show where they are."""
+    if event in ("client_done", "round_end"):
+        shown = {k: v for k, v in info.items() if k in ("round", "client", "test_accuracy")}
+        print(time.strftime("%H:%M:%S"), event, shown, file=sys.stderr, flush=True)
 
 
 def markdown(results: list[dict[str, Any]], dataset: str) -> str:
