@@ -11,6 +11,7 @@ Gaussian noise N(0, sigma^2 C^2) added to the sum, add/remove-one neighbouring d
 
 from fedlap_privacy.accountant.planning import (
     ACCOUNTANTS,
+    composed_epsilon,
     epsilon,
     epsilon_curve,
     plan_rounds,
@@ -25,6 +26,7 @@ __all__ = [
     "DEFAULT_ORDERS",
     "EXTENDED_ORDERS",
     "FedLAPSchedule",
+    "composed_epsilon",
     "epsilon",
     "epsilon_curve",
     "plan_rounds",

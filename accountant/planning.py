@@ -11,6 +11,7 @@ the planned run never exceeds the target.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +28,7 @@ from fedlap_privacy.errors import ConfigError
 __all__ = [
     "ACCOUNTANTS",
     "SIGMA_RANGE",
+    "composed_epsilon",
     "epsilon",
     "epsilon_curve",
     "plan_rounds",
@@ -97,6 +99,37 @@ def epsilon(
 
         return pld_epsilon(schedule, sigma, rounds, delta)
     return rdp_epsilon(schedule, sigma, rounds, delta, orders)[0]
+
+
+def composed_epsilon(
+    schedules: Sequence[FedLAPSchedule],
+    sigma: float,
+    delta: float,
+    accountant: str = "rdp",
+    orders: Orders = None,
+) -> float:
+    """Epsilon of rounds that differ in their schedule (one entry per round, any order).
+
+    Adaptive composition of Theorem 5.8 rounds with per-round T (ALI-DPFL's tau): RDP adds
+    the per-round RDP of every round; PLD composes the rounds' PLDs. Equal schedules are
+    grouped, so the cost grows with the number of DISTINCT schedules. An empty list is 0.
+    """
+    _check(sigma=sigma, delta=delta, accountant=accountant)
+    counts = Counter(schedules)
+    if not counts:
+        return 0.0
+    if accountant == "pld":
+        from fedlap_privacy.accountant.pld import round_pld
+
+        total = None
+        for schedule, count in counts.items():
+            part = round_pld(schedule, sigma).self_compose(count)
+            total = part if total is None else total.compose(part)
+        assert total is not None
+        return max(float(total.get_epsilon_for_delta(delta)), 0.0)
+    a = _orders(orders)
+    rdp = sum(count * schedule.rdp_per_round(sigma, a) for schedule, count in counts.items())
+    return max(float(np.min(_epsilon_per_order(np.asarray(rdp), a, delta))), 0.0)
 
 
 def epsilon_curve(

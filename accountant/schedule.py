@@ -10,6 +10,9 @@ conditioned on the first. So each round is one sampled Gaussian step at
 client dataset, which gives the largest rate: the bound holds for every client.
 ``local_steps`` is the worst-case number of accesses per client per round (in FedLAP-DP
 ``R_i * L_max * R_b``); accesses that a run skips only make it more private.
+
+Client-level DP (SPEC 1.5) is the special case of one access per round at rate
+``q = client_fraction`` over the ``clients`` "records": :meth:`FedLAPSchedule.client_level`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,15 @@ class FedLAPSchedule:
             raise ConfigError(f"local steps {self.local_steps!r} must be a positive integer")
         if not (0.0 < self.client_fraction <= 1.0):
             raise ConfigError(f"client fraction {self.client_fraction!r} must be in (0, 1]")
+
+    @classmethod
+    def client_level(cls, clients: int, client_fraction: float = 1.0) -> FedLAPSchedule:
+        """SPEC 1.5: one SGM per round over clients, q = client_fraction (sensitivity: the
+        clipping or normalisation scale of a client's update, add/remove-one client)."""
+        return cls(
+            batch_size=client_fraction * clients, client_size=clients, local_steps=1,
+            client_fraction=1.0,
+        )
 
     @property
     def q1(self) -> float:

@@ -8,10 +8,25 @@ from typing import Any
 
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig"]
+__all__ = ["METHODS", "NOTION", "PRESETS", "RADIUS_RULES", "TrainConfig"]
 
-METHODS = ("fedlap", "fedlap-dp", "fedavg", "dp-fedavg", "dp-fedprox")
-DP_METHODS = ("fedlap-dp", "dp-fedavg", "dp-fedprox")
+#: Every method and the privacy notion it has (SPEC 1.5, 3); "none": no formal privacy.
+NOTION: dict[str, str] = {
+    "fedlap": "none",
+    "fedlap-dp": "record-level",
+    "fedavg": "none",
+    "fedprox": "none",
+    "scaffold": "none",
+    "fedsgd": "none",
+    "dp-fedavg": "record-level",
+    "dp-fedprox": "record-level",
+    "ali-dpfl": "record-level",
+    "dp-normfedavg": "client-level",
+    "ldp-fl": "local",
+}
+METHODS = tuple(NOTION)
+#: methods that add Gaussian noise of multiplier sigma (record- or client-level accounting)
+DP_METHODS = tuple(m for m, n in NOTION.items() if n in ("record-level", "client-level"))
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
 
 
@@ -66,13 +81,22 @@ class TrainConfig:
     server_batch: int = 512
     server_momentum: float = 0.5
     dsa: bool = True
-    # baselines
-    local_steps: int = 10
+    # baselines and the other methods (SPEC 3)
+    local_steps: int = 10  # ALI-DPFL: its first round's tau
     lr_local: float = 0.5
-    prox_mu: float = 0.01
+    prox_mu: float = 0.01  # FedProx, DP-FedProx
+    server_lr: float = 1.0  # SCAFFOLD, DP-NormFedAvg: global step on the averaged update
+    tau_max: int = 100  # ALI-DPFL: upper clamp of tau
+    ldp_epsilon: float | None = None  # LDP-FL: epsilon of each weight per round
+
+    @property
+    def notion(self) -> str:
+        """The privacy notion of the method (SPEC 1.5): what its epsilon protects."""
+        return NOTION.get(self.method, "none")
 
     @property
     def private(self) -> bool:
+        """Gaussian-noise DP with an (epsilon, delta) accountant (record or client level)."""
         return self.method in DP_METHODS
 
     @property
@@ -84,6 +108,10 @@ class TrainConfig:
         """Worst-case accesses to private data per client-round (T of Theorem 5.8)."""
         if self.is_fedlap:
             return self.reinits * self.max_loops * self.real_batches
+        if self.notion == "client-level":
+            return 1  # one release of the noisy sum of client updates per round
+        if self.method == "ali-dpfl":
+            return self.tau_max  # the worst case; each round enters its own tau
         return self.local_steps
 
     def validate(self) -> TrainConfig:
@@ -110,6 +138,15 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.method == "ali-dpfl" and (self.target_eps is None or self.sigma is None):
+            raise ConfigError("ali-dpfl needs a privacy budget --target-eps and a fixed --sigma")
+        if self.method == "ldp-fl" and not (self.ldp_epsilon is not None and self.ldp_epsilon > 0):
+            raise ConfigError("ldp-fl needs a positive per-weight epsilon (ldp_epsilon)")
+        if self.local_steps < 1 or (self.method == "ali-dpfl" and self.local_steps > self.tau_max):
+            raise ConfigError(f"local steps {self.local_steps} must be >= 1 (<= tau_max for "
+                              "ali-dpfl)")
+        if self.server_lr <= 0 or self.prox_mu < 0:
+            raise ConfigError("server_lr must be > 0 and prox_mu >= 0")
         if self.private and self.init == "real":
             raise ConfigError("init 'real' reads private images without noise: use 'noise' for DP")
         if self.private and self.radius_rule != "fixed":

@@ -1,57 +1,83 @@
-"""FedAvg, DP-FedAvg and DP-FedProx: local (DP-)SGD and weighted averaging (SPEC 3).
+"""FedAvg, FedProx and their record-level DP versions: local (DP-)SGD, weighted averaging.
 
-Local training draws ``local_steps`` Poisson batches at rate B/N_k. DP variants release
-each step's gradient through :func:`fedlap_privacy.fl.dp.dp_gradient` (record-level DP-SGD,
-accounted with the same two-rate composition as FedLAP-DP, T = local steps). FedProx adds
-the gradient mu (w - w_g) of (mu/2)||w - w_g||^2, which does not touch data
-(post-processing). The server averages the clients' weights with weights N_k / N.
+Local training draws ``steps`` Poisson batches at rate B/N_k. DP variants release each
+step's gradient through :func:`fedlap_privacy.fl.dp.dp_gradient` (record-level DP-SGD,
+accounted with the same two-rate composition as FedLAP-DP, T = local steps; SPEC 3).
+FedProx adds the gradient mu (w - w_g) of (mu/2)||w - w_g||^2 to the local loss's, which does
+not touch data (post-processing). The server averages the clients' weights with weights
+N_k / N. :func:`local_training` is shared by SCAFFOLD (gradient correction), ALI-DPFL
+(per-step gradients observed) and DP-NormFedAvg (its local phase).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
+from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.trust_region import clone_params
 
-__all__ = ["average_weights", "local_training"]
+__all__ = ["LocalSGD", "average_weights", "local_training"]
+
+#: called after each step's gradient is formed: (step, gradient, parameters before the step)
+StepHook = Callable[[int, list[Tensor], list[Tensor]], None]
 
 
 def local_training(
     global_model: nn.Module,
     x: Tensor,
     y: Tensor,
-    cfg: TrainConfig,
+    *,
+    steps: int,
     lr: float,
+    batch_size: float,
     generator: torch.Generator,
-) -> tuple[dict[str, Tensor], int]:
-    """Run the client's local steps from w_g; returns its weights and the accesses made."""
+    dp: tuple[float, float] | None = None,
+    mu: float = 0.0,
+    correction: list[Tensor] | None = None,
+    on_step: StepHook | None = None,
+) -> tuple[nn.Module, int]:
+    """Run ``steps`` local SGD steps from w_g; returns the trained copy and the accesses made.
+
+    Each step samples a Poisson batch at rate ``batch_size / N_k`` (one access). With
+    ``dp = (clip, sigma)`` the step's gradient is the DP gradient (SPEC 1.1) — an empty batch
+    still releases noise; without, an empty batch skips the step. The update is
+    ``w -= lr (g + mu (w - w_g) + correction)`` (FedProx's proximal gradient, SCAFFOLD's
+    c - c_k), both data-independent given g.
+    """
     model = copy.deepcopy(global_model)
     params = list(model.parameters())
     anchor = clone_params(global_model)
-    rate = cfg.batch_size / x.shape[0]
-    mu = cfg.prox_mu if cfg.method == "dp-fedprox" else 0.0
-    for _ in range(cfg.local_steps):
+    rate = batch_size / x.shape[0]
+    for step in range(steps):
         batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
-        if cfg.private:
-            assert cfg.sigma is not None
-            grads = dp_gradient(
-                model, x[batch], y[batch], cfg.clip, cfg.sigma, cfg.batch_size, generator
-            )
+        if dp is not None:
+            clip, sigma = dp
+            grads = dp_gradient(model, x[batch], y[batch], clip, sigma, batch_size, generator)
         elif batch.numel() == 0:
             continue
         else:
             loss = F.cross_entropy(model(x[batch]), y[batch])
             grads = list(torch.autograd.grad(loss, params))
+        if on_step is not None:
+            on_step(step, grads, params)
         with torch.no_grad():
-            for p, g, a in zip(params, grads, anchor, strict=True):
-                p.sub_(lr * (g + mu * (p - a)))
-    return {k: v.detach() for k, v in model.state_dict().items()}, cfg.local_steps
+            for i, (p, g, a) in enumerate(zip(params, grads, anchor, strict=True)):
+                d = g + mu * (p - a) if mu else g
+                if correction is not None:
+                    d = d + correction[i]
+                p.sub_(lr * d)
+    return model, steps
+
+
+def state_of(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach() for k, v in model.state_dict().items()}
 
 
 def average_weights(states: list[dict[str, Tensor]], weights: list[float]) -> dict[str, Tensor]:
@@ -61,3 +87,26 @@ def average_weights(states: list[dict[str, Tensor]], weights: list[float]) -> di
         key: sum(s[key] * (w / total) for s, w in zip(states, weights, strict=True))
         for key in states[0]
     }
+
+
+class LocalSGD(Method):
+    """FedAvg, FedProx, DP-FedAvg, DP-FedProx: upload the locally trained weights."""
+
+    def client(
+        self, model: nn.Module, x: Tensor, y: Tensor, state: State, info: RoundInfo,
+        generator: torch.Generator,
+    ) -> Reply:
+        cfg = self.cfg
+        trained, used = local_training(
+            model, x, y, steps=cfg.local_steps, lr=info.lr, batch_size=cfg.batch_size,
+            generator=generator, dp=(cfg.clip, cfg.sigma) if cfg.private else None,  # type: ignore[arg-type]
+            mu=cfg.prox_mu if cfg.method in ("fedprox", "dp-fedprox") else 0.0,
+        )
+        return Reply(state_of(trained), used, len(y))
+
+    def aggregate(
+        self, model: nn.Module, replies: list[Reply], server_state: State, info: RoundInfo,
+        generator: torch.Generator,
+    ) -> dict[str, Any]:
+        model.load_state_dict(average_weights([r.payload for r in replies], weights_of(replies)))
+        return {}

@@ -20,7 +20,9 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,12 +30,15 @@ from torch import Tensor, nn
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.matching import match_distance
+from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
 
 __all__ = [
     "ClientUpdate",
+    "FedLAP",
     "SyntheticSet",
     "client_approximation",
+    "cosine_lr",
     "init_synthetic",
     "server_optimisation",
 ]
@@ -254,3 +259,71 @@ def server_optimisation(
             if radius is not None and project_to_ball(model, anchor, radius):
                 return steps
     return steps
+
+
+def cosine_lr(lr0: float, round_: int, rounds: int) -> float:
+    """SPEC 2.2: max(lr0 (1 + cos(pi (m-1)/(M-1)))/2, 1e-6)."""
+    if rounds <= 1:
+        return lr0
+    return max(lr0 * (1 + math.cos(math.pi * (round_ - 1) / (rounds - 1))) / 2, 1e-6)
+
+
+def server_radius(cfg: TrainConfig, suggested: list[float | None]) -> float | None:
+    """The radius of Eq. 16: fixed, a statistic of the clients' suggestions, or None."""
+    rule = cfg.radius_rule
+    if rule == "iterations":
+        return None
+    values = [r for r in suggested if r is not None]
+    if rule == "fixed" or not values:
+        return cfg.radius
+    return float({"min": np.min, "max": np.max, "median": np.median}[rule](values))
+
+
+class FedLAP(Method):
+    """FedLAP / FedLAP-DP: clients upload synthetic sets, the server trains on them.
+
+    Node-local state: the client's synthetic set, refined across rounds (unless
+    ``reinit_each_round``). Differentiable siamese augmentation (SPEC 2.1) is on in all of
+    the authors' runs (``dsa``).
+    """
+
+    uses_client_state = True
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        super().__init__(cfg, device)
+        self.augment: AugmentationDraw | None = None
+        if cfg.dsa:
+            from fedlap_privacy.fl.augment import DSA
+
+            self.augment = DSA().draw
+
+    def lr(self, round_: int) -> float:
+        return cosine_lr(self.cfg.lr_net, round_, self.cfg.rounds)
+
+    def client(
+        self, model: nn.Module, x: Tensor, y: Tensor, state: State, info: RoundInfo,
+        generator: torch.Generator,
+    ) -> Reply:
+        cfg = self.cfg
+        if "synthetic" in state and not cfg.reinit_each_round:
+            syn = SyntheticSet.from_dict(state["synthetic"], x.device)
+        else:
+            syn = init_synthetic(x, y, cfg.ipc, cfg.init, generator)
+        update = client_approximation(model, x, y, syn, cfg, info.lr, generator, self.augment)
+        learned = update.synthetic
+        state["synthetic"] = {"images": learned.images, "labels": learned.labels}
+        stats = {} if update.suggested_radius is None else {"radius": update.suggested_radius}
+        return Reply(dict(state["synthetic"]), update.accesses, len(y), stats)
+
+    def aggregate(
+        self, model: nn.Module, replies: list[Reply], server_state: State, info: RoundInfo,
+        generator: torch.Generator,
+    ) -> dict[str, Any]:
+        cfg = self.cfg
+        sets = [SyntheticSet(r.payload["images"], r.payload["labels"]) for r in replies]
+        radius = server_radius(cfg, [r.stats.get("radius") for r in replies])
+        steps = server_optimisation(
+            model, sets, weights_of(replies), radius, info.lr, cfg.server_epochs,
+            cfg.server_batch, generator, cfg.server_momentum, self.augment,
+        )
+        return {"server_steps": steps, "radius": radius}

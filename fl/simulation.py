@@ -1,20 +1,21 @@
 """The in-process driver: rounds, client selection, evaluation, ledger, checkpoints.
 
 One call of :func:`train` runs a whole federated training (or resumes one) with the client
-and server functions of :mod:`fedlap_privacy.fl.fedlap` and :mod:`fedlap_privacy.fl.fedavg`.
+and server steps of the method (:mod:`fedlap_privacy.fl.methods`), the same ones the Flower
+driver calls.
 Randomness comes from generators seeded by (seed, round, client), so a run is reproducible
 on the CPU and a resumed run continues exactly where an uninterrupted one would be.
 
 Privacy bookkeeping: before a round touches private data a marker file ``round.pending`` is
 written; the checkpoint written after the round removes it. A run resumed after a crash
-finds the marker and enters the interrupted round in the ledger (worst case, all its
-accesses), so privacy spent is never lost; completed rounds are never counted twice.
+finds the marker and enters the interrupted round in the ledger (worst case, all the
+accesses it was accounted for), so privacy spent is never lost; completed rounds are never
+counted twice.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -32,14 +33,7 @@ from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
 from fedlap_privacy.data import Dataset, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.fedavg import average_weights, local_training
-from fedlap_privacy.fl.fedlap import (
-    AugmentationDraw,
-    SyntheticSet,
-    client_approximation,
-    init_synthetic,
-    server_optimisation,
-)
+from fedlap_privacy.fl.methods import build_method
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import ModelConfig, build_model
 
@@ -76,13 +70,6 @@ def _generator(device: torch.device, *keys: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def cosine_lr(lr0: float, round_: int, rounds: int) -> float:
-    """SPEC 2.2: max(lr0 (1 + cos(pi (m-1)/(M-1)))/2, 1e-6)."""
-    if rounds <= 1:
-        return lr0
-    return max(lr0 * (1 + math.cos(math.pi * (round_ - 1) / (rounds - 1))) / 2, 1e-6)
-
-
 def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch: int = 1024) -> tuple[float, float]:
     """(accuracy, mean loss) on a labelled set."""
     model.eval()
@@ -96,6 +83,77 @@ def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch: int = 1024) -> tuple
     return correct / len(y), loss / len(y)
 
 
+def _to(state: Any, device: torch.device | str) -> Any:
+    """A method state (nested dicts/lists of tensors and plain values) moved to ``device``."""
+    if isinstance(state, Tensor):
+        return state.detach().to(device)
+    if isinstance(state, dict):
+        return {k: _to(v, device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_to(v, device) for v in state]
+    return state
+
+
+def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
+    """The ledger of the method's notion (SPEC 1.3, 1.5); plans sigma for a target if unset.
+
+    Record level: the Theorem 5.8 schedule at the smallest client (the largest rate). Client
+    level: one SGM over clients per round. Local: the per-weight epsilon per round.
+    """
+    notion = cfg.notion
+    if notion == "local":
+        return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon)
+    if notion == "none":
+        return PrivacyLedger("none")
+    if notion == "client-level":
+        schedule = FedLAPSchedule.client_level(cfg.clients, cfg.client_fraction)
+    else:
+        if cfg.batch_size > min(client_sizes):
+            raise ConfigError(
+                f"batch size {cfg.batch_size} is larger than the smallest client "
+                f"({min(client_sizes)} records)"
+            )
+        schedule = FedLAPSchedule(
+            batch_size=cfg.batch_size, client_size=min(client_sizes),
+            local_steps=cfg.accesses_per_round, client_fraction=cfg.client_fraction,
+        )
+    if cfg.sigma is None:
+        if cfg.target_eps is None:
+            raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
+        cfg.sigma = plan_sigma(schedule, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
+    return PrivacyLedger(notion, schedule, cfg.sigma, cfg.delta, cfg.accountant)
+
+
+def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
+    """What a checkpoint says of its privacy (read by ``audit``)."""
+    eps = ledger.epsilon
+    gaussian = cfg.private
+    return {
+        "notion": ledger.notion,
+        "epsilon": None if eps == float("inf") else eps,
+        "delta": cfg.delta if gaussian else None,
+        "sigma": cfg.sigma if gaussian else None,
+        "accountant": cfg.accountant if gaussian else None,
+        "round_epsilon": ledger.round_epsilon,
+    }
+
+
+def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
+    """Each client independently with probability ``client_fraction`` (the q1 of SPEC 1.3)."""
+    select = _generator(torch.device("cpu"), cfg.seed, round_, 0)
+    return [k for k in range(cfg.clients)
+            if float(torch.rand((), generator=select)) < cfg.client_fraction]
+
+
+def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
+    """SPEC 2.4's ConvNet; 8x8 inputs default to 32 channels and 2 blocks (see TrainConfig)."""
+    small = data.image_size <= 8
+    return ModelConfig(
+        data.in_channels, data.image_size, data.num_classes,
+        cfg.width or (32 if small else 128), cfg.depth or (2 if small else 3),
+    )
+
+
 class _Run:
     """State of one training run (built fresh or from a checkpoint)."""
 
@@ -107,43 +165,19 @@ class _Run:
             labels, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed, self.data.num_classes
         )
         self.sizes = [len(p) for p in self.parts]
-        if cfg.batch_size > min(self.sizes):
-            raise ConfigError(
-                f"batch size {cfg.batch_size} is larger than the smallest client "
-                f"({min(self.sizes)} records)"
-            )
+        self.ledger = build_ledger(cfg, self.sizes)
         x = torch.from_numpy(self.data.x_train).to(device)
         y = torch.from_numpy(self.data.y_train).to(device)
         self.client_data = [(x[torch.from_numpy(p).to(device)], y[torch.from_numpy(p).to(device)])
                             for p in self.parts]
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
-        small = self.data.image_size <= 8
-        self.model_config = ModelConfig(
-            self.data.in_channels, self.data.image_size, self.data.num_classes,
-            cfg.width or (32 if small else 128), cfg.depth or (2 if small else 3),
-        )
+        self.model_config = default_model_config(cfg, self.data)
         torch.manual_seed(cfg.seed)
         self.model = build_model(self.model_config).to(device)
-        self.schedule = None
-        if cfg.private:
-            self.schedule = FedLAPSchedule(
-                batch_size=cfg.batch_size,
-                client_size=min(self.sizes),
-                local_steps=cfg.accesses_per_round,
-                client_fraction=cfg.client_fraction,
-            )
-            if cfg.sigma is None:
-                if cfg.target_eps is None:
-                    raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
-                cfg.sigma = plan_sigma(
-                    self.schedule, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant
-                )
-        self.ledger = PrivacyLedger(
-            self.schedule, cfg.sigma if cfg.private else None,
-            cfg.delta if cfg.private else None, cfg.accountant,
-        )
-        self.synthetic: list[SyntheticSet | None] = [None] * cfg.clients
+        self.method = build_method(cfg, device)
+        self.server_state = self.method.init_server_state(self.model, self.ledger)
+        self.client_state: list[dict[str, Any]] = [{} for _ in range(cfg.clients)]
         self.history: list[dict[str, Any]] = []
         self.round = 0
 
@@ -160,18 +194,13 @@ class _Run:
                 "num_clients": cfg.clients,
                 "client_indices": [torch.from_numpy(p) for p in self.parts],
             },
-            "privacy": {
-                "notion": self.ledger.notion,
-                "epsilon": None if not cfg.private else self.ledger.epsilon,
-                "delta": cfg.delta if cfg.private else None,
-                "sigma": cfg.sigma if cfg.private else None,
-                "accountant": cfg.accountant if cfg.private else None,
-            },
+            "privacy": privacy_block(cfg, self.ledger),
             "ledger": self.ledger.to_list(),
             "config": cfg.to_dict(),
             "round": self.round,
             "history": self.history,
-            "synthetic": [None if s is None else s.to_dict() for s in self.synthetic],
+            "client_state": _to(self.client_state, "cpu"),
+            "server_state": _to(self.server_state, "cpu"),
         }
 
     def restore(self, ckpt: dict[str, Any]) -> None:
@@ -179,9 +208,8 @@ class _Run:
         self.ledger.load(ckpt["ledger"])
         self.round = int(ckpt["round"])
         self.history = list(ckpt["history"])
-        self.synthetic = [
-            None if s is None else SyntheticSet.from_dict(s, self.device) for s in ckpt["synthetic"]
-        ]
+        self.client_state = _to(ckpt["client_state"], self.device)
+        self.server_state = _to(ckpt["server_state"], self.device)
 
     def save(self) -> None:
         if self.out is None:
@@ -193,77 +221,39 @@ class _Run:
         os.replace(tmp, self.out / METRICS)
         (self.out / PENDING).unlink(missing_ok=True)
 
-    def mark_pending(self, round_: int) -> None:
+    def mark_pending(self, round_: int, local_steps: int) -> None:
+        """Before private data is touched: the round and the T it will be accounted for."""
         if self.out is not None:
             tmp = self.out / (PENDING + ".tmp")
-            tmp.write_text(json.dumps({"round": round_}))
+            tmp.write_text(json.dumps({"round": round_, "local_steps": local_steps}))
             os.replace(tmp, self.out / PENDING)
 
     # ---------------------------------------------------------------- one round
-    def run_round(self, m: int, callback: Callback) -> dict[str, Any]:
+    def run_round(self, m: int, local_steps: int, callback: Callback) -> dict[str, Any]:
         cfg, t0 = self.cfg, time.perf_counter()
-        select = _generator(torch.device("cpu"), cfg.seed, m, 0)
-        chosen = [k for k in range(cfg.clients)
-                  if float(torch.rand((), generator=select)) < cfg.client_fraction]
-        lr = cosine_lr(cfg.lr_net, m, cfg.rounds) if cfg.is_fedlap else cfg.lr_local
-        total = sum(self.sizes)
-        accesses, states, sets, radii = 0, [], [], []
-        augment = _augmentation(cfg) if cfg.is_fedlap else None
+        chosen = select_clients(cfg, m)
+        info = self.method.round_info(m, self.server_state)
+        replies = []
         for k in chosen:
-            gen = _generator(self.device, cfg.seed, m, k + 1)
             x, y = self.client_data[k]
-            if cfg.is_fedlap:
-                syn = self.synthetic[k]
-                if syn is None or cfg.reinit_each_round:
-                    syn = init_synthetic(x, y, cfg.ipc, cfg.init, gen)
-                update = client_approximation(self.model, x, y, syn, cfg, lr, gen, augment)
-                self.synthetic[k] = update.synthetic
-                sets.append(update.synthetic)
-                radii.append(update.suggested_radius)
-                used = update.accesses
-            else:
-                state, used = local_training(self.model, x, y, cfg, lr, gen)
-                states.append(state)
-            accesses = max(accesses, used)
+            gen = _generator(self.device, cfg.seed, m, k + 1)
+            replies.append(self.method.client(self.model, x, y, self.client_state[k], info, gen))
             callback("client_done", {"round": m, "client": k})
-        weights = [self.sizes[k] / total for k in chosen]
-        server_steps, radius = 0, None
-        if chosen and cfg.is_fedlap:
-            radius = _server_radius(cfg, radii)
-            server_steps = server_optimisation(
-                self.model, sets, weights, radius, lr, cfg.server_epochs, cfg.server_batch,
-                _generator(self.device, cfg.seed, m, 10**6), cfg.server_momentum, augment,
-            )
-        elif chosen:
-            self.model.load_state_dict(average_weights(states, weights))
-        entry = self.ledger.record(m, accesses, len(chosen))
+        extra: dict[str, Any] = {}
+        if replies:
+            server_gen = _generator(self.device, cfg.seed, m, 10**6)
+            extra = self.method.aggregate(self.model, replies, self.server_state, info, server_gen)
+        accesses = max((r.accesses for r in replies), default=0)
+        entry = self.ledger.record(m, accesses, len(chosen), local_steps=local_steps)
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
+        upload = [r.upload_bytes for r in replies]
         return {
             "round": m, "test_accuracy": acc, "test_loss": loss,
             "epsilon": entry.epsilon, "delta": entry.delta, "rounds_spent": entry.rounds_spent,
-            "accesses": accesses, "clients": len(chosen), "lr": lr,
-            "server_steps": server_steps, "radius": radius,
-            "seconds": time.perf_counter() - t0,
+            "accesses": accesses, "local_steps": entry.local_steps, "clients": len(chosen),
+            "lr": info.lr, "upload_bytes": float(np.mean(upload)) if upload else 0.0,
+            **extra, "seconds": time.perf_counter() - t0,
         }
-
-
-def _server_radius(cfg: TrainConfig, suggested: list[float | None]) -> float | None:
-    rule = cfg.radius_rule
-    if rule == "iterations":
-        return None
-    values = [r for r in suggested if r is not None]
-    if rule == "fixed" or not values:
-        return cfg.radius
-    return float({"min": np.min, "max": np.max, "median": np.median}[rule](values))
-
-
-def _augmentation(cfg: TrainConfig) -> AugmentationDraw | None:
-    """Differentiable siamese augmentation (SPEC 2.1), on in all of the authors' runs."""
-    if not cfg.dsa:
-        return None
-    from fedlap_privacy.fl.augment import DSA
-
-    return DSA().draw
 
 
 def train(
@@ -307,8 +297,11 @@ def resume(
     run = _Run(cfg, resolve_device(device), out)
     run.restore(ckpt)
     if (out / PENDING).exists():
-        interrupted = int(json.loads((out / PENDING).read_text())["round"])
-        run.ledger.record(interrupted, cfg.accesses_per_round, cfg.clients, "interrupted")
+        pending = json.loads((out / PENDING).read_text())
+        steps = int(pending.get("local_steps", cfg.accesses_per_round))
+        run.ledger.record(
+            int(pending["round"]), steps, cfg.clients, "interrupted", local_steps=steps
+        )
         run.save()
     return _execute(run, callback)
 
@@ -321,13 +314,17 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
     stopped = "completed"
     while run.round < cfg.rounds:
         m = run.round + 1
-        if cfg.target_eps is not None and cfg.private:
-            if run.ledger.epsilon_after(run.ledger.rounds_spent + 1) > cfg.target_eps:
-                stopped = f"target epsilon {cfg.target_eps} would be exceeded in round {m}"
-                break
+        steps = run.method.accounted_steps(run.server_state)
+        reason = run.method.stop_reason(run.server_state)
+        if reason is None and cfg.target_eps is not None and run.ledger.notion != "none":
+            if run.ledger.projected_epsilon(steps) > cfg.target_eps:
+                reason = f"target epsilon {cfg.target_eps} would be exceeded in round {m}"
+        if reason is not None:
+            stopped = reason
+            break
         callback("round_start", {"round": m})
-        run.mark_pending(m)
-        metrics = run.run_round(m, callback)
+        run.mark_pending(m, steps)
+        metrics = run.run_round(m, steps, callback)
         run.history.append(metrics)
         run.round = m
         run.save()
@@ -342,10 +339,7 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         "dataset": cfg.dataset,
         "rounds_run": run.round,
         "test_accuracy": last.get("test_accuracy"),
-        "epsilon": run.ledger.epsilon if cfg.private else None,
-        "delta": cfg.delta if cfg.private else None,
-        "sigma": cfg.sigma if cfg.private else None,
-        "notion": run.ledger.notion,
+        **privacy_block(cfg, run.ledger),
         "stopped": stopped,
         "out": None if out is None else str(out),
     }

@@ -15,6 +15,7 @@ from fedlap_privacy.fl.fedavg import average_weights
 from fedlap_privacy.fl.fedlap import (
     SyntheticSet,
     client_approximation,
+    cosine_lr,
     init_synthetic,
     server_optimisation,
 )
@@ -22,7 +23,6 @@ from fedlap_privacy.fl.simulation import (
     CHECKPOINT,
     METRICS,
     PENDING,
-    cosine_lr,
     resume,
     train,
 )

@@ -1,0 +1,153 @@
+"""One interface for every training method, shared by both drivers (in-process and Flower).
+
+A round m of any method is the same conversation:
+
+1. the server sends each selected client the global weights and :class:`RoundInfo` (the
+   round, its learning rate, and the method's public ``extras``, e.g. SCAFFOLD's control
+   variate or ALI-DPFL's tau);
+2. the client runs :meth:`Method.client` on its private data and its node-local ``state``
+   (kept across rounds by the driver: the synthetic set, a control variate) and answers
+   with a :class:`Reply` — what travels back, the accesses to private data it made, its
+   size N_k (public metadata) and public scalars;
+3. the server folds the replies into the global model with :meth:`Method.aggregate`.
+
+The driver (``simulation.py``, ``flower_app.py``) owns everything else: client selection,
+generators, the privacy ledger (it enters :meth:`Method.accounted_steps` per round),
+evaluation and checkpoints. Method states are dicts of tensors and plain values, so a
+checkpoint or a Flower record holds them without pickling code.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.config import NOTION, TrainConfig
+from fedlap_privacy.ledger import PrivacyLedger
+
+__all__ = ["Method", "Reply", "RoundInfo", "build_method", "state_bytes", "weights_of"]
+
+State = dict[str, Any]
+
+
+@dataclass
+class RoundInfo:
+    """What the server broadcasts beside the weights (all public)."""
+
+    round: int
+    rounds: int
+    lr: float
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    """A client's answer for one round."""
+
+    payload: dict[str, Tensor]  # what travels to the server
+    accesses: int  # accesses to private data made (SGM releases)
+    num_examples: int  # N_k, public metadata used for N_k / N weights
+    stats: dict[str, float] = field(default_factory=dict)  # public scalars
+
+    @property
+    def upload_bytes(self) -> int:
+        """Bytes the client uploads: its payload tensors plus 8 bytes per scalar."""
+        return state_bytes(self.payload) + 8 * len(self.stats)
+
+
+def state_bytes(tensors: dict[str, Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def weights_of(replies: list[Reply]) -> list[float]:
+    """N_k / N over the replying clients (SPEC 3: FedAvg's weights)."""
+    total = sum(r.num_examples for r in replies)
+    return [r.num_examples / total for r in replies]
+
+
+class Method:
+    """A federated method: client step, server step, and what it needs of the driver."""
+
+    #: methods that keep no node-local state leave ``state`` untouched
+    uses_client_state: ClassVar[bool] = False
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+
+    @property
+    def notion(self) -> str:
+        return self.cfg.notion
+
+    def init_server_state(self, model: nn.Module, ledger: PrivacyLedger) -> State:
+        """The server's state before round 1 (the ledger tells the accounting it runs under)."""
+        return {}
+
+    def lr(self, round_: int) -> float:
+        return self.cfg.lr_local
+
+    def round_info(self, round_: int, server_state: State) -> RoundInfo:
+        """The public broadcast of round ``round_`` (override ``extras`` to add to it)."""
+        return RoundInfo(round_, self.cfg.rounds, self.lr(round_), self.extras(server_state))
+
+    def extras(self, server_state: State) -> dict[str, Any]:
+        return {}
+
+    def accounted_steps(self, server_state: State) -> int:
+        """T this round is accounted for in the ledger (worst-case accesses per client)."""
+        return self.cfg.accesses_per_round
+
+    def stop_reason(self, server_state: State) -> str | None:
+        """Why the method stops before the next round (its own budget), or None."""
+        return None
+
+    def client(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        state: State,
+        info: RoundInfo,
+        generator: torch.Generator,
+    ) -> Reply:
+        raise NotImplementedError
+
+    def aggregate(
+        self,
+        model: nn.Module,
+        replies: list[Reply],
+        server_state: State,
+        info: RoundInfo,
+        generator: torch.Generator,
+    ) -> dict[str, Any]:
+        """Update ``model`` (and ``server_state``) in place; returns metrics for the round."""
+        raise NotImplementedError
+
+
+#: method name -> "module:Class" (imported on use, so a method's code loads only when run)
+REGISTRY: dict[str, str] = {
+    "fedlap": "fedlap_privacy.fl.fedlap:FedLAP",
+    "fedlap-dp": "fedlap_privacy.fl.fedlap:FedLAP",
+    "fedavg": "fedlap_privacy.fl.fedavg:LocalSGD",
+    "fedprox": "fedlap_privacy.fl.fedavg:LocalSGD",
+    "dp-fedavg": "fedlap_privacy.fl.fedavg:LocalSGD",
+    "dp-fedprox": "fedlap_privacy.fl.fedavg:LocalSGD",
+    "scaffold": "fedlap_privacy.fl.scaffold:Scaffold",
+    "fedsgd": "fedlap_privacy.fl.fedsgd:FedSGD",
+    "dp-normfedavg": "fedlap_privacy.fl.normfedavg:DPNormFedAvg",
+    "ali-dpfl": "fedlap_privacy.fl.alidpfl:ALIDPFL",
+    "ldp-fl": "fedlap_privacy.fl.ldpfl:LDPFL",
+}
+assert set(REGISTRY) == set(NOTION)
+
+
+def build_method(cfg: TrainConfig, device: torch.device) -> Method:
+    if cfg.method not in REGISTRY:
+        raise ConfigError(f"method {cfg.method!r} must be one of {', '.join(REGISTRY)}")
+    module, name = REGISTRY[cfg.method].split(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls(cfg, device)
