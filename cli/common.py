@@ -37,3 +37,26 @@ def guarded(call: Callable[[], T]) -> T:
 def print_json(obj: dict[str, Any]) -> None:
     """One JSON object on stdout (non-finite floats become null, so the output is valid JSON)."""
     sys.stdout.write(json.dumps(json_safe(obj)) + "\n")
+
+
+def human_bytes(n: float) -> str:
+    if n < 1000:
+        return f"{n:.0f} B"
+    for unit in ("kB", "MB"):
+        n /= 1000
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1000:.1f} GB"
+
+
+def privacy_sentence(p: dict[str, Any]) -> str:
+    """One line saying what a run's epsilon protects (its privacy notion, SPEC 1.5)."""
+    notion, eps = p.get("notion"), p.get("epsilon")
+    if notion in ("record-level", "client-level") and eps is not None:
+        unit = "a record" if notion == "record-level" else "a client's whole dataset"
+        return (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}), "
+                f"sigma {p['sigma']:.4g}")
+    if notion == "local" and eps is not None:
+        return (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
+                f"{eps:g} per weight over the run (a whole upload: d x that)")
+    return "no formal privacy (non-private method)"

@@ -10,15 +10,10 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedlap_privacy.cli.common import console, guarded, print_json
+from fedlap_privacy.cli.common import console, guarded, human_bytes, print_json, privacy_sentence
+from fedlap_privacy.fl.config import METHODS, parse_overrides
 
-
-class Method(StrEnum):
-    fedlap = "fedlap"
-    fedlap_dp = "fedlap-dp"
-    fedavg = "fedavg"
-    dp_fedavg = "dp-fedavg"
-    dp_fedprox = "dp-fedprox"
+Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: ignore[misc]
 
 
 class Preset(StrEnum):
@@ -27,7 +22,7 @@ class Preset(StrEnum):
 
 
 def train(
-    method: Method | None = typer.Option(None, "--method", help="Default: fedlap-dp."),
+    method: Method | None = typer.Option(None, "--method", help="Default: fedlap-dp."),  # type: ignore[valid-type]
     dataset: str = typer.Option("digits", "--dataset", help="digits | mnist | fashion-mnist | "
                                 "cifar10"),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
@@ -41,7 +36,13 @@ def train(
     target_eps: float | None = typer.Option(None, "--target-eps", help="Stop before exceeding."),
     delta: float | None = typer.Option(None, "--delta"),
     batch_size: int | None = typer.Option(None, "--batch-size"),
+    local_steps: int | None = typer.Option(None, "--local-steps", help="Baselines: accesses "
+                                           "per round (ALI-DPFL: the first tau)."),
+    ldp_epsilon: float | None = typer.Option(None, "--ldp-epsilon", help="LDP-FL: epsilon of "
+                                             "each weight per round."),
     preset: Preset | None = typer.Option(None, "--preset", help="The authors' values."),
+    settings: list[str] = typer.Option([], "--set", help="Any configuration key, KEY=VALUE "
+                                       "(repeatable), e.g. --set lr_local=0.1."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(Path("runs/latest"), "--out", help="Output directory."),
@@ -63,8 +64,10 @@ def train(
         "split": split, "dirichlet_alpha": alpha, "clients": clients,
         "client_fraction": client_fraction, "rounds": rounds, "delta": delta,
         "batch_size": batch_size, "target_eps": target_eps, "seed": seed,
+        "local_steps": local_steps, "ldp_epsilon": ldp_epsilon,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
+    values.update(guarded(lambda: parse_overrides(settings)))
     if sigma is not None:
         values["sigma"] = sigma
     elif target_eps is not None and rounds is not None:
@@ -109,21 +112,20 @@ def train(
 
 def _print_summary(summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
     table = Table(title=f"{summary['method']} on {summary['dataset']}")
-    for col in ("round", "test acc", "epsilon", "accesses", "clients", "seconds"):
+    for col in ("round", "test acc", "epsilon", "accesses", "clients", "upload", "seconds"):
         table.add_column(col, justify="right")
     for h in history:
         table.add_row(
             str(h["round"]), f"{h['test_accuracy']:.2%}",
             "-" if h["epsilon"] is None else f"{h['epsilon']:.3f}",
-            str(h["accesses"]), str(h["clients"]), f"{h['seconds']:.1f}",
+            str(h["accesses"]), str(h["clients"]), human_bytes(h.get("upload_bytes", 0)),
+            f"{h['seconds']:.1f}",
         )
     console.print(table)
-    eps = summary["epsilon"]
-    privacy = (f"({eps:.3f}, {summary['delta']:g})-DP at record level, sigma {summary['sigma']:.4g}"
-               if eps is not None else "no formal privacy (non-private method)")
+    console.print(privacy_sentence(summary))
     acc = summary["test_accuracy"]
     console.print(
         f"[bold]{summary['rounds_run']} rounds[/], test accuracy "
-        f"[bold]{'-' if acc is None else f'{acc:.2%}'}[/], {privacy}. "
+        f"[bold]{'-' if acc is None else f'{acc:.2%}'}[/]. "
         f"Stopped: {summary['stopped']}. Output: {summary['out']}"
     )

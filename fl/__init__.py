@@ -1,10 +1,22 @@
-"""Federated training: FedLAP / FedLAP-DP, DP-FedAvg / DP-FedProx / FedAvg (SPEC 2-3).
+"""Federated training: FedLAP / FedLAP-DP and the field's other methods (SPEC 2-3).
 
 >>> from fedlap_privacy.fl import TrainConfig, train
 >>> result = train(TrainConfig(), "runs/example")   # FedLAP-DP on digits
+
+The configuration imports without torch (so the CLI's ``plan`` stays light); the drivers
+load on first use.
 """
 
+from typing import Any
+
 from fedlap_privacy.fl.config import METHODS, PRESETS, TrainConfig
-from fedlap_privacy.fl.simulation import TrainResult, resume, train
 
 __all__ = ["METHODS", "PRESETS", "TrainConfig", "TrainResult", "resume", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TrainResult", "resume", "train"):
+        from fedlap_privacy.fl import simulation
+
+        return getattr(simulation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["METHODS", "NOTION", "PRESETS", "RADIUS_RULES", "TrainConfig"]
+__all__ = ["METHODS", "NOTION", "PRESETS", "RADIUS_RULES", "TrainConfig", "parse_overrides"]
 
 #: Every method and the privacy notion it has (SPEC 1.5, 3); "none": no formal privacy.
 NOTION: dict[str, str] = {
@@ -163,6 +163,32 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` -> typed TrainConfig values (by the field's declared type)."""
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in types:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a configuration key")
+        kind, text = types[key], text.strip()
+        try:
+            if "None" in kind and text.lower() in ("none", "null", ""):
+                out[key] = None
+            elif kind.startswith("bool"):
+                out[key] = {"true": True, "false": False, "1": True, "0": False}[text.lower()]
+            elif kind.startswith("int"):
+                out[key] = int(text)
+            elif kind.startswith("float"):
+                out[key] = float(text)
+            else:
+                out[key] = text
+        except (KeyError, ValueError):
+            raise ConfigError(f"--set {item!r}: {text!r} is not a valid {kind}") from None
+    return out
 
 
 #: SPEC 2.3: the authors' configurations (DP run / non-private run).
