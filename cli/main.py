@@ -14,12 +14,13 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import typer
 
 from fedlap_privacy.cli.audit import audit
+from fedlap_privacy.cli.compare import compare
 from fedlap_privacy.cli.plan import plan
 from fedlap_privacy.cli.train import train
 
 app = typer.Typer(
     name="fedlap-privacy",
-    help="Differentially private federated learning: plan privacy, train, audit.",
+    help="Differentially private federated learning: plan privacy, train, audit, compare.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -28,12 +29,13 @@ app = typer.Typer(
 
 @app.callback()
 def main() -> None:
-    """Differentially private federated learning: plan privacy, train, audit."""
+    """Differentially private federated learning: plan privacy, train, audit, compare."""
 
 
 app.command("plan")(plan)
 app.command("train")(train)
 app.command("audit")(audit)
+app.command("compare")(compare)
 
 if __name__ == "__main__":
     app()
