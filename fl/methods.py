@@ -75,6 +75,9 @@ class Method:
 
     #: methods that keep no node-local state leave ``state`` untouched
     uses_client_state: ClassVar[bool] = False
+    #: the server step runs even when no client was selected (a server-side noise release
+    #: must happen whoever took part, as the sampled Gaussian mechanism assumes)
+    aggregate_without_replies: ClassVar[bool] = False
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
