@@ -18,7 +18,7 @@ install: $(PY)
 
 install-dev: $(PY)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,flower]'
 
 run: install
 	$(VENV)/bin/fedlap-privacy train --out runs/latest

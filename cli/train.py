@@ -10,7 +10,14 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedlap_privacy.cli.common import console, guarded, human_bytes, print_json, privacy_sentence
+from fedlap_privacy.cli.common import (
+    console,
+    fail,
+    guarded,
+    human_bytes,
+    print_json,
+    privacy_sentence,
+)
 from fedlap_privacy.fl.config import METHODS, parse_overrides
 
 Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: ignore[misc]
@@ -19,6 +26,11 @@ Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: i
 class Preset(StrEnum):
     paper_dp = "paper-dp"
     paper = "paper"
+
+
+class Engine(StrEnum):
+    simulation = "simulation"
+    flower = "flower"
 
 
 def train(
@@ -51,6 +63,15 @@ def train(
         "raise the total)."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    engine: Engine = typer.Option(
+        Engine.simulation, "--engine", help="simulation: in-process; flower: a local Flower "
+        "deployment (SuperLink + one SuperNode per client on 127.0.0.1; needs the flower extra)."
+    ),
+    allow_client_failures: bool = typer.Option(
+        False, "--allow-client-failures", help="Flower: continue a round with the clients that "
+        "answer (default: a client that does not answer fails the run); privacy is still "
+        "counted for every selected client."
+    ),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
     from fedlap_privacy.fl.config import PRESETS, TrainConfig
@@ -98,16 +119,36 @@ def train(
                 f"round {info['round']}  acc {info['test_accuracy']:.2%}  "
                 + ("eps -" if eps is None else f"eps {eps:.2f}")))
 
+    if engine is Engine.flower:
+        _require_flower()
+    elif allow_client_failures:
+        fail("--allow-client-failures applies to --engine flower only")
+    def run() -> Any:
+        if engine is Engine.flower:
+            from fedlap_privacy.fl.flower_app import run_flower
+
+            return run_flower(
+                None if resume else cfg, out, None, device, on_event,
+                allow_client_failures=allow_client_failures, resume_run=resume, rounds=rounds,
+            )
+        if resume:
+            return resume_training(out, rounds, device, on_event)
+        return start_training(cfg, out, device, on_event)
+
     with progress:
-        result = guarded(
-            lambda: resume_training(out, rounds, device, on_event)
-            if resume
-            else start_training(cfg, out, device, on_event)
-        )
+        result = guarded(run)
     if json_output:
         print_json(result.summary)
         return
     _print_summary(result.summary, result.history)
+
+
+def _require_flower() -> None:
+    """One line, no traceback, when the optional Flower extra is missing (``\\[``: rich)."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        fail("--engine flower needs Flower: pip install 'fedlap-privacy\\[flower]'")
 
 
 def _print_summary(summary: dict[str, Any], history: list[dict[str, Any]]) -> None:

@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +34,23 @@ from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
 from fedlap_privacy.data import Dataset, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.methods import build_method
+from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import ModelConfig, build_model
 
-__all__ = ["CHECKPOINT", "METRICS", "TrainResult", "resolve_device", "resume", "train"]
+__all__ = [
+    "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "local_clients", "resolve_device",
+    "resume", "train",
+]
 
 CHECKPOINT = "ckpt.pt"
 METRICS = "metrics.jsonl"
 PENDING = "round.pending"
 
 Callback = Callable[[str, dict[str, Any]], None]
+#: how a round reaches its selected clients: (run, round, chosen, info, callback) -> replies.
+#: :func:`local_clients` runs them in this process; ``flower_app`` sends Flower messages.
+AskClients = Callable[["_Run", int, list[int], RoundInfo, Callback], list[Reply]]
 
 
 @dataclass
@@ -154,11 +161,28 @@ def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
     )
 
 
+def local_clients(
+    run: _Run, m: int, chosen: list[int], info: RoundInfo, callback: Callback
+) -> list[Reply]:
+    """The in-process driver: each selected client's step on its own partition, in turn."""
+    replies = []
+    for k in chosen:
+        x, y = run.client_data[k]
+        gen = _generator(run.device, run.cfg.seed, m, k + 1)
+        replies.append(run.method.client(run.model, x, y, run.client_state[k], info, gen))
+        callback("client_done", {"round": m, "client": k})
+    return replies
+
+
 class _Run:
     """State of one training run (built fresh or from a checkpoint)."""
 
-    def __init__(self, cfg: TrainConfig, device: torch.device, out: Path | None) -> None:
+    def __init__(
+        self, cfg: TrainConfig, device: torch.device, out: Path | None,
+        ask_clients: AskClients = local_clients,
+    ) -> None:
         self.cfg, self.device, self.out = cfg, device, out
+        self.ask_clients = ask_clients
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir)
         labels = self.data.y_train
         self.parts = split_clients(
@@ -166,10 +190,6 @@ class _Run:
         )
         self.sizes = [len(p) for p in self.parts]
         self.ledger = build_ledger(cfg, self.sizes)
-        x = torch.from_numpy(self.data.x_train).to(device)
-        y = torch.from_numpy(self.data.y_train).to(device)
-        self.client_data = [(x[torch.from_numpy(p).to(device)], y[torch.from_numpy(p).to(device)])
-                            for p in self.parts]
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
         self.model_config = default_model_config(cfg, self.data)
@@ -180,6 +200,14 @@ class _Run:
         self.client_state: list[dict[str, Any]] = [{} for _ in range(cfg.clients)]
         self.history: list[dict[str, Any]] = []
         self.round = 0
+
+    @cached_property
+    def client_data(self) -> list[tuple[Tensor, Tensor]]:
+        """Each client's records; built on first use (a Flower server never uses them)."""
+        x = torch.from_numpy(self.data.x_train).to(self.device)
+        y = torch.from_numpy(self.data.y_train).to(self.device)
+        index = [torch.from_numpy(p).to(self.device) for p in self.parts]
+        return [(x[i], y[i]) for i in index]
 
     # ---------------------------------------------------------------- persistence
     def payload(self) -> dict[str, Any]:
@@ -233,14 +261,9 @@ class _Run:
         cfg, t0 = self.cfg, time.perf_counter()
         chosen = select_clients(cfg, m)
         info = self.method.round_info(m, self.server_state)
-        replies = []
-        for k in chosen:
-            x, y = self.client_data[k]
-            gen = _generator(self.device, cfg.seed, m, k + 1)
-            replies.append(self.method.client(self.model, x, y, self.client_state[k], info, gen))
-            callback("client_done", {"round": m, "client": k})
+        replies = self.ask_clients(self, m, chosen, info, callback)
         extra: dict[str, Any] = {}
-        if replies:
+        if replies or self.method.aggregate_without_replies:
             server_gen = _generator(self.device, cfg.seed, m, 10**6)
             extra = self.method.aggregate(self.model, replies, self.server_state, info, server_gen)
         accesses = max((r.accesses for r in replies), default=0)
@@ -251,6 +274,7 @@ class _Run:
             "round": m, "test_accuracy": acc, "test_loss": loss,
             "epsilon": entry.epsilon, "delta": entry.delta, "rounds_spent": entry.rounds_spent,
             "accesses": accesses, "local_steps": entry.local_steps, "clients": len(chosen),
+            "replies": len(replies),
             "lr": info.lr, "upload_bytes": float(np.mean(upload)) if upload else 0.0,
             **extra, "seconds": time.perf_counter() - t0,
         }
@@ -261,11 +285,13 @@ def train(
     out_dir: str | Path | None = None,
     device: str = "auto",
     callback: Callback | None = None,
+    ask_clients: AskClients = local_clients,
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
     Refuses an output directory that already holds a run (its ledger would be lost):
-    continue that one with :func:`resume`.
+    continue that one with :func:`resume`. ``ask_clients`` is the driver of the client
+    steps (in-process by default; the Flower ServerApp passes its own).
     """
     out = Path(out_dir) if out_dir is not None else None
     if out is not None and ((out / CHECKPOINT).exists() or (out / PENDING).exists()):
@@ -273,7 +299,7 @@ def train(
     cfg.validate()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    return _execute(_Run(cfg, resolve_device(device), out), callback)
+    return _execute(_Run(cfg, resolve_device(device), out, ask_clients), callback)
 
 
 def resume(
@@ -281,6 +307,7 @@ def resume(
     rounds: int | None = None,
     device: str = "auto",
     callback: Callback | None = None,
+    ask_clients: AskClients = local_clients,
 ) -> TrainResult:
     """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
 
@@ -294,7 +321,7 @@ def resume(
     if rounds is not None:
         cfg.rounds = rounds
     cfg.validate()
-    run = _Run(cfg, resolve_device(device), out)
+    run = _Run(cfg, resolve_device(device), out, ask_clients)
     run.restore(ckpt)
     if (out / PENDING).exists():
         pending = json.loads((out / PENDING).read_text())

@@ -1,0 +1,397 @@
+"""The Flower driver (fl/flower_app.py): same training as the simulator, failures counted.
+
+Fast tests drive the real ServerApp logic (:class:`FlowerClients`) and the real ClientApp
+through an in-process stand-in for Flower's Grid; the tests marked ``flower`` start a real
+SuperLink and SuperNodes on 127.0.0.1 (shared by the module) and kill one of them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr")
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+
+from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
+from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
+from fedlap_privacy.fl.flower_app import (  # noqa: E402
+    STATUS,
+    ClientFailure,
+    FlowerClients,
+    FlowerError,
+    LocalDeployment,
+    client_app,
+    config_from_run_config,
+    decode_state,
+    encode_state,
+    run_config_of,
+    run_on,
+    write_app,
+)
+from fedlap_privacy.fl.methods import REGISTRY  # noqa: E402
+from fedlap_privacy.fl.simulation import CHECKPOINT, PENDING, train  # noqa: E402
+
+TINY = dict(
+    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
+    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3, clients=2,
+)
+
+
+def tiny(**kw) -> TrainConfig:
+    return TrainConfig(**{**TINY, **kw})
+
+
+@pytest.fixture(autouse=True)
+def _task_identity(monkeypatch):
+    """Messages built in this process (the ServerApp's, in the fake tests) need the identity
+    Flower's runtime gives a ServerApp process."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+
+
+class FakeGrid:
+    """Flower's Grid in-process: each node answers with the real ClientApp and its Context.
+
+    ``silent[node] = m``: from round m on the node never answers (a dead machine);
+    ``unavailable[node] = m``: the SuperLink answers for it with Flower's node-unavailable
+    error (what it does once the node's heartbeats stop).
+    """
+
+    def __init__(self, clients: int, partitions: list[int] | None = None) -> None:
+        parts = list(range(clients)) if partitions is None else partitions
+        self.contexts = {
+            100 + i: Context(run_id=1, node_id=100 + i, node_config={
+                "partition-id": k, "num-partitions": clients, "device": "cpu"},
+                state=RecordDict(), run_config={})
+            for i, k in enumerate(parts)
+        }
+        self.silent: dict[int, int] = {}
+        self.unavailable: dict[int, int] = {}
+        self.replies: dict[str, Message] = {}
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        ids = []
+        for msg in messages:
+            mid = f"m{len(self.sent)}"
+            msg.metadata.__dict__["_message_id"] = mid
+            self.sent.append(msg)
+            ids.append(mid)
+            node = msg.metadata.dst_node_id
+            m = int(msg.metadata.group_id or 0)
+            if m and m >= self.silent.get(node, 10**9):
+                continue
+            if m and m >= self.unavailable.get(node, 10**9):
+                self.replies[mid] = Message(Error(code=1, reason="node_unavail"), reply_to=msg)
+                continue
+            self.replies[mid] = client_app(msg, self.contexts[node])
+        return ids
+
+    def pull_messages(self, ids: list[str]) -> list[Message]:
+        return [self.replies.pop(i) for i in ids if i in self.replies]
+
+
+def _sizes(cfg: TrainConfig) -> list[int]:
+    from fedlap_privacy.data import load_dataset, split_clients
+
+    data = load_dataset(cfg.dataset)
+    parts = split_clients(data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
+                          data.num_classes)
+    return [len(p) for p in parts]
+
+
+def _driver(grid: FakeGrid, cfg: TrainConfig, **kw) -> FlowerClients:
+    clients = FlowerClients(grid, node_wait=5.0, log=lambda line: None, **kw)  # type: ignore[arg-type]
+    clients.discover(cfg, _sizes(cfg))
+    return clients
+
+
+def _same_model(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
+
+
+def _moved(cfg: TrainConfig, state: dict) -> float:
+    """||w - w_0|| from the initial weights of a run with ``cfg`` (seeded as _Run does)."""
+    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.fl.simulation import default_model_config
+    from fedlap_privacy.models import build_model
+
+    torch.manual_seed(cfg.seed)
+    init = build_model(default_model_config(cfg, load_dataset(cfg.dataset))).state_dict()
+    return float(sum((state[k] - init[k]).pow(2).sum() for k in init) ** 0.5)
+
+
+def _strip(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+
+
+# --------------------------------------------------------------------------- codec, config
+def test_state_codec_keeps_tensors_bits_and_plain_values():
+    state = {"synthetic": {"images": torch.randn(3, 1, 8, 8), "labels": torch.arange(3)},
+             "tau": 7, "mu": [torch.ones(2, dtype=torch.float64), 0.1 + 0.2], "none": None}
+    back = decode_state(*encode_state(state))
+    assert torch.equal(back["synthetic"]["images"], state["synthetic"]["images"])
+    assert back["synthetic"]["labels"].dtype == torch.int64
+    assert back["mu"][0].dtype == torch.float64 and back["mu"][1] == 0.1 + 0.2
+    assert back["tau"] == 7 and back["none"] is None
+    with pytest.raises(TypeError, match="cannot send"):
+        encode_state({"x": object()})
+
+
+def test_run_config_round_trip_and_app_is_a_valid_flower_app(tmp_path):
+    from flwr.common.config import validate_config
+    from flwr.common.constant import FAB_CONFIG_FILE
+
+    cfg = tiny(sigma=None, target_eps=3.0, method="dp-fedavg")
+    values = run_config_of(cfg, out="/x", allow_client_failures=True)
+    assert values["sigma"] == "" and values["target-eps"] == 3.0 and values["batch-size"] == 32
+    back, driver = config_from_run_config(values)
+    assert back == cfg and driver["allow-client-failures"] is True and driver["out"] == "/x"
+    back, _ = config_from_run_config({**values, "sigma": 2})  # a TOML int for a float key
+    assert back.sigma == 2.0 and isinstance(back.sigma, float)
+    with pytest.raises(Exception, match="unknown run-config key"):
+        config_from_run_config({"sigmaa": 1.0})
+
+    import tomllib
+
+    app = write_app(tmp_path / "app", cfg)
+    pyproject = tomllib.loads((app / FAB_CONFIG_FILE).read_text())
+    ok, errors, _ = validate_config(pyproject, check_module=True, project_dir=app)
+    assert ok, errors
+    assert config_from_run_config(pyproject["tool"]["flwr"]["app"]["config"])[0] == cfg
+
+
+# --------------------------------------------------------------------------- driver, in-process
+#: what some methods need beyond TINY (their own budgets, the non-private radius rule)
+METHOD_EXTRAS = {
+    "fedlap": dict(radius_rule="min", init="real", sigma=None),  # client-suggested radii
+    "ali-dpfl": dict(target_eps=5.0, sigma=1.0, tau_max=5),
+    "ldp-fl": dict(ldp_epsilon=1.0),
+}
+
+
+@pytest.mark.parametrize("method", sorted(REGISTRY))
+def test_flower_driver_equals_simulator(tmp_path, method):
+    """Every method, same seed: the ServerApp's driver + the ClientApp give the simulator's
+    model, ledger and metrics bit for bit (one implementation, two drivers)."""
+    extra = METHOD_EXTRAS.get(method, {})
+    cfg = tiny(method=method, **extra)
+    grid = FakeGrid(2, partitions=[1, 0])  # node ids do not follow partitions
+    flower = train(cfg, tmp_path / "flower", "cpu", ask_clients=_driver(grid, cfg))
+    local = train(tiny(method=method, **extra), tmp_path / "local", "cpu")
+    a = load_checkpoint(tmp_path / "flower" / CHECKPOINT)
+    b = load_checkpoint(tmp_path / "local" / CHECKPOINT)
+    assert a["ledger"] == b["ledger"] and len(a["ledger"]) == 2
+    assert _same_model(a["model_state"], b["model_state"])
+    assert _strip(flower.history) == _strip(local.history)
+    assert [h["replies"] for h in flower.history] == [2, 2]
+    train_msgs = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(train_msgs) == 4  # 2 rounds x 2 clients
+    if method.startswith("fedlap") or method == "scaffold":  # node-local state: on the node
+        for ctx in grid.contexts.values():
+            assert "state-tree" in ctx.state.config_records
+        assert a["client_state"] == [{}, {}]  # ... and never reached the server's checkpoint
+
+
+@pytest.mark.parametrize("how", ["silent", "unavailable"])
+def test_client_that_does_not_answer_fails_round_and_round_is_counted(tmp_path, how):
+    cfg = tiny(rounds=3)
+    grid = FakeGrid(2)
+    getattr(grid, how)[101] = 2  # partition 1 dies in round 2
+    with pytest.raises(ClientFailure) as err:
+        train(cfg, tmp_path, "cpu", ask_clients=_driver(grid, cfg, round_timeout=1.0))
+    message = str(err.value)
+    assert message.startswith("round 2 failed: client 1") and "\n" not in message
+    assert "interrupted" in message and "--allow-client-failures" in message
+    ckpt = load_checkpoint(tmp_path / CHECKPOINT)
+    assert not (tmp_path / PENDING).exists()
+    assert [(e["round"], e["status"]) for e in ckpt["ledger"]] == [
+        (1, "completed"), (2, "interrupted")]
+    interrupted = ckpt["ledger"][1]
+    assert interrupted["local_steps"] == cfg.accesses_per_round == interrupted["accesses"]
+    assert interrupted["clients"] == 2 and ckpt["round"] == 1
+    # privacy spent is that of two full rounds: the simulator's after 2 rounds
+    local = train(tiny(rounds=2), None, "cpu")
+    assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
+
+
+def test_allow_client_failures_continues_and_counts_every_round(tmp_path):
+    cfg = tiny(rounds=3)
+    grid = FakeGrid(2)
+    grid.silent[101] = 2
+    result = train(cfg, tmp_path, "cpu",
+                   ask_clients=_driver(grid, cfg, round_timeout=1.0, allow_failures=True))
+    ledger = load_checkpoint(tmp_path / CHECKPOINT)["ledger"]
+    assert [e["status"] for e in ledger] == ["completed"] * 3
+    assert [e["clients"] for e in ledger] == [2, 2, 2]
+    assert [h["replies"] for h in result.history] == [2, 1, 1]
+    local = train(tiny(rounds=3), None, "cpu")
+    assert result.summary["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
+    assert not _same_model(result.model.state_dict(), local.model.state_dict())
+
+
+def test_allow_client_failures_still_fails_a_round_nobody_answers(tmp_path):
+    cfg = tiny()
+    grid = FakeGrid(2)
+    grid.silent.update({100: 1, 101: 1})
+    with pytest.raises(ClientFailure, match="round 1 failed"):
+        train(cfg, tmp_path, "cpu",
+              ask_clients=_driver(grid, cfg, round_timeout=0.5, allow_failures=True))
+    assert [e["status"] for e in load_checkpoint(tmp_path / CHECKPOINT)["ledger"]] == [
+        "interrupted"]
+
+
+def test_discovery_refuses_missing_duplicate_and_mismatched_partitions():
+    cfg = tiny()
+    with pytest.raises(FlowerError, match=r"partition\(s\) 1 within .*partition-id=K"):
+        FlowerClients(FakeGrid(2, [0]), node_wait=1.0, log=print).discover(cfg, _sizes(cfg))
+    with pytest.raises(FlowerError, match="two SuperNodes hold partition 0"):
+        FlowerClients(FakeGrid(2, [0, 0, 1]), node_wait=2.0, log=print).discover(
+            cfg, _sizes(cfg))
+    wrong = [n + 1 for n in _sizes(cfg)]
+    with pytest.raises(FlowerError, match=r"holds \d+ records"):
+        FlowerClients(FakeGrid(2), node_wait=2.0, log=print).discover(cfg, wrong)
+
+
+# --------------------------------------------------------------------------- optional extra
+def test_core_commands_work_without_flwr_and_flower_engine_says_how_to_install(tmp_path):
+    code = (
+        "import sys; sys.modules['flwr'] = None\n"
+        "from typer.testing import CliRunner\n"
+        "from fedlap_privacy.cli.main import app\n"
+        "import fedlap_privacy.fl.simulation\n"
+        "r = CliRunner().invoke(app, ['train', '--engine', 'flower', '--out', sys.argv[1]])\n"
+        "print(r.exit_code, repr(r.output))\n"
+        "r = CliRunner().invoke(app, ['plan', '--help'])\n"
+        "print(r.exit_code)\n"
+        "assert 'flwr' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.strip().splitlines()[-2:]
+    assert first.startswith("2 ") and "pip install 'fedlap-privacy[flower]'" in first
+    assert second == "0"
+    assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------- real deployment
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """A SuperLink and two SuperNodes (partitions 0, 1) on 127.0.0.1 for this module."""
+    work = tmp_path_factory.mktemp("flower")
+    with LocalDeployment(2, work, device="cpu") as dep:
+        yield dep
+    time.sleep(0.5)
+    for proc in [dep.superlink, *dep.supernodes]:
+        assert proc is not None and proc.poll() is not None  # all torn down
+
+
+def _revive(dep: LocalDeployment) -> None:
+    for k, proc in enumerate(dep.supernodes):
+        if proc.poll() is not None:
+            dep.start_node(k)
+
+
+@pytest.mark.flower
+def test_train_engine_flower_two_rounds_equal_simulator(tmp_path):
+    """``train --engine flower --clients 2``: SuperLink + 2 SuperNodes on 127.0.0.1, two
+    FedLAP-DP rounds on digits; model and ledger are the in-process simulator's with the
+    same seed, bit for bit (the same CPU arithmetic), and everything is torn down."""
+    from typer.testing import CliRunner
+
+    from fedlap_privacy.cli.main import app
+
+    sets = [f"--set={k}={v}" for k, v in TINY.items() if k not in ("rounds", "clients")]
+    args = ["train", "--engine", "flower", "--clients", "2", "--rounds", "2", "--device", "cpu",
+            "--out", str(tmp_path / "flower"), "--json", *sets]
+    before = _flower_processes()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    local = train(tiny(), tmp_path / "local", "cpu")
+    a = load_checkpoint(tmp_path / "flower" / CHECKPOINT)
+    b = load_checkpoint(tmp_path / "local" / CHECKPOINT)
+    assert a["ledger"] == b["ledger"] and len(a["ledger"]) == 2
+    assert _same_model(a["model_state"], b["model_state"])
+    assert set(a) == set(b) and a["format"] == b["format"]  # audit reads it like train's
+    assert a["split"]["client_indices"][1].tolist() == b["split"]["client_indices"][1].tolist()
+    assert summary["epsilon"] == local.summary["epsilon"] > 0
+    assert summary["rounds_run"] == 2 and summary["stopped"] == "completed"
+    assert _strip(a["history"]) == _strip(local.history)
+    # the equality is not that of an untrained model: the weights moved from their init
+    assert _moved(tiny(), a["model_state"]) > 0.1
+    assert _flower_processes() <= before  # SuperLink, SuperNodes and apps are gone
+
+
+def _flower_processes() -> set[int]:
+    """Pids of Flower's processes on this machine (to check that none is left behind)."""
+    pids = set()
+    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            cmd = entry.read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"flower-super" in cmd or b"flwr-" in cmd:
+            pids.add(int(entry.parent.name))
+    return pids
+
+
+def _kill_in_round(m: int, out: Path, node: int = 1):
+    """on_poll hook: SIGKILL SuperNode ``node`` once round ``m`` has started (its
+    ``round.pending`` marker is written before the round's messages go out)."""
+    done = []
+
+    def hook(dep: LocalDeployment) -> None:
+        if done or not (out / PENDING).exists():
+            return
+        if json.loads((out / PENDING).read_text())["round"] == m:
+            dep.kill_node(node)
+            done.append(time.monotonic())
+
+    return hook, done
+
+
+@pytest.mark.flower
+@pytest.mark.parametrize("allow", [False, True])
+def test_killed_supernode(deployment, tmp_path, allow):
+    """SIGKILL SuperNode 1 once round 1 has started. Default: the run fails with one clear
+    line and the round is in the ledger (interrupted, full T, both clients). With the
+    option: the run completes with client 0 and the ledger counts the round for both."""
+    _revive(deployment)
+    out = tmp_path / "run"
+    hook, killed = _kill_in_round(1, out)
+    cfg = tiny(rounds=1)
+    kwargs = dict(round_timeout=20.0, allow_client_failures=allow, on_poll=hook)
+    if allow:
+        result = run_on(deployment, cfg, out, "cpu", **kwargs)
+        assert [h["replies"] for h in result.history] == [1]
+        assert result.summary["stopped"] == "completed"
+    else:
+        with pytest.raises(FlowerError) as err:
+            run_on(deployment, cfg, out, "cpu", **kwargs)
+        message = str(err.value)
+        assert message.startswith("round 1 failed: client 1") and "\n" not in message
+        assert "--allow-client-failures" in message
+    assert killed
+    ckpt = load_checkpoint(out / CHECKPOINT)
+    assert not (out / PENDING).exists()
+    entries = [(e["round"], e["status"], e["clients"], e["local_steps"]) for e in ckpt["ledger"]]
+    status = "completed" if allow else "interrupted"
+    assert entries == [(1, status, 2, cfg.accesses_per_round)]
+    local = train(tiny(rounds=1), None, "cpu")
+    assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
+    assert json.loads((out / STATUS).read_text())["status"] == ("completed" if allow else "failed")
