@@ -208,26 +208,28 @@ def plot_comparison(report: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     eps = report["eps"]
-    for method, row in report["methods"].items():
-        results = row["results"]
+    colours = plt.get_cmap("tab20").colors
+    for i, (method, row) in enumerate(report["methods"].items()):
+        results, colour = row["results"], colours[(2 * i) % 20 + (2 * i) // 20]
         if NO_DP in results:
-            ax.axhline(100 * results[NO_DP]["mean"], ls="--", lw=1, label=f"{method} (no DP)",
-                       color=None)
+            ax.axhline(100 * results[NO_DP]["mean"], ls="--", lw=1, color=colour,
+                       label=f"{method} (no DP)")
             continue
         xs = [e for e in eps if f"{e:g}" in results]
         means = [100 * results[f"{e:g}"]["mean"] for e in xs]
         stds = [100 * results[f"{e:g}"]["std"] for e in xs]
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3,
+        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=colour,
                     label=f"{method} ({row['notion']})")
     ax.set_xscale("log")
     ax.set_xticks(eps, [f"{e:g}" for e in eps])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(f"target epsilon (delta {report['delta']:g}; notion in the legend)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{report['dataset']}, {report['rounds']} rounds")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
