@@ -93,7 +93,7 @@ def train(
         values["sigma"] = sigma
     elif target_eps is not None and rounds is not None:
         values["sigma"] = None  # plan sigma up front for the target
-    cfg = guarded(lambda: TrainConfig.from_dict(values))
+    cfg = guarded(lambda: TrainConfig.from_dict(values).validate())
 
     if download:
         from fedlap_privacy.data import load_dataset

@@ -27,6 +27,9 @@ NOTION: dict[str, str] = {
 METHODS = tuple(NOTION)
 #: methods that add Gaussian noise of multiplier sigma (record- or client-level accounting)
 DP_METHODS = tuple(m for m, n in NOTION.items() if n in ("record-level", "client-level"))
+#: LDP-FL: the largest per-weight epsilon whose rarer output a float64 draw still realises
+#: faithfully (probability 1/(e^eps+1) >> 2^-53; see ``fl/ldpfl.py``)
+LDP_MAX_EPSILON = 30.0
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
 
 
@@ -140,8 +143,11 @@ class TrainConfig:
                 raise ConfigError(message)
         if self.method == "ali-dpfl" and (self.target_eps is None or self.sigma is None):
             raise ConfigError("ali-dpfl needs a privacy budget --target-eps and a fixed --sigma")
-        if self.method == "ldp-fl" and not (self.ldp_epsilon is not None and self.ldp_epsilon > 0):
-            raise ConfigError("ldp-fl needs a positive per-weight epsilon (ldp_epsilon)")
+        if self.method == "ldp-fl" and not (
+            self.ldp_epsilon is not None and 0 < self.ldp_epsilon <= LDP_MAX_EPSILON
+        ):
+            raise ConfigError(f"ldp-fl needs a per-weight epsilon (ldp_epsilon) in "
+                              f"(0, {LDP_MAX_EPSILON:g}]")
         if self.local_steps < 1 or (self.method == "ali-dpfl" and self.local_steps > self.tau_max):
             raise ConfigError(f"local steps {self.local_steps} must be >= 1 (<= tau_max for "
                               "ali-dpfl)")

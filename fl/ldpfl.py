@@ -73,6 +73,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedlap_privacy.fl.config import LDP_MAX_EPSILON
 from fedlap_privacy.fl.fedavg import local_training
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State
 from fedlap_privacy.ledger import PrivacyLedger
@@ -102,7 +103,7 @@ RADIUS_FLOOR_REL = 0.1
 #: realised by a float64 uniform draw to within 2^-53, i.e. to a relative 2^-53 (e^eps+1):
 #: 1e-3 at eps = 30 (the e^eps bound holds to that factor), but at eps ~ 37 the rarer output
 #: could no longer occur at all and the pure-DP ratio would be infinite. Refused beyond.
-MAX_EPSILON = 30.0
+MAX_EPSILON = LDP_MAX_EPSILON
 
 
 def _check(radius: float | Tensor, eps: float) -> None:
