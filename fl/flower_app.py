@@ -379,9 +379,11 @@ class FlowerClients:
             if i is not None:
                 got[i] = reply
 
-    def _collect(self, messages: list[Message], deadline: float | None) -> dict[int, Message]:
-        """Push ``messages``; pull replies until all arrived or ``deadline``; index -> reply."""
+    def _collect(self, messages: list[Message], timeout: float) -> dict[int, Message]:
+        """Push ``messages``; pull replies until all arrived or ``timeout`` seconds after the
+        push (0: no limit); index -> reply."""
         ids = list(self.grid.push_messages(messages))
+        deadline = None if timeout <= 0 else time.monotonic() + timeout
         waiting = {mid: i for i, mid in enumerate(ids) if mid}
         got: dict[int, Message] = {}
         while waiting and (deadline is None or time.monotonic() < deadline):
@@ -460,8 +462,7 @@ class FlowerClients:
         ttl = DEFAULT_TTL if self.round_timeout <= 0 else self.round_timeout + 30.0
         messages = [Message(content, self.nodes[k], "train", ttl=ttl, group_id=str(m))
                     for k in chosen]
-        deadline = None if self.round_timeout <= 0 else time.monotonic() + self.round_timeout
-        got = self._collect(messages, deadline)
+        got = self._collect(messages, self.round_timeout)
         replies: list[Reply] = []
         failed: list[str] = []
         for i, k in enumerate(chosen):
