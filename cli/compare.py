@@ -34,11 +34,11 @@ def compare(
     json_output: bool = typer.Option(False, "--json", help="Print comparison.json's content."),
 ) -> None:
     """Train each method at each target epsilon; writes comparison.json and a plot into --out."""
-    from fedlap_privacy.fl.compare import DEFAULT_METHODS, NO_DP, plan_jobs, run_comparison
-    from fedlap_privacy.fl.config import TrainConfig, parse_overrides
+    from fedlap_privacy.fl.compare import NO_DP, plan_jobs, run_comparison
+    from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides
 
     targets = _floats(eps)
-    chosen = DEFAULT_METHODS if methods is None else [m.strip() for m in methods.split(",")]
+    chosen = METHODS if methods is None else [m.strip() for m in methods.split(",")]
     values: dict[str, Any] = {"dataset": dataset, "delta": delta, "seed": seed,
                               "data_dir": None if data_dir is None else str(data_dir)}
     if rounds is not None:

@@ -37,7 +37,6 @@ from fedlap_privacy.jsonsafe import json_safe
 
 __all__ = [
     "COMPARISON",
-    "DEFAULT_METHODS",
     "budget_config",
     "plan_jobs",
     "plot_comparison",
@@ -45,7 +44,6 @@ __all__ = [
 ]
 
 COMPARISON = "comparison.json"
-DEFAULT_METHODS = METHODS
 #: the column of the non-private methods
 NO_DP = "non-private"
 
@@ -53,12 +51,10 @@ Callback = Callable[[str, dict[str, Any]], None]
 
 
 def _client_sizes(cfg: TrainConfig) -> list[int]:
-    from fedlap_privacy.data import load_dataset, split_clients
+    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.fl.simulation import client_parts
 
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    parts = split_clients(data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
-                          data.num_classes)
-    return [len(p) for p in parts]
+    return [len(p) for p in client_parts(cfg, load_dataset(cfg.dataset, cfg.data_dir))]
 
 
 def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainConfig:
@@ -108,7 +104,7 @@ Job = tuple[str, float | None, int, TrainConfig]
 def plan_jobs(
     base: TrainConfig,
     eps_values: list[float],
-    methods: list[str] | tuple[str, ...] = DEFAULT_METHODS,
+    methods: list[str] | tuple[str, ...] = METHODS,
     seeds: int = 1,
 ) -> list[Job]:
     """(method, target epsilon or None, seed, configuration) of every run; checks the request."""
@@ -131,7 +127,7 @@ def plan_jobs(
 def run_comparison(
     base: TrainConfig,
     eps_values: list[float],
-    methods: list[str] | tuple[str, ...] = DEFAULT_METHODS,
+    methods: list[str] | tuple[str, ...] = METHODS,
     seeds: int = 1,
     out_dir: str | Path = "runs/compare",
     device: str = "auto",

@@ -287,8 +287,6 @@ class FedLAP(Method):
     the authors' runs (``dsa``).
     """
 
-    uses_client_state = True
-
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         super().__init__(cfg, device)
         self.augment: AugmentationDraw | None = None

@@ -69,7 +69,7 @@ from flwr.serverapp import Grid, ServerApp
 from torch import Tensor
 
 from fedlap_privacy.checkpoint import load_checkpoint
-from fedlap_privacy.data import Dataset, load_dataset, split_clients
+from fedlap_privacy.data import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
@@ -80,6 +80,7 @@ from fedlap_privacy.fl.simulation import (
     Callback,
     _generator,
     _Run,
+    client_parts,
     default_model_config,
     resolve_device,
     resume,
@@ -288,9 +289,7 @@ def _node_partition(
                           "clients")
     data_dir = str(node_config.get("data-dir", "")) or cfg.data_dir
     data = load_dataset(cfg.dataset, data_dir)
-    parts = split_clients(data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
-                          data.num_classes)
-    index = torch.from_numpy(parts[k])
+    index = torch.from_numpy(client_parts(cfg, data)[k])
     x = torch.from_numpy(data.x_train)[index].to(device)
     y = torch.from_numpy(data.y_train)[index].to(device)
     return _Partition(k, x, y), data
@@ -543,9 +542,7 @@ def _server_main(grid: Grid, context: Context) -> None:
                 raise FlowerError(f"nothing to resume: no {CHECKPOINT} in {out}")
             cfg = TrainConfig.from_dict(load_checkpoint(out / CHECKPOINT)["config"])
         data = load_dataset(cfg.dataset, cfg.data_dir)
-        parts = split_clients(data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha,
-                              cfg.seed, data.num_classes)
-        clients.discover(cfg, [len(p) for p in parts])
+        clients.discover(cfg, [len(p) for p in client_parts(cfg, data)])
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])

@@ -20,6 +20,7 @@ checkpoint or a Flower record holds them without pickling code.
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,7 +31,7 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import NOTION, TrainConfig
 from fedlap_privacy.ledger import PrivacyLedger
 
-__all__ = ["Method", "Reply", "RoundInfo", "build_method", "state_bytes", "weights_of"]
+__all__ = ["Method", "Reply", "RoundInfo", "build_method", "weights_of"]
 
 State = dict[str, Any]
 
@@ -57,11 +58,8 @@ class Reply:
     @property
     def upload_bytes(self) -> int:
         """Bytes the client uploads: its payload tensors plus 8 bytes per scalar."""
-        return state_bytes(self.payload) + 8 * len(self.stats)
-
-
-def state_bytes(tensors: dict[str, Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+        tensors = sum(t.numel() * t.element_size() for t in self.payload.values())
+        return tensors + 8 * len(self.stats)
 
 
 def weights_of(replies: list[Reply]) -> list[float]:
@@ -70,21 +68,15 @@ def weights_of(replies: list[Reply]) -> list[float]:
     return [r.num_examples / total for r in replies]
 
 
-class Method:
+class Method(ABC):
     """A federated method: client step, server step, and what it needs of the driver."""
 
-    #: methods that keep no node-local state leave ``state`` untouched
-    uses_client_state: ClassVar[bool] = False
     #: the server step runs even when no client was selected (a server-side noise release
     #: must happen whoever took part, as the sampled Gaussian mechanism assumes)
     aggregate_without_replies: ClassVar[bool] = False
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
-
-    @property
-    def notion(self) -> str:
-        return self.cfg.notion
 
     def init_server_state(self, model: nn.Module, ledger: PrivacyLedger) -> State:
         """The server's state before round 1 (the ledger tells the accounting it runs under)."""
@@ -108,6 +100,7 @@ class Method:
         """Why the method stops before the next round (its own budget), or None."""
         return None
 
+    @abstractmethod
     def client(
         self,
         model: nn.Module,
@@ -117,8 +110,9 @@ class Method:
         info: RoundInfo,
         generator: torch.Generator,
     ) -> Reply:
-        raise NotImplementedError
+        """One client round on its private data ``x, y``; may update its node-local ``state``."""
 
+    @abstractmethod
     def aggregate(
         self,
         model: nn.Module,
@@ -128,7 +122,6 @@ class Method:
         generator: torch.Generator,
     ) -> dict[str, Any]:
         """Update ``model`` (and ``server_state``) in place; returns metrics for the round."""
-        raise NotImplementedError
 
 
 #: method name -> "module:Class" (imported on use, so a method's code loads only when run)

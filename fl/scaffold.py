@@ -62,8 +62,6 @@ def control_variate_update(
 class Scaffold(Method):
     """SCAFFOLD: local SGD with the correction c - c_k; uploads dy and dc (see module doc)."""
 
-    uses_client_state = True
-
     def init_server_state(self, model: nn.Module, ledger: PrivacyLedger) -> State:
         """c = 0 (Algorithm 1, line 1), one tensor per parameter, keyed by parameter name."""
         return {"c": _zeros_like_params(model)}

@@ -145,6 +145,14 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     }
 
 
+def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
+    """The run's split of the training records over its clients (SPEC 2.4): the same in
+    every driver, on every node."""
+    return split_clients(
+        data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed, data.num_classes
+    )
+
+
 def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
     """Each client independently with probability ``client_fraction`` (the q1 of SPEC 1.3)."""
     select = _generator(torch.device("cpu"), cfg.seed, round_, 0)
@@ -184,10 +192,7 @@ class _Run:
         self.cfg, self.device, self.out = cfg, device, out
         self.ask_clients = ask_clients
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir)
-        labels = self.data.y_train
-        self.parts = split_clients(
-            labels, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed, self.data.num_classes
-        )
+        self.parts = client_parts(cfg, self.data)
         self.sizes = [len(p) for p in self.parts]
         self.ledger = build_ledger(cfg, self.sizes)
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
