@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.fl.config import PRESETS, TrainConfig
+from fedlap_privacy.fl.config import PRESETS, TrainConfig, parse_overrides
 from fedlap_privacy.fl.simulation import train
 
 #: Table 2 of the paper, sigma = 1: {dataset: {eps: {method: accuracy}}}
@@ -34,15 +34,6 @@ PAPER = {
     "cifar10": {2.79: (17.11, 19.40, 21.42), 10.18: (31.15, 35.04, 36.09)},
 }
 PAPER_METHODS = ("dp-fedavg", "dp-fedprox", "fedlap-dp")
-
-
-def _value(text: str) -> Any:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 def main() -> None:
@@ -65,7 +56,7 @@ def main() -> None:
     base.update(dataset=args.dataset, data_dir=args.data_dir, seed=args.seed)
     if args.rounds is not None:
         base["rounds"] = args.rounds
-    base.update({k: _value(v) for k, v in (item.split("=", 1) for item in args.set)})
+    base.update(parse_overrides(args.set))
     targets = [float(e) for e in args.eps.split(",")] if args.eps else [None]
 
     results: list[dict[str, Any]] = []

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's digits comparison tables: every method at epsilon 3 and 10 (3 seeds), then the
+# same methods with 20 IID clients. Prints each table and its wall time; results land in
+# runs/compare-digits*/comparison.json (the README's copies are in docs/results/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin/fedlap-privacy}
+time "$BIN" compare --dataset digits --eps 3,10 --seeds 3 --out runs/compare-digits
+time "$BIN" compare --dataset digits --eps 3,10 \
+    --methods fedavg,dp-fedavg,ali-dpfl,dp-normfedavg,ldp-fl \
+    --set clients=20 --set split=iid --set batch_size=32 --out runs/compare-digits-20iid
