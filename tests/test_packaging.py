@@ -1,0 +1,135 @@
+"""The built wheel works without the source tree (runs by default: not marked ``slow``).
+
+Builds a wheel from a copy of the project's sources (offline, with the installed setuptools:
+``pip wheel --no-deps --no-build-isolation --no-index``), checks that it ships every package
+named in pyproject.toml with all of its modules and the PEP 561 ``py.typed`` marker, installs
+it with ``--no-deps`` into a fresh virtual environment whose only other path is this
+interpreter's site-packages (added by a .pth file, so the editable install's finder stays
+inactive), and runs ``python -m fedlap_privacy plan`` and the ``fedlap-privacy`` console script
+there from an empty working directory. About 10 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PACKAGES: list[str] = PYPROJECT["tool"]["setuptools"]["packages"]
+PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
+TIMEOUT = 120
+
+
+def _run(args: list[str | Path], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
+    env.update(COLUMNS="200", NO_COLOR="1", PYTHONNOUSERSITE="1", PIP_NO_INPUT="1")
+    proc = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+        timeout=TIMEOUT, check=False, **kw,
+    )
+    assert proc.returncode == 0, f"{args}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _source_dir(package: str) -> Path:
+    return ROOT / PACKAGE_DIR.get(package, package.replace(".", "/"))
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel, built from a copy of pyproject.toml, README.md and the package folders
+    (so the build writes nothing into the checkout)."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (ROOT / name).exists():
+            shutil.copy2(ROOT / name, src / name)
+    for folder in {PACKAGE_DIR.get(p, p.replace(".", "/")) for p in PACKAGES}:
+        shutil.copytree(
+            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    dist = tmp / "dist"
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "--disable-pip-version-check", "-w", dist, src],
+        cwd=tmp,
+    )
+    (built,) = dist.glob("fedlap_privacy-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv_python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed (--no-deps); dependencies come from this
+    interpreter's site-packages through a .pth file (which does not process the .pth files
+    inside it, so an editable install of the checkout is not imported)."""
+    venv = tmp_path_factory.mktemp("venv") / "env"
+    _run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=venv.parent)
+    python = venv / "bin" / "python"
+    _run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
+         "--disable-pip-version-check", wheel],
+        cwd=venv.parent,
+    )
+    purelib = _run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        cwd=venv.parent,
+    ).stdout.strip()
+    (Path(purelib) / "_project_dependencies.pth").write_text(
+        "\n".join(site.getsitepackages()) + "\n"
+    )
+    return python
+
+
+def test_wheel_contains_every_package_module_and_py_typed(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "fedlap_privacy/py.typed" in names
+    assert "fedlap_privacy/__main__.py" in names
+    for package in PACKAGES:
+        installed = package.replace(".", "/")
+        source = _source_dir(package)
+        modules = {p.name for p in source.glob("*.py")}
+        assert "__init__.py" in modules, f"{source} is not a package"
+        assert {f"{installed}/{m}" for m in modules} <= names, package
+        # a sub-folder that is a package but missing from pyproject.toml would be dropped
+        for sub in source.iterdir():
+            if (sub / "__init__.py").exists():
+                assert f"{package}.{sub.name}" in PACKAGES, f"{sub} missing from pyproject.toml"
+    entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "fedlap-privacy = fedlap_privacy.cli.main:app" in scripts
+
+
+def test_installed_wheel_runs_the_cli(venv_python: Path, tmp_path: Path) -> None:
+    code = "import json, sys, fedlap_privacy as f; print(json.dumps([f.__file__, sys.path]))"
+    module, path = json.loads(_run([venv_python, "-c", code], cwd=tmp_path).stdout)
+    assert module.startswith(str(venv_python.parents[1]))  # the wheel, not the checkout
+    sources = {ROOT, *(_source_dir(p) for p in PACKAGES)}
+    assert not sources & {Path(p).resolve() for p in path if p}
+    # python -m fedlap_privacy: the plan as JSON
+    proc = _run(
+        [venv_python, "-m", "fedlap_privacy", "plan", "--eps", "10", "--delta", "1e-5", "--json"],
+        cwd=tmp_path,
+    )
+    out = json.loads(proc.stdout)
+    reference = FedLAPSchedule(batch_size=256, client_size=10000, local_steps=200)
+    assert out["sigma"] == pytest.approx(plan_sigma(reference, out["rounds"], 10.0, 1e-5))
+    assert out["epsilon"] <= 10.0 and out["delta"] == 1e-5
+    # the console script: the human-readable table
+    script = venv_python.parent / "fedlap-privacy"
+    table = _run([script, "plan", "--eps", "10", "--delta", "1e-5"], cwd=tmp_path).stdout
+    assert "sigma (planned)" in table
+    assert f"{out['sigma']:.4f}" in table
