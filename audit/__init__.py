@@ -4,6 +4,11 @@
 gradient norm), ``attacks`` (MLP and threshold attacks), ``metrics`` (ROC, AUC, TPR at low
 FPR, epsilon lower bound) and ``report`` (:func:`run_audit`, JSON and ROC plot). Importing
 this package does not import torch; :func:`run_audit` and ``compute_features`` load it.
+
+Canary audits (torch-free): ``one_run`` (one-run epsilon lower bound, Steinke, Nasr,
+Jagielski 2023), ``canary_clients`` (canary-client epsilon estimate, Andrew et al. 2024)
+and ``reference_attacks`` (offline LiRA, Carlini et al. 2022, and offline RMIA,
+Zarifzadeh, Liu, Shokri 2024).
 """
 
 from __future__ import annotations
@@ -11,6 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from fedlap_privacy.audit.attacks import MLPAttack, ThresholdAttack
+from fedlap_privacy.audit.canary_clients import (
+    CanaryClientEstimate,
+    canary_client_epsilon,
+    canary_cosines,
+    cosine_null_threshold_epsilon,
+    gaussian_epsilon,
+    gaussian_pair_epsilon,
+    max_cosines_over_rounds,
+)
 from fedlap_privacy.audit.membership import MembershipSplit, make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import (
     attack_metrics,
@@ -18,19 +32,54 @@ from fedlap_privacy.audit.metrics import (
     epsilon_lower_bound,
     tpr_at_fpr,
 )
+from fedlap_privacy.audit.one_run import (
+    OneRunResult,
+    one_run_audit,
+    one_run_candidate_grid,
+    one_run_ceiling,
+    one_run_lower_bound,
+    one_run_p_value,
+)
+from fedlap_privacy.audit.reference_attacks import (
+    RmiaTuning,
+    lira_offline_scores,
+    lira_signal,
+    rmia_offline_scores,
+    true_label_probability,
+    tune_rmia_a,
+)
 
 __all__ = [
+    "CanaryClientEstimate",
     "MLPAttack",
     "MembershipSplit",
+    "OneRunResult",
+    "RmiaTuning",
     "ThresholdAttack",
     "attack_metrics",
+    "canary_client_epsilon",
+    "canary_cosines",
     "clopper_pearson_upper",
     "compute_features",
+    "cosine_null_threshold_epsilon",
     "epsilon_lower_bound",
+    "gaussian_epsilon",
+    "gaussian_pair_epsilon",
+    "lira_offline_scores",
+    "lira_signal",
     "make_membership_split",
+    "max_cosines_over_rounds",
     "member_indices",
+    "one_run_audit",
+    "one_run_candidate_grid",
+    "one_run_ceiling",
+    "one_run_lower_bound",
+    "one_run_p_value",
+    "rmia_offline_scores",
     "run_audit",
     "tpr_at_fpr",
+    "true_label_probability",
+    "tune_rmia_a",
 ]
 
 
