@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,11 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.attacks import ATTACK_MODELS, make_attack
 from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
-from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
 from fedlap_privacy.data import DATASETS, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
 from fedlap_privacy.jsonsafe import json_safe
@@ -170,13 +169,24 @@ def evaluate_attacks(
     return results
 
 
+def _load_private_state(checkpoint: Path) -> dict[str, Any]:
+    """The run's private state beside ``checkpoint``: the audit needs its member indices."""
+    path = checkpoint.parent / PRIVATE
+    if not path.is_file():
+        raise CheckpointError(
+            f"no {PRIVATE} beside {checkpoint}: the audit needs the run's private state (the "
+            "member indices), which a shared model checkpoint does not carry"
+        )
+    return load_checkpoint(path, PRIVATE_FORMAT)
+
+
 def _load_target(
     checkpoint_path: str | Path, data_dir: str | Path | None
 ) -> tuple[dict[str, Any], Any, Any, np.ndarray, str | None]:
     """Checkpoint, rebuilt model, dataset, member indices, the data dir used -- all checked."""
     path = Path(checkpoint_path)
     ckpt = load_checkpoint(path)
-    for key in ("model_state", "model_config", "dataset", "split"):
+    for key in ("model_state", "model_config", "dataset"):
         if key not in ckpt:
             raise CheckpointError(f"checkpoint {path} lacks {key!r}; was it written by train?")
     info = ckpt["dataset"] if isinstance(ckpt["dataset"], dict) else {}
@@ -197,15 +207,17 @@ def _load_target(
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({first})") from None
 
-    from_checkpoint = data_dir is None and info.get("data_dir") is not None
-    used = data_dir if data_dir is not None else info.get("data_dir")
+    private = _load_private_state(path)
+    recorded_dir = (private.get("config") or {}).get("data_dir")
+    from_checkpoint = data_dir is None and recorded_dir is not None
+    used = data_dir if data_dir is not None else recorded_dir
     try:
         dataset = load_dataset(name, used)
     except DataError as exc:
         if not from_checkpoint:
             raise
         raise DataError(
-            f"{exc} (data dir {used} recorded in the checkpoint; pass --data-dir)"
+            f"{exc} (data dir {used} recorded in the run's private state; pass --data-dir)"
         ) from None
     expected = (config["in_channels"], config["image_size"], config["num_classes"])
     found = (dataset.in_channels, dataset.image_size, dataset.num_classes)
@@ -215,8 +227,7 @@ def _load_target(
             f"classes, but the checkpoint's model expects {expected[0]}x{expected[1]}x"
             f"{expected[1]} and {expected[2]}"
         )
-    split = ckpt["split"] if isinstance(ckpt["split"], dict) else {}
-    members = member_indices(split.get("client_indices"), len(dataset.y_train))
+    members = member_indices(private.get("client_indices"), len(dataset.y_train))
     return ckpt, model, dataset, members, None if used is None else str(used)
 
 
@@ -305,13 +316,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
     try:
         out.mkdir(parents=True, exist_ok=True)
         json_path = out / "report.json"
-        fd, tmp = tempfile.mkstemp(dir=out, prefix=".report.json.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(json_safe(report), f, indent=2)
-            os.replace(tmp, json_path)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        write_text_atomic(json_path, json.dumps(json_safe(report), indent=2))
         png_path = out / "roc.png"
         plot_roc(report, png_path)
     except OSError as exc:
@@ -357,4 +362,4 @@ def plot_roc(report: dict[str, Any], path: str | Path) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(str(path), dpi=120)
+    write_figure(fig, path)

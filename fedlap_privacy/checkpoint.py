@@ -11,23 +11,29 @@ arbitrary objects; every failure is a one-line :class:`CheckpointError`.
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedlap_privacy.atomic import write_atomic
 from fedlap_privacy.errors import CheckpointError
 
-FORMAT = "fedlap-privacy/1"
+#: the releasable checkpoint (version 2: weights, public configuration, privacy statement;
+#: version 1 also held the seed and member indices and cannot be verified)
+FORMAT = "fedlap-privacy/2"
+#: the format of a run's private state (a release checkpoint cannot be mistaken for it)
+PRIVATE_FORMAT = "fedlap-privacy-private/1"
+#: a run folder's releasable checkpoint and its private state beside it
+CHECKPOINT = "ckpt.pt"
+PRIVATE = "private.pt"
 
 
-def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` plus ``"format": FORMAT`` to ``path`` atomically.
+def save_checkpoint(path: str | Path, payload: dict[str, Any], fmt: str = FORMAT) -> None:
+    """Write ``payload`` plus ``"format": fmt`` to ``path`` atomically.
 
     Parent directories are created. The caller's dict is not modified. A payload that
     :func:`load_checkpoint` could not read back (e.g. holding numpy arrays or custom
@@ -38,7 +44,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
     path = Path(path)
     buffer = io.BytesIO()
     try:
-        torch.save({**payload, "format": FORMAT}, buffer)
+        torch.save({**payload, "format": fmt}, buffer)
     except Exception as exc:  # unpicklable objects: lambdas, open files, ...
         first = (str(exc).strip().splitlines() or [""])[0][:120]
         raise CheckpointError(
@@ -52,25 +58,15 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> None:
         raise CheckpointError(
             f"cannot save {path}: the payload is not plain data (it holds {what})"
         ) from None
-    tmp = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(buffer.getbuffer())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, buffer.getvalue())
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {path}: {exc}") from exc
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint written by :func:`save_checkpoint`, without executing any code."""
+def load_checkpoint(path: str | Path, fmt: str = FORMAT) -> dict[str, Any]:
+    """Read a checkpoint of format ``fmt`` written by :func:`save_checkpoint`, without
+    executing any code."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no such checkpoint: {path}")
@@ -101,8 +97,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             f"{path} is not a readable torch checkpoint (corrupt, "
             f"truncated or another format: {first})"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+    if not isinstance(payload, dict) or payload.get("format") != fmt:
         found_format = payload.get("format") if isinstance(payload, dict) else None
-        extra = f" (format {found_format!r}, expected {FORMAT!r})" if found_format else ""
+        extra = f" (format {found_format!r}, expected {fmt!r})" if found_format else ""
         raise CheckpointError(f"{path} is not a fedlap-privacy checkpoint{extra}")
     return payload

@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.atomic import write_figure, write_text_atomic
+from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import METHODS, NOTION, TrainConfig
+from fedlap_privacy.fl.run_files import load_run_config
 from fedlap_privacy.jsonsafe import json_safe
 
 __all__ = [
@@ -87,11 +89,11 @@ def _run_dir(out: Path, method: str, eps: float | None, seed: int) -> Path:
 
 def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str) -> dict[str, Any]:
     """Train into ``run_dir``; if it holds this very configuration already, resume it."""
-    from fedlap_privacy.fl.simulation import CHECKPOINT, resume, train
+    from fedlap_privacy.fl.simulation import resume, train
 
     if not (run_dir / CHECKPOINT).exists():
         return train(cfg, run_dir, device).summary
-    saved = load_checkpoint(run_dir / CHECKPOINT)["config"]
+    saved = load_run_config(run_dir).to_dict()
     planned = dict(cfg.to_dict(), sigma=saved.get("sigma")) if cfg.sigma is None else cfg.to_dict()
     if saved != planned:
         raise ConfigError(f"{run_dir} holds a run with other settings: pick another --out")
@@ -183,7 +185,7 @@ def run_comparison(
         "seconds": time.perf_counter() - t0,
     }
     out.mkdir(parents=True, exist_ok=True)
-    (out / COMPARISON).write_text(json.dumps(json_safe(report), indent=2) + "\n")
+    write_text_atomic(out / COMPARISON, json.dumps(json_safe(report), indent=2) + "\n")
     plot_comparison(report, out / "accuracy_vs_epsilon.png")
     return report
 
@@ -227,6 +229,6 @@ def plot_comparison(report: dict[str, Any], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    write_figure(fig, path)
     plt.close(fig)
     return path

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedlap_privacy.atomic import write_figure
+
 
 def plot_history(history: list[dict[str, Any]], out: Path) -> list[Path]:
     """Write ``accuracy.png`` and ``epsilon.png`` into ``out``; returns their paths."""
@@ -29,7 +31,7 @@ def plot_history(history: list[dict[str, Any]], out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = out / name
-        fig.savefig(path, dpi=120)
+        write_figure(fig, path)
         plt.close(fig)
         paths.append(path)
     return paths

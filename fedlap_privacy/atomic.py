@@ -1,0 +1,48 @@
+"""Atomic, link-safe file writes: the one way this package writes a file into a run folder.
+
+:func:`write_atomic` writes the bytes into a fresh temporary file created beside the target
+by :func:`tempfile.mkstemp` (a unique, unpredictable name opened with ``O_CREAT | O_EXCL``,
+mode 0600, so a planted file or symbolic link is never opened or followed), flushes and
+fsyncs it, and renames it over the target with :func:`os.replace`. A rename replaces a
+symbolic link at the target name with the new file; it never writes through the link. A
+crash leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["write_atomic", "write_figure", "write_text_atomic"]
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (parent folders are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """:func:`write_atomic` for UTF-8 text."""
+    write_atomic(path, text.encode("utf-8"))
+
+
+def write_figure(fig: object, path: str | Path, dpi: int = 120) -> Path:
+    """Save a matplotlib figure as PNG through :func:`write_atomic`; returns ``path``."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)  # type: ignore[attr-defined]
+    write_atomic(path, buffer.getvalue())
+    return Path(path)
