@@ -19,13 +19,14 @@ from fedlap_privacy.accountant.planning import (
     rdp_epsilon,
 )
 from fedlap_privacy.accountant.rdp import DEFAULT_ORDERS, EXTENDED_ORDERS, rdp_to_epsilon, sgm_rdp
-from fedlap_privacy.accountant.schedule import FedLAPSchedule
+from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 
 __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_ORDERS",
     "EXTENDED_ORDERS",
     "FedLAPSchedule",
+    "RoundRates",
     "composed_epsilon",
     "epsilon",
     "epsilon_curve",

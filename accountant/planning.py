@@ -22,7 +22,7 @@ from fedlap_privacy.accountant.rdp import (
     _as_orders,
     _epsilon_per_order,
 )
-from fedlap_privacy.accountant.schedule import FedLAPSchedule
+from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
@@ -102,7 +102,7 @@ def epsilon(
 
 
 def composed_epsilon(
-    schedules: Sequence[FedLAPSchedule],
+    schedules: Sequence[FedLAPSchedule | RoundRates],
     sigma: float,
     delta: float,
     accountant: str = "rdp",

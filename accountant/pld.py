@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fedlap_privacy.accountant.schedule import FedLAPSchedule
+from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 
 if TYPE_CHECKING:
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
@@ -22,7 +22,7 @@ __all__ = ["pld_epsilon", "pld_epsilon_curve", "round_pld"]
 VALUE_INTERVAL = 1e-4
 
 
-def round_pld(schedule: FedLAPSchedule, sigma: float) -> PrivacyLossDistribution:
+def round_pld(schedule: FedLAPSchedule | RoundRates, sigma: float) -> PrivacyLossDistribution:
     """PLD of one round: SGM(q1) composed with (T - 1) x SGM(q2)."""
     from dp_accounting.pld import privacy_loss_distribution as pld
 

@@ -4,10 +4,17 @@ Dispatches on which of (target epsilon, sigma, rounds) are given (SPEC 1.3):
 sigma + rounds -> the epsilon curve (and whether a target holds); eps + sigma -> plan the
 rounds; eps + rounds -> plan sigma; eps alone -> plan sigma for ``DEFAULT_ROUNDS``; neither
 eps nor sigma -> the authors' sigma = 1.
+
+Threat model: ``hidden-selection`` (default here) is Theorem 5.8 as published — the first
+access of a round at ``q1 = C B / N``, amplified by client sampling, which holds only
+against adversaries who do not know which clients were selected. ``server`` accounts against
+the server, which does know: every access at ``q2``, and a client may be selected in every
+round (the plan is then the worst case over clients). With client fraction 1 they agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -21,8 +28,11 @@ from fedlap_privacy.accountant.planning import (
     rdp_epsilon,
 )
 from fedlap_privacy.accountant.schedule import FedLAPSchedule
+from fedlap_privacy.errors import ConfigError
 
-__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SIGMA", "privacy_plan"]
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SIGMA", "PLAN_THREAT_MODELS", "privacy_plan"]
+
+PLAN_THREAT_MODELS = ("hidden-selection", "server")
 
 DEFAULT_ROUNDS = 30  # the authors' DP configuration
 DEFAULT_SIGMA = 1.0
@@ -37,9 +47,16 @@ def privacy_plan(
     rounds: int | None = None,
     accountant: str = "rdp",
     orders: Orders = None,
+    threat_model: str = "hidden-selection",
 ) -> dict[str, Any]:
     """Solve for the missing quantity and return every number of the plan."""
     _check(eps=eps, sigma=sigma, rounds=rounds, delta=delta, accountant=accountant)
+    if threat_model not in PLAN_THREAT_MODELS:
+        raise ConfigError(f"threat model {threat_model!r} must be one of "
+                          f"{', '.join(PLAN_THREAT_MODELS)}")
+    fraction = schedule.client_fraction
+    if threat_model == "server":
+        schedule = dataclasses.replace(schedule, client_fraction=1.0)
     if eps is not None and sigma is not None and rounds is None:
         mode = "plan-rounds"
         rounds = plan_rounds(schedule, sigma, eps, delta, accountant, orders)
@@ -76,7 +93,8 @@ def privacy_plan(
         "local_steps": schedule.local_steps,
         "batch_size": schedule.batch_size,
         "client_size": schedule.client_size,
-        "client_fraction": schedule.client_fraction,
+        "client_fraction": fraction,
+        "threat_model": threat_model,
         "order": order,
         "curve": [float(e) for e in curve],
     }

@@ -24,7 +24,33 @@ import numpy as np
 from fedlap_privacy.accountant.rdp import sgm_rdp
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["FedLAPSchedule"]
+__all__ = ["FedLAPSchedule", "RoundRates"]
+
+
+@dataclass(frozen=True)
+class RoundRates:
+    """The sampling rates of one round as a ledger records them: the first access at ``q1``,
+    the ``local_steps - 1`` later ones at ``q2`` (each an SGM with the same sigma).
+
+    A ledger composes these recorded values, never today's configuration applied to the past.
+    """
+
+    q1: float
+    q2: float
+    local_steps: int
+
+    def __post_init__(self) -> None:
+        for name, q in (("q1", self.q1), ("q2", self.q2)):
+            if not (isinstance(q, float | int) and 0.0 <= q <= 1.0):
+                raise ConfigError(f"sampling rate {name} {q!r} must lie in [0, 1]")
+        if not (isinstance(self.local_steps, int | np.integer) and self.local_steps >= 1):
+            raise ConfigError(f"local steps {self.local_steps!r} must be a positive integer")
+
+    def rdp_per_round(self, sigma: float, orders: np.ndarray) -> np.ndarray:
+        """RDP of one round: xi(alpha|q1) + (T - 1) xi(alpha|q2) (Theorem 5.8)."""
+        second = sgm_rdp(self.q2, sigma, orders)
+        first = second if self.q1 == self.q2 else sgm_rdp(self.q1, sigma, orders)
+        return first + (self.local_steps - 1) * second
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +95,12 @@ class FedLAPSchedule:
         """Sampling rate of every later access of the round."""
         return self.batch_size / self.client_size
 
+    def rates(self, selection_hidden: bool = True) -> RoundRates:
+        """The round's rates. ``selection_hidden=False``: against an adversary who knows
+        which clients were selected (the server), client sampling amplifies nothing and the
+        first access of a selected client runs at ``q2`` too."""
+        return RoundRates(self.q1 if selection_hidden else self.q2, self.q2, self.local_steps)
+
     def rdp_per_round(self, sigma: float, orders: np.ndarray) -> np.ndarray:
         """RDP of one round: xi(alpha|q1) + (T - 1) xi(alpha|q2) (Theorem 5.8)."""
-        second = sgm_rdp(self.q2, sigma, orders)
-        first = second if self.q1 == self.q2 else sgm_rdp(self.q1, sigma, orders)
-        return first + (self.local_steps - 1) * second
+        return self.rates().rdp_per_round(sigma, orders)
