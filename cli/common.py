@@ -50,13 +50,31 @@ def human_bytes(n: float) -> str:
 
 
 def privacy_sentence(p: dict[str, Any]) -> str:
-    """One line saying what a run's epsilon protects (its privacy notion, SPEC 1.5)."""
+    """What a run's epsilon protects, against whom, and what it declares public."""
     notion, eps = p.get("notion"), p.get("epsilon")
     if notion in ("record-level", "client-level") and eps is not None:
         unit = "a record" if notion == "record-level" else "a client's whole dataset"
-        return (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}), "
+        against = {
+            "server": "against the server (it sees whom it selected and every upload)",
+            "hidden-selection": "against parties who do not know which clients were selected "
+                                "(NOT against the server)",
+            "trusted-server": "against those who see the released models; the server, which "
+                              "sees each update, is trusted",
+        }.get(p.get("threat_model"), "")
+        text = (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}) {against}, "
                 f"sigma {p['sigma']:.4g}")
-    if notion == "local" and eps is not None:
-        return (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
+        others = p.get("epsilon_by_threat_model") or {}
+        other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.get("threat_model")]
+        if other:
+            text += f" (epsilon {', '.join(other)})"
+    elif notion == "local" and eps is not None:
+        text = (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
                 f"{eps:g} per weight over the run (a whole upload: d x that)")
-    return "no formal privacy (non-private method)"
+    else:
+        return "no formal privacy (non-private method)"
+    if p.get("noise") == "seeded":
+        text += (". [bold red]NOT PRIVATE:[/] the noise was derived from the seed "
+                 "(--reproducible-noise)")
+    if p.get("public"):
+        text += ". Released as public: " + "; ".join(p["public"])
+    return text

@@ -10,6 +10,11 @@ from rich.table import Table
 from fedlap_privacy.cli.common import console, fail, guarded, print_json
 
 
+class PlanThreatModel(StrEnum):
+    hidden_selection = "hidden-selection"
+    server = "server"
+
+
 class Accountant(StrEnum):
     rdp = "rdp"
     pld = "pld"
@@ -38,6 +43,12 @@ def plan(
     client_fraction: float = typer.Option(1.0, "--client-fraction", help="Clients per round."),
     local_steps: int = typer.Option(200, "--local-steps", help="Accesses per client-round T."),
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant"),
+    threat_model: PlanThreatModel = typer.Option(
+        PlanThreatModel.hidden_selection, "--threat-model",
+        help="hidden-selection: Theorem 5.8 (q1 amplified by client sampling; holds only "
+        "against parties who do not know who was selected). server: against the server, "
+        "which knows (train's default). Equal at client fraction 1."
+    ),
     orders: str | None = typer.Option(None, "--orders", help="default | extended | a,b,c"),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -59,6 +70,7 @@ def plan(
         return privacy_plan(
             schedule, delta, eps=eps, sigma=sigma, rounds=rounds,
             accountant=accountant.value, orders=_parse_orders(orders),
+            threat_model=threat_model.value,
         )
 
     result = guarded(run)
@@ -83,6 +95,9 @@ def _print_table(r: dict) -> None:
         ("client size min N_k", f"{r['client_size']}"),
         ("client fraction C", f"{r['client_fraction']:g}"),
         ("accesses per round T", f"{r['local_steps']}"),
+        ("threat model", r["threat_model"] + (
+            " (Theorem 5.8; not against the server)"
+            if r["threat_model"] == "hidden-selection" and r["client_fraction"] < 1 else "")),
         ("q1 (first access)", f"{r['q1']:.6g}"),
         ("q2 (later accesses)", f"{r['q2']:.6g}"),
         ("delta", f"{r['delta']:g}"),

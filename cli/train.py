@@ -12,6 +12,7 @@ from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     console,
+    err_console,
     fail,
     guarded,
     human_bytes,
@@ -26,6 +27,12 @@ Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: i
 class Preset(StrEnum):
     paper_dp = "paper-dp"
     paper = "paper"
+
+
+class ThreatModel(StrEnum):
+    server = "server"
+    hidden_selection = "hidden-selection"
+    trusted_server = "trusted-server"
 
 
 class Engine(StrEnum):
@@ -55,8 +62,19 @@ def train(
     preset: Preset | None = typer.Option(None, "--preset", help="The authors' values."),
     settings: list[str] = typer.Option([], "--set", help="Any configuration key, KEY=VALUE "
                                        "(repeatable), e.g. --set lr_local=0.1."),
+    threat_model: ThreatModel | None = typer.Option(
+        None, "--threat-model", help="Who epsilon holds against. server (default for record-"
+        "level DP): the server sees whom it selected, no amplification by client sampling; "
+        "hidden-selection: Theorem 5.8's q1 (adversaries who do not know who was selected); "
+        "trusted-server: DP-NormFedAvg's only one (the server adds the noise)."
+    ),
+    reproducible_noise: bool = typer.Option(
+        False, "--reproducible-noise", help="Derive the DP noise and sampling from --seed "
+        "(bit-for-bit reproducible runs for research): the run is NOT private."
+    ),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]"),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Public randomness only: initial weights and "
+                             "the split (DP noise is secret unless --reproducible-noise)."),
     out: Path = typer.Option(Path("runs/latest"), "--out", help="Output directory."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out with its own settings (--rounds may "
@@ -86,6 +104,8 @@ def train(
         "client_fraction": client_fraction, "rounds": rounds, "delta": delta,
         "batch_size": batch_size, "target_eps": target_eps, "seed": seed,
         "local_steps": local_steps, "ldp_epsilon": ldp_epsilon,
+        "threat_model": None if threat_model is None else threat_model.value,
+        "reproducible_noise": reproducible_noise or None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     values.update(guarded(lambda: parse_overrides(settings)))
@@ -111,6 +131,8 @@ def train(
             progress.update(task, completed=info["start_round"] - 1,
                             total=info["config"]["rounds"],
                             info=f"{info['config']['method']}  sigma={info['sigma']}")
+        elif event == "warning":
+            err_console.print(f"[bold yellow]warning:[/] {info['message']}", highlight=False)
         elif event == "client_done":
             progress.update(task, info=f"round {info['round']}: client {info['client']} done")
         elif event == "round_end":

@@ -121,6 +121,16 @@ class Dataset:
         return int(height)
 
 
+def content_hash(*arrays: np.ndarray) -> str:
+    """SHA-256 of arrays' dtypes, shapes and bytes: pins the exact records a run used."""
+    digest = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        digest.update(f"{a.dtype.str}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
 def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = False) -> Dataset:
     """Load one of :data:`DATASETS`, normalised as in SPEC 2.4.
 

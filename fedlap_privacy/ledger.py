@@ -1,34 +1,75 @@
-"""The privacy ledger: one entry per round that touched private data (SPEC 1.3, 1.5).
+"""The privacy ledger: one entry per round that touched private data.
 
 Every round that ran — completed, or started and interrupted — is an entry, so a resumed
 run never loses privacy spent; a round is never entered twice. Shared by ``fl`` (writes it)
-and ``audit`` (reads it). The notion decides what an entry's epsilon means:
+and ``audit`` (reads it).
+
+What an entry records, and what is never allowed to change: the values the round ran
+under — its sampling rates ``q1`` (a round's first access, amplified by client sampling)
+and ``q2`` (every later access), its accounted accesses ``local_steps`` (T, the WORST-CASE
+accesses of that round), ``sigma``, ``delta``, the ``accountant``, the clients that were
+selected (``participants``), the threat model and whether its noise was secret. The
+ledger's epsilon composes these RECORDED values (never today's configuration applied to the
+past), and :meth:`PrivacyLedger.load` refuses entries that disagree with each other or with
+the run. :func:`ledger_digest` fingerprints the entries; a run keeps it in its private state
+so that a ledger shortened or edited by hand is refused on resume.
+
+Notions (what an epsilon protects):
 
 * ``record-level`` (FedLAP-DP, DP-FedAvg/-FedProx, ALI-DPFL): (epsilon, delta)-DP for one
-  record, composing the rounds' Theorem 5.8 schedules. Each entry carries its accounted T
-  (``local_steps``, the WORST-CASE accesses of that round: fixed for most methods, ALI-DPFL's
-  tau for that round); the accesses a round actually made are recorded beside it and never
-  exceed it.
+  record, composing Theorem 5.8 rounds (Wang et al. 2024, FedLAP-DP).
 * ``client-level`` (DP-NormFedAvg): (epsilon, delta)-DP for a client's whole dataset, one
-  SGM over clients per round (:meth:`FedLAPSchedule.client_level`).
+  SGM over clients per round.
 * ``local`` (LDP-FL): pure epsilon-LDP of each uploaded weight per round
-  (``round_epsilon``); ``epsilon`` is its basic composition over rounds, per weight. The
-  whole upload of a client, d weights, is d x that under basic composition.
+  (``round_epsilon``); ``epsilon`` is its basic composition over rounds, per weight.
 * ``none``: no formal privacy; epsilon is infinite and reported as None.
+
+Threat models (who the epsilon holds against; see ``docs/threat-model.md``):
+
+* ``server`` (default for record- and local DP): the adversary is the server, which sees
+  every upload and knows whom it selected. Client sampling amplifies nothing: a selected
+  client's first access is an SGM at ``q2``, and a client's epsilon composes only the rounds
+  it was selected in. The ledger reports the largest epsilon over the clients.
+* ``hidden-selection``: the adversary sees the uploads (or the models) but not who was
+  selected — Theorem 5.8 with its amplified ``q1``, composed over every round.
+* ``trusted-server`` (client-level DP-NormFedAvg): the server sees each client's update
+  in the clear and adds the noise itself; the epsilon holds against those who see the
+  released models only, never against the server.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon
-from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.accountant import ACCOUNTANTS, FedLAPSchedule, RoundRates, composed_epsilon
+from fedlap_privacy.errors import CheckpointError, ConfigError
 
-__all__ = ["NOTIONS", "LedgerEntry", "PrivacyLedger"]
+__all__ = [
+    "NOISE_KINDS", "NOTIONS", "NOTION_THREAT_MODELS", "THREAT_MODELS", "LedgerEntry",
+    "PrivacyLedger", "ledger_digest",
+]
 
 NOTIONS = ("record-level", "client-level", "local", "none")
+THREAT_MODELS = ("server", "hidden-selection", "trusted-server")
+#: "secret": DP randomness seeded by the operating system; "seeded": derived from the run's
+#: seed (--reproducible-noise), so anyone with the seed can remove the noise: NOT private;
+#: "none": a non-private method (no noise).
+NOISE_KINDS = ("secret", "seeded", "none")
+#: the threat models each notion's epsilon can hold for; the first is the default
+NOTION_THREAT_MODELS: dict[str, tuple[str, ...]] = {
+    "record-level": ("server", "hidden-selection"),
+    "client-level": ("trusted-server",),
+    "local": ("server",),
+    "none": (),
+}
+_GAUSSIAN = ("record-level", "client-level")
+_RTOL = 1e-6  # recorded vs recomputed epsilon
 
 
 @dataclass(frozen=True)
@@ -36,22 +77,55 @@ class LedgerEntry:
     round: int
     status: str  # "completed" | "interrupted"
     notion: str  # one of NOTIONS
+    threat_model: str | None  # one of THREAT_MODELS (None: notion "none")
+    noise: str  # one of NOISE_KINDS
     sigma: float | None
-    q1: float | None
-    q2: float | None
+    q1: float | None  # first access of a round, amplified by client sampling (Theorem 5.8)
+    q2: float | None  # every later access (and the first one, against the server)
     local_steps: int | None  # accounted accesses per client-round (T; ALI-DPFL: tau)
-    accesses: int  # accesses a client actually made this round (maximum over clients)
-    clients: int  # clients that took part
-    rounds_spent: int
-    epsilon: float | None
+    accountant: str | None
     delta: float | None
+    accesses: int  # accesses a client actually made this round (maximum over clients)
+    participants: tuple[int, ...]  # the clients selected for the round
+    rounds_spent: int
+    epsilon: float | None  # after this round, under the entry's threat model
     round_epsilon: float | None = None  # local DP: per-weight epsilon of this round
+
+    @property
+    def clients(self) -> int:
+        return len(self.participants)
+
+    def rates(self, selection_hidden: bool) -> RoundRates:
+        assert self.q1 is not None and self.q2 is not None and self.local_steps is not None
+        return RoundRates(self.q1 if selection_hidden else self.q2, self.q2, self.local_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["participants"] = list(self.participants)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> LedgerEntry:
+        try:
+            entry = cls(**{**values, "participants": tuple(values["participants"])})
+        except (TypeError, KeyError) as exc:
+            raise CheckpointError(f"malformed ledger entry ({exc})") from None
+        return entry
+
+
+def ledger_digest(entries: list[LedgerEntry]) -> str:
+    """SHA-256 of the entries' canonical JSON: changes when any entry is edited or removed."""
+    text = json.dumps([e.to_dict() for e in entries], sort_keys=True, allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
 class PrivacyLedger:
-    """Ledger of a run. ``schedule`` is the per-round schedule of the (epsilon, delta) notions;
-    ``round_epsilon`` the per-weight, per-round epsilon of ``local``."""
+    """Ledger of a run (module docstring).
+
+    ``schedule`` is the Theorem 5.8 schedule NEW rounds are entered with (record level: at
+    the smallest client; client level: over clients); ``clients`` the number of clients K.
+    """
 
     notion: str
     schedule: FedLAPSchedule | None = None
@@ -59,85 +133,172 @@ class PrivacyLedger:
     delta: float | None = None
     accountant: str = "rdp"
     round_epsilon: float | None = None
+    threat_model: str | None = None
+    noise: str = "secret"
+    clients: int = 1
     entries: list[LedgerEntry] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.notion not in NOTIONS:
             raise ConfigError(f"privacy notion {self.notion!r} must be one of {NOTIONS}")
-        gaussian = self.notion in ("record-level", "client-level")
+        if self.noise not in NOISE_KINDS:
+            raise ConfigError(f"noise {self.noise!r} must be one of {NOISE_KINDS}")
+        gaussian = self.notion in _GAUSSIAN
         if gaussian and (self.schedule is None or self.sigma is None or self.delta is None):
             raise ConfigError(f"a {self.notion} ledger needs a schedule, sigma and delta")
+        if gaussian and self.accountant not in ACCOUNTANTS:
+            raise ConfigError(f"accountant {self.accountant!r} must be one of {ACCOUNTANTS}")
         if self.notion == "local" and not (self.round_epsilon and self.round_epsilon > 0):
             raise ConfigError("a local-DP ledger needs a positive per-round epsilon")
+        allowed = NOTION_THREAT_MODELS[self.notion]
+        if self.threat_model is None and allowed:
+            self.threat_model = allowed[0]
+        if self.threat_model not in (allowed or (None,)):
+            raise ConfigError(
+                f"threat model {self.threat_model!r} does not apply to {self.notion} DP "
+                f"(allowed: {', '.join(allowed) or 'none'})"
+            )
 
     @property
     def rounds_spent(self) -> int:
         return len(self.entries)
 
-    def _schedule(self, local_steps: int | None) -> FedLAPSchedule:
-        assert self.schedule is not None
-        if local_steps is None or local_steps == self.schedule.local_steps:
-            return self.schedule
-        return dataclasses.replace(self.schedule, local_steps=local_steps)
+    # ------------------------------------------------------------------ epsilon
+    def epsilon_under(self, threat_model: str, extra: list[LedgerEntry] | None = None) -> float:
+        """Epsilon of the recorded rounds (plus ``extra`` ones) against ``threat_model``.
 
-    def _epsilon(self, steps: list[int | None]) -> float:
-        """Epsilon after rounds with these accounted T (inf when non-private)."""
+        ``server``: the largest, over clients, of the composition of the rounds the client
+        was selected in, each at ``q2`` throughout; ``hidden-selection`` /
+        ``trusted-server``: every round at its recorded ``(q1, q2)``.
+        """
+        entries = self.entries + (extra or [])
         if self.notion == "none":
-            return float("inf")
-        if not steps:
-            return 0.0
+            return math.inf
         if self.notion == "local":
-            assert self.round_epsilon is not None
-            return len(steps) * self.round_epsilon
+            return sum(e.round_epsilon or 0.0 for e in entries)
         assert self.sigma is not None and self.delta is not None
-        schedules = [self._schedule(t) for t in steps]
-        return composed_epsilon(schedules, self.sigma, self.delta, self.accountant)
+        if threat_model != "server":
+            rates = [e.rates(selection_hidden=True) for e in entries]
+            return composed_epsilon(rates, self.sigma, self.delta, self.accountant)
+        per_client: dict[int, list[RoundRates]] = {k: [] for k in range(self.clients)}
+        for e in entries:
+            for k in e.participants:
+                per_client.setdefault(k, []).append(e.rates(selection_hidden=False))
+        distinct = {frozenset(Counter(r).items()): r for r in per_client.values()}
+        return max(
+            (composed_epsilon(r, self.sigma, self.delta, self.accountant)
+             for r in distinct.values()),
+            default=0.0,
+        )
 
     @property
     def epsilon(self) -> float:
-        return self._epsilon([e.local_steps for e in self.entries])
+        """Epsilon spent, against the ledger's threat model."""
+        assert self.threat_model is not None or self.notion == "none"
+        return self.epsilon_under(self.threat_model or "server")
+
+    def _entry(
+        self, round_: int, accesses: int, participants: list[int] | tuple[int, ...],
+        status: str, local_steps: int | None,
+    ) -> LedgerEntry:
+        gaussian = self.notion in _GAUSSIAN
+        schedule = None
+        if gaussian:
+            assert self.schedule is not None
+            steps = self.schedule.local_steps if local_steps is None else local_steps
+            schedule = FedLAPSchedule(
+                batch_size=self.schedule.batch_size, client_size=self.schedule.client_size,
+                local_steps=steps, client_fraction=self.schedule.client_fraction,
+            )
+            if accesses > steps:
+                raise ConfigError(
+                    f"round {round_} made {accesses} accesses, more than the {steps} it is "
+                    "accounted for"
+                )
+        bad = [k for k in participants if not 0 <= int(k) < self.clients]
+        if bad:
+            raise ConfigError(f"round {round_}: no client {bad[0]} in a run of {self.clients}")
+        return LedgerEntry(
+            round=round_, status=status, notion=self.notion, threat_model=self.threat_model,
+            noise=self.noise,
+            sigma=self.sigma if gaussian else None,
+            q1=None if schedule is None else schedule.q1,
+            q2=None if schedule is None else schedule.q2,
+            local_steps=None if schedule is None else schedule.local_steps,
+            accountant=self.accountant if gaussian else None,
+            delta=self.delta if gaussian else None,
+            accesses=accesses, participants=tuple(sorted(int(k) for k in participants)),
+            rounds_spent=self.rounds_spent + 1, epsilon=None,
+            round_epsilon=self.round_epsilon if self.notion == "local" else None,
+        )
 
     def projected_epsilon(self, local_steps: int | None = None) -> float:
-        """Epsilon if one more round with accounted T ``local_steps`` (default T) ran."""
-        return self._epsilon([e.local_steps for e in self.entries] + [local_steps])
+        """Epsilon if one more round with accounted T ``local_steps`` (default T) ran with
+        every client selected (the worst case, whoever is drawn)."""
+        extra = self._entry(0, 0, list(range(self.clients)), "completed", local_steps)
+        return self.epsilon_under(self.threat_model or "server", [extra])
 
     def record(
         self,
         round_: int,
         accesses: int,
-        clients: int,
+        participants: list[int] | tuple[int, ...],
         status: str = "completed",
         local_steps: int | None = None,
     ) -> LedgerEntry:
         """Append the round and return its entry; refuses accesses beyond the accounted T."""
-        gaussian = self.notion in ("record-level", "client-level")
-        schedule = self._schedule(local_steps) if gaussian else None
-        if schedule is not None and accesses > schedule.local_steps:
-            raise ConfigError(
-                f"round {round_} made {accesses} accesses, more than the "
-                f"{schedule.local_steps} it is accounted for"
-            )
-        eps = self.projected_epsilon(None if schedule is None else schedule.local_steps)
-        entry = LedgerEntry(
-            round=round_,
-            status=status,
-            notion=self.notion,
-            sigma=self.sigma if gaussian else None,
-            q1=None if schedule is None else schedule.q1,
-            q2=None if schedule is None else schedule.q2,
-            local_steps=None if schedule is None else schedule.local_steps,
-            accesses=accesses,
-            clients=clients,
-            rounds_spent=self.rounds_spent + 1,
-            epsilon=None if eps == float("inf") else eps,
-            delta=self.delta if gaussian else None,
-            round_epsilon=self.round_epsilon if self.notion == "local" else None,
-        )
+        entry = self._entry(round_, accesses, participants, status, local_steps)
+        eps = self.epsilon_under(self.threat_model or "server", [entry])
+        entry = dataclasses.replace(entry, epsilon=None if math.isinf(eps) else eps)
         self.entries.append(entry)
         return entry
 
+    # ------------------------------------------------------------------ persistence
     def to_list(self) -> list[dict[str, Any]]:
-        return [asdict(e) for e in self.entries]
+        return [e.to_dict() for e in self.entries]
 
-    def load(self, entries: list[dict[str, Any]]) -> None:
-        self.entries = [LedgerEntry(**e) for e in entries]
+    def load(self, entries: list[dict[str, Any]], digest: str | None = None) -> None:
+        """Take recorded entries, refusing any that this run could not have written.
+
+        Checks: every entry has this ledger's notion, threat model, noise, sigma, delta and
+        accountant; rounds never go back and ``rounds_spent`` counts them; the last recorded
+        epsilon is what the entries compose to; and, when given, the ``digest`` the run's
+        private state holds (a shortened or edited ledger fails it).
+        """
+        if not isinstance(entries, list):
+            raise CheckpointError("the ledger is not a list of entries")
+        loaded = [LedgerEntry.from_dict(e) for e in entries]
+        gaussian = self.notion in _GAUSSIAN
+        expected = {
+            "notion": self.notion, "threat_model": self.threat_model, "noise": self.noise,
+            "sigma": self.sigma if gaussian else None,
+            "delta": self.delta if gaussian else None,
+            "accountant": self.accountant if gaussian else None,
+        }
+        previous = 0
+        for i, e in enumerate(loaded):
+            for key, value in expected.items():
+                if getattr(e, key) != value:
+                    raise CheckpointError(
+                        f"ledger entry {i + 1} has {key} {getattr(e, key)!r}, the run "
+                        f"{value!r}: the ledger does not belong to this run"
+                    )
+            if e.round < previous or e.rounds_spent != i + 1:
+                raise CheckpointError(f"ledger entry {i + 1} is out of order")
+            previous = e.round
+        if digest is not None and ledger_digest(loaded) != digest:
+            raise CheckpointError(
+                "the ledger does not match the run's private state (entries removed or edited)"
+            )
+        self.entries = []
+        if loaded:
+            recorded = loaded[-1].epsilon
+            self.entries = loaded
+            eps = self.epsilon
+            if (recorded is None) != math.isinf(eps) or (
+                recorded is not None and not math.isclose(recorded, eps, rel_tol=_RTOL)
+            ):
+                self.entries = []
+                raise CheckpointError(
+                    f"the ledger records epsilon {recorded}, its entries compose to {eps}"
+                )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS
 
 __all__ = ["METHODS", "NOTION", "PRESETS", "RADIUS_RULES", "TrainConfig", "parse_overrides"]
 
@@ -91,11 +94,42 @@ class TrainConfig:
     server_lr: float = 1.0  # SCAFFOLD, DP-NormFedAvg: global step on the averaged update
     tau_max: int = 100  # ALI-DPFL: upper clamp of tau
     ldp_epsilon: float | None = None  # LDP-FL: epsilon of each weight per round
+    # threat model and randomness (docs/threat-model.md)
+    threat_model: str | None = None  # None: the strongest the notion supports
+    reproducible_noise: bool = False  # derive DP randomness from the seed: NOT private
 
     @property
     def notion(self) -> str:
         """The privacy notion of the method (SPEC 1.5): what its epsilon protects."""
         return NOTION.get(self.method, "none")
+
+    @property
+    def resolved_threat_model(self) -> str | None:
+        """Who the epsilon holds against (``fedlap_privacy.ledger``): the configured one, else
+        the server where the notion allows it (client-level: observers of the models)."""
+        allowed = NOTION_THREAT_MODELS[self.notion]
+        return self.threat_model or (allowed[0] if allowed else None)
+
+    @property
+    def noise(self) -> str:
+        """"secret" (OS-seeded DP randomness), "seeded" (``reproducible_noise``) or "none"
+        (a non-private method: its randomness is seeded, there is nothing to protect)."""
+        if self.notion == "none":
+            return "none"
+        return "seeded" if self.reproducible_noise else "secret"
+
+    @property
+    def public_metadata(self) -> tuple[str, ...]:
+        """What the method releases WITHOUT noise, declared public in the guarantee."""
+        if self.notion == "none":
+            return ()
+        out = ["each client's dataset size N_k (the smallest sets the sampling rate)",
+               "which clients were selected in each round, and how many"]
+        if self.is_fedlap:
+            out.append("each client's list of classes (the labels of its synthetic set)")
+        if self.method == "ali-dpfl":
+            out.append("the number of local iterations tau of each round")
+        return tuple(out)
 
     @property
     def private(self) -> bool:
@@ -130,11 +164,19 @@ class TrainConfig:
             (0 < self.client_fraction <= 1, f"client fraction {self.client_fraction} not in (0,1]"),
             (self.rounds >= 1, f"rounds {self.rounds} must be >= 1"),
             (self.batch_size >= 1, f"batch size {self.batch_size} must be >= 1"),
-            (self.clip > 0, f"clipping bound {self.clip} must be > 0"),
+            (_finite(self.clip) and self.clip > 0, f"clipping bound {self.clip} must be > 0"),
             (0 < self.delta < 1, f"delta {self.delta} must be in (0, 1)"),
-            (self.sigma is None or self.sigma > 0, f"sigma {self.sigma} must be > 0"),
-            (self.target_eps is None or self.target_eps > 0, f"target epsilon {self.target_eps}"
-             " must be > 0"),
+            (self.sigma is None or (_finite(self.sigma) and self.sigma > 0),
+             f"sigma {self.sigma} must be a finite number > 0"),
+            (self.target_eps is None or (_finite(self.target_eps) and self.target_eps > 0),
+             f"target epsilon {self.target_eps} must be a finite number > 0"),
+            (self.accountant in ACCOUNTANTS,
+             f"accountant {self.accountant!r} must be one of {', '.join(ACCOUNTANTS)}"),
+            (self.threat_model is None or self.threat_model in THREAT_MODELS,
+             f"threat model {self.threat_model!r} must be one of {', '.join(THREAT_MODELS)}"),
+            (all(_finite(v) for v in (self.lr_img, self.lr_net, self.lr_local, self.radius,
+                                      self.dirichlet_alpha, self.server_lr, self.prox_mu)),
+             "learning rates, radius, alpha, server_lr and prox_mu must be finite numbers"),
             (self.ipc >= 1 and self.radius > 0, "ipc and radius must be positive"),
             (self.accesses_per_round >= 1, "each round must make at least one access"),
         ]
@@ -157,6 +199,12 @@ class TrainConfig:
             raise ConfigError("init 'real' reads private images without noise: use 'noise' for DP")
         if self.private and self.radius_rule != "fixed":
             raise ConfigError("client-suggested radii read private data: use radius rule 'fixed'")
+        allowed = NOTION_THREAT_MODELS[self.notion]
+        if self.threat_model is not None and self.threat_model not in allowed:
+            raise ConfigError(
+                f"threat model {self.threat_model!r} does not apply to {self.method} "
+                f"({self.notion} DP); it allows: {', '.join(allowed) or 'none'}"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +217,10 @@ class TrainConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
         return cls(**values)
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -68,17 +68,20 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from torch import Tensor
 
-from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.data import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
-from fedlap_privacy.fl.simulation import (
-    CHECKPOINT,
+from fedlap_privacy.fl.randomness import dp_generator
+from fedlap_privacy.fl.run_files import (
     METRICS,
     PENDING,
+    check_new_run_dir,
+    load_run_config,
+)
+from fedlap_privacy.fl.simulation import (
     Callback,
-    _generator,
     _Run,
     client_parts,
     default_model_config,
@@ -316,7 +319,8 @@ def _describe(msg: Message, context: Context) -> Message:
 def _train(msg: Message, context: Context) -> Message:
     """One client round (Method.client, SPEC 2.1 / 3) on this node's partition.
 
-    The generator is seeded by (seed, round, partition + 1) like the simulator's; the
+    The node draws its own DP randomness (secret; with ``reproducible-noise`` seeded by
+    (seed, round, partition + 1) like the simulator's); the
     method's node-local state is read from and written back to ``context.state``.
     """
     content = msg.content
@@ -336,7 +340,7 @@ def _train(msg: Message, context: Context) -> Message:
             raise ConfigError("this SuperNode's partition changed within a run")
         state = saved["state"]
     method = build_method(cfg, device)
-    gen = _generator(device, cfg.seed, info.round, part.index + 1)
+    gen = dp_generator(cfg, device, info.round, part.index + 1)
     reply = method.client(model, part.x, part.y, state, info, gen)
     kept = _pack("state", {"partition": part.index, "state": state})
     for key, record in kept.items():
@@ -494,7 +498,7 @@ class FlowerClients:
                      f"({what}); the ledger counts the round for all {len(chosen)}")
             return
         steps = run.method.accounted_steps(run.server_state)
-        run.ledger.record(m, steps, len(chosen), "interrupted", local_steps=steps)
+        run.ledger.record(m, steps, chosen, "interrupted", local_steps=steps)
         run.save()
         hint = "" if self.allow_failures else (
             "; pass --allow-client-failures (run config allow-client-failures=true) to continue "
@@ -508,10 +512,7 @@ server_app = ServerApp()
 
 
 def _write_status(out: Path, status: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (STATUS + ".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, out / STATUS)
+    write_text_atomic(out / STATUS, json.dumps(status))
 
 
 def _log(line: str) -> None:
@@ -538,9 +539,7 @@ def _server_main(grid: Grid, context: Context) -> None:
                                 bool(driver["allow-client-failures"]),
                                 float(driver["node-wait"]), _log)
         if driver["resume"]:
-            if not (out / CHECKPOINT).exists():
-                raise FlowerError(f"nothing to resume: no {CHECKPOINT} in {out}")
-            cfg = TrainConfig.from_dict(load_checkpoint(out / CHECKPOINT)["config"])
+            cfg = load_run_config(out)
         data = load_dataset(cfg.dataset, cfg.data_dir)
         clients.discover(cfg, [len(p) for p in client_parts(cfg, data)])
         if driver["resume"]:
@@ -760,14 +759,12 @@ def _read_history(out: Path) -> list[dict[str, Any]]:
 def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
     """The run's configuration; refuses what :func:`simulation.train` / ``resume`` refuse."""
     if resume_run:
-        if not (out / CHECKPOINT).exists():
-            raise ConfigError(f"nothing to resume: no {CHECKPOINT} in {out}")
-        return TrainConfig.from_dict(load_checkpoint(out / CHECKPOINT)["config"])
+        return load_run_config(out)
     if cfg is None:
         raise ConfigError("a new Flower run needs a configuration")
-    if (out / CHECKPOINT).exists() or (out / PENDING).exists():
-        raise ConfigError(f"{out} already holds a run: continue it with --resume or pick --out")
-    return cfg.validate()
+    cfg.validate()
+    check_new_run_dir(out)
+    return cfg
 
 
 def run_on(

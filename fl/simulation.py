@@ -3,20 +3,26 @@
 One call of :func:`train` runs a whole federated training (or resumes one) with the client
 and server steps of the method (:mod:`fedlap_privacy.fl.methods`), the same ones the Flower
 driver calls.
-Randomness comes from generators seeded by (seed, round, client), so a run is reproducible
-on the CPU and a resumed run continues exactly where an uninterrupted one would be.
+Randomness (:mod:`~fedlap_privacy.fl.randomness`): the seed fixes the initial weights and
+the split; the DP randomness (selection, batches, noise) is secret, drawn from the operating
+system, unless the run asked for ``reproducible_noise`` (then it is derived from (seed,
+round, client), bit-for-bit reproducible and not private).
 
-Privacy bookkeeping: before a round touches private data a marker file ``round.pending`` is
-written; the checkpoint written after the round removes it. A run resumed after a crash
-finds the marker and enters the interrupted round in the ledger (worst case, all the
-accesses it was accounted for), so privacy spent is never lost; completed rounds are never
-counted twice.
+Files (:mod:`~fedlap_privacy.fl.run_files`): the releasable ``ckpt.pt`` and the private
+``private.pt``, saved before round 1 and after every round. Privacy bookkeeping: after the
+clients of a round are selected and before they touch private data, a marker
+``round.pending`` records the round, its accounted T and the selected clients; the
+checkpoint written after the round removes it. A run resumed after a crash finds the marker
+and enters the interrupted round in the ledger (worst case, all the accesses it was
+accounted for), so privacy spent is never lost; completed rounds are never counted twice.
+A resumed run must be the same run: the data, the split and the ledger are checked against
+the private state's content hashes and ledger fingerprint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,22 +36,30 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
-from fedlap_privacy.data import Dataset, load_dataset, split_clients
+from fedlap_privacy.data import Dataset, content_hash, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator
+from fedlap_privacy.fl.run_files import (
+    CHECKPOINT,
+    METRICS,
+    PENDING,
+    PRIVATE,
+    PRIVATE_FORMAT,
+    check_new_run_dir,
+    load_private,
+    public_config,
+)
+from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig, build_model
 
 __all__ = [
     "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "local_clients", "resolve_device",
     "resume", "train",
 ]
-
-CHECKPOINT = "ckpt.pt"
-METRICS = "metrics.jsonl"
-PENDING = "round.pending"
 
 Callback = Callable[[str, dict[str, Any]], None]
 #: how a round reaches its selected clients: (run, round, chosen, info, callback) -> replies.
@@ -70,11 +84,6 @@ def resolve_device(name: str) -> torch.device:
         return torch.device(name)
     except RuntimeError:
         raise ConfigError(f"unknown device {name!r}") from None
-
-
-def _generator(device: torch.device, *keys: int) -> torch.Generator:
-    seed = int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
-    return torch.Generator(device=device).manual_seed(seed)
 
 
 def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch: int = 1024) -> tuple[float, float]:
@@ -109,9 +118,10 @@ def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
     """
     notion = cfg.notion
     if notion == "local":
-        return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon)
+        return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon, noise=cfg.noise,
+                             clients=cfg.clients)
     if notion == "none":
-        return PrivacyLedger("none")
+        return PrivacyLedger("none", noise=cfg.noise, clients=cfg.clients)
     if notion == "client-level":
         schedule = FedLAPSchedule.client_level(cfg.clients, cfg.client_fraction)
     else:
@@ -124,24 +134,45 @@ def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
             batch_size=cfg.batch_size, client_size=min(client_sizes),
             local_steps=cfg.accesses_per_round, client_fraction=cfg.client_fraction,
         )
+    threat = cfg.resolved_threat_model
     if cfg.sigma is None:
         if cfg.target_eps is None:
             raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
-        cfg.sigma = plan_sigma(schedule, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
-    return PrivacyLedger(notion, schedule, cfg.sigma, cfg.delta, cfg.accountant)
+        planned = schedule if threat != "server" else dataclasses.replace(
+            schedule, client_fraction=1.0)  # every round may select the same client
+        cfg.sigma = plan_sigma(planned, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
+    return PrivacyLedger(notion, schedule, cfg.sigma, cfg.delta, cfg.accountant,
+                         threat_model=threat, noise=cfg.noise, clients=cfg.clients)
+
+
+def _finite(eps: float) -> float | None:
+    return None if eps == float("inf") else eps
 
 
 def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
-    """What a checkpoint says of its privacy (read by ``audit``)."""
-    eps = ledger.epsilon
+    """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
+
+    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces); record-level
+    runs also give it against each threat model. ``noise`` "seeded" marks a run that is not
+    private (its noise can be recomputed from the seed); ``public`` lists what the run
+    releases without noise.
+    """
     gaussian = cfg.private
+    by_threat = None
+    if ledger.notion == "record-level":
+        by_threat = {t: ledger.epsilon_under(t) for t in ("server", "hidden-selection")}
     return {
         "notion": ledger.notion,
-        "epsilon": None if eps == float("inf") else eps,
+        "epsilon": _finite(ledger.epsilon),
+        "threat_model": ledger.threat_model,
+        "epsilon_by_threat_model": by_threat,
         "delta": cfg.delta if gaussian else None,
         "sigma": cfg.sigma if gaussian else None,
         "accountant": cfg.accountant if gaussian else None,
         "round_epsilon": ledger.round_epsilon,
+        "noise": ledger.noise,
+        "private": ledger.notion != "none" and ledger.noise == "secret",
+        "public": list(cfg.public_metadata),
     }
 
 
@@ -154,8 +185,9 @@ def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
 
 
 def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
-    """Each client independently with probability ``client_fraction`` (the q1 of SPEC 1.3)."""
-    select = _generator(torch.device("cpu"), cfg.seed, round_, 0)
+    """Each client independently with probability ``client_fraction`` (the q1 of Theorem
+    5.8), from DP randomness: a secret draw unless the run's noise is seeded."""
+    select = dp_generator(cfg, torch.device("cpu"), round_, 0)
     return [k for k in range(cfg.clients)
             if float(torch.rand((), generator=select)) < cfg.client_fraction]
 
@@ -176,7 +208,7 @@ def local_clients(
     replies = []
     for k in chosen:
         x, y = run.client_data[k]
-        gen = _generator(run.device, run.cfg.seed, m, k + 1)
+        gen = dp_generator(run.cfg, run.device, m, k + 1)
         replies.append(run.method.client(run.model, x, y, run.client_state[k], info, gen))
         callback("client_done", {"round": m, "client": k})
     return replies
@@ -214,65 +246,103 @@ class _Run:
         index = [torch.from_numpy(p).to(self.device) for p in self.parts]
         return [(x[i], y[i]) for i in index]
 
+    @cached_property
+    def fingerprints(self) -> dict[str, Any]:
+        """Content hashes of the training data and of each client's partition."""
+        d = self.data
+        return {
+            "data": content_hash(d.x_train, d.y_train),
+            "partitions": [content_hash(p, d.x_train[p], d.y_train[p]) for p in self.parts],
+        }
+
     # ---------------------------------------------------------------- persistence
-    def payload(self) -> dict[str, Any]:
+    def release(self) -> dict[str, Any]:
+        """``ckpt.pt``: what may be shared (see :mod:`~fedlap_privacy.fl.run_files`)."""
         cfg = self.cfg
         return {
             "method": cfg.method,
             "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             "model_config": self.model_config.to_dict(),
-            "dataset": {"name": cfg.dataset, "data_dir": cfg.data_dir},
-            "split": {
-                "kind": cfg.split, "seed": cfg.seed, "alpha": cfg.dirichlet_alpha,
-                "num_clients": cfg.clients,
-                "client_indices": [torch.from_numpy(p) for p in self.parts],
-            },
+            "dataset": {"name": cfg.dataset},
             "privacy": privacy_block(cfg, self.ledger),
             "ledger": self.ledger.to_list(),
-            "config": cfg.to_dict(),
+            "config": public_config(cfg),
             "round": self.round,
             "history": self.history,
+        }
+
+    def private_state(self) -> dict[str, Any]:
+        """``private.pt``: what never leaves the run's owner."""
+        return {
+            "config": self.cfg.to_dict(),
+            "client_indices": [torch.from_numpy(p) for p in self.parts],
+            "fingerprints": self.fingerprints,
+            "ledger_digest": ledger_digest(self.ledger.entries),
+            "round": self.round,
             "client_state": _to(self.client_state, "cpu"),
             "server_state": _to(self.server_state, "cpu"),
         }
 
-    def restore(self, ckpt: dict[str, Any]) -> None:
+    def restore(self, ckpt: dict[str, Any], private: dict[str, Any]) -> None:
+        """Continue from saved files, refusing any that do not belong to this very run."""
+        if private.get("fingerprints") != self.fingerprints:
+            saved = private.get("fingerprints") or {}
+            what = "training data" if saved.get("data") != self.fingerprints["data"] else (
+                "split of the records over the clients")
+            raise CheckpointError(f"the {what} changed since the run started: --resume "
+                                  "continues the same run on the same data only")
+        if ckpt.get("round") != private.get("round"):
+            raise CheckpointError("ckpt.pt and private.pt are from different rounds")
+        self.ledger.load(ckpt["ledger"], private.get("ledger_digest"))
         self.model.load_state_dict(ckpt["model_state"])
-        self.ledger.load(ckpt["ledger"])
         self.round = int(ckpt["round"])
         self.history = list(ckpt["history"])
-        self.client_state = _to(ckpt["client_state"], self.device)
-        self.server_state = _to(ckpt["server_state"], self.device)
+        self.client_state = _to(private["client_state"], self.device)
+        self.server_state = _to(private["server_state"], self.device)
 
     def save(self) -> None:
         if self.out is None:
             return
-        save_checkpoint(self.out / CHECKPOINT, self.payload())
-        lines = "".join(json.dumps(h) + "\n" for h in self.history)
-        tmp = self.out / (METRICS + ".tmp")
-        tmp.write_text(lines)
-        os.replace(tmp, self.out / METRICS)
+        save_checkpoint(self.out / PRIVATE, self.private_state(), PRIVATE_FORMAT)
+        save_checkpoint(self.out / CHECKPOINT, self.release())
+        write_text_atomic(self.out / METRICS, "".join(json.dumps(h) + "\n" for h in self.history))
         (self.out / PENDING).unlink(missing_ok=True)
 
-    def mark_pending(self, round_: int, local_steps: int) -> None:
-        """Before private data is touched: the round and the T it will be accounted for."""
+    def mark_pending(self, round_: int, local_steps: int, chosen: list[int]) -> None:
+        """Before private data is touched: the round, its T and the selected clients."""
         if self.out is not None:
-            tmp = self.out / (PENDING + ".tmp")
-            tmp.write_text(json.dumps({"round": round_, "local_steps": local_steps}))
-            os.replace(tmp, self.out / PENDING)
+            marker = {"round": round_, "local_steps": local_steps, "participants": chosen}
+            write_text_atomic(self.out / PENDING, json.dumps(marker))
+
+    def enter_interrupted(self) -> None:
+        """Enter the round a ``round.pending`` marker names (worst case: its full T, every
+        client selected when the marker does not say) and save."""
+        assert self.out is not None
+        try:
+            pending = json.loads((self.out / PENDING).read_text())
+            round_, steps = int(pending["round"]), int(pending["local_steps"])
+            chosen = [int(k) for k in pending.get("participants", range(self.cfg.clients))]
+        except (ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{self.out / PENDING} is unreadable: the interrupted round "
+                                  "cannot be counted") from None
+        if round_ != self.round + 1:
+            raise CheckpointError(f"{PENDING} names round {round_}, the run is at {self.round}")
+        self.ledger.record(round_, steps, chosen, "interrupted", local_steps=steps)
+        self.save()
 
     # ---------------------------------------------------------------- one round
-    def run_round(self, m: int, local_steps: int, callback: Callback) -> dict[str, Any]:
+    def run_round(
+        self, m: int, local_steps: int, chosen: list[int], callback: Callback
+    ) -> dict[str, Any]:
         cfg, t0 = self.cfg, time.perf_counter()
-        chosen = select_clients(cfg, m)
         info = self.method.round_info(m, self.server_state)
         replies = self.ask_clients(self, m, chosen, info, callback)
         extra: dict[str, Any] = {}
         if replies or self.method.aggregate_without_replies:
-            server_gen = _generator(self.device, cfg.seed, m, 10**6)
+            server_gen = dp_generator(cfg, self.device, m, SERVER_KEY)
             extra = self.method.aggregate(self.model, replies, self.server_state, info, server_gen)
         accesses = max((r.accesses for r in replies), default=0)
-        entry = self.ledger.record(m, accesses, len(chosen), local_steps=local_steps)
+        entry = self.ledger.record(m, accesses, chosen, local_steps=local_steps)
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
         upload = [r.upload_bytes for r in replies]
         return {
@@ -294,17 +364,21 @@ def train(
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
-    Refuses an output directory that already holds a run (its ledger would be lost):
-    continue that one with :func:`resume`. ``ask_clients`` is the driver of the client
-    steps (in-process by default; the Flower ServerApp passes its own).
+    Refuses an output path that is a file, a link or a folder that already holds a run
+    (continue that one with :func:`resume`). ``ask_clients`` is the driver of the client
+    steps (in-process by default; the Flower ServerApp passes its own). Every setting is
+    validated before any data is read; the run is saved before round 1, so a crash in any
+    round leaves a run :func:`resume` continues.
     """
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None and ((out / CHECKPOINT).exists() or (out / PENDING).exists()):
-        raise ConfigError(f"{out} already holds a run: continue it with --resume or pick --out")
     cfg.validate()
     if out is not None:
+        check_new_run_dir(out)
+    run = _Run(cfg, resolve_device(device), out, ask_clients)
+    if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    return _execute(_Run(cfg, resolve_device(device), out, ask_clients), callback)
+        run.save()
+    return _execute(run, callback)
 
 
 def resume(
@@ -316,25 +390,23 @@ def resume(
 ) -> TrainResult:
     """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
 
-    A round that was interrupted after touching private data is entered in the ledger first.
+    Refuses (one line) a run whose data, split or ledger do not match its private state. A
+    round that was interrupted after touching private data is entered in the ledger first.
     """
     out = Path(out_dir)
-    if not (out / CHECKPOINT).exists():
-        raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
+    private = load_private(out)
     ckpt = load_checkpoint(out / CHECKPOINT)
-    cfg = TrainConfig.from_dict(ckpt["config"])
+    try:
+        cfg = TrainConfig.from_dict(private["config"])
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"{out / PRIVATE} has no valid configuration ({exc})") from None
     if rounds is not None:
         cfg.rounds = rounds
     cfg.validate()
     run = _Run(cfg, resolve_device(device), out, ask_clients)
-    run.restore(ckpt)
+    run.restore(ckpt, private)
     if (out / PENDING).exists():
-        pending = json.loads((out / PENDING).read_text())
-        steps = int(pending.get("local_steps", cfg.accesses_per_round))
-        run.ledger.record(
-            int(pending["round"]), steps, cfg.clients, "interrupted", local_steps=steps
-        )
-        run.save()
+        run.enter_interrupted()
     return _execute(run, callback)
 
 
@@ -343,6 +415,8 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
     cfg, out = run.cfg, run.out
     callback = callback or (lambda event, info: None)
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": run.round + 1})
+    for warning in privacy_warnings(cfg, run.sizes):
+        callback("warning", {"message": warning})
     stopped = "completed"
     while run.round < cfg.rounds:
         m = run.round + 1
@@ -355,8 +429,9 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
             stopped = reason
             break
         callback("round_start", {"round": m})
-        run.mark_pending(m, steps)
-        metrics = run.run_round(m, steps, callback)
+        chosen = select_clients(cfg, m)
+        run.mark_pending(m, steps, chosen)
+        metrics = run.run_round(m, steps, chosen, callback)
         run.history.append(metrics)
         run.round = m
         run.save()
@@ -376,3 +451,19 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         "out": None if out is None else str(out),
     }
     return TrainResult(summary, run.history, run.ledger, run.model)
+
+
+def privacy_warnings(cfg: TrainConfig, sizes: list[int]) -> list[str]:
+    """Settings that are valid but weaken what the guarantee means."""
+    out = []
+    if cfg.private:
+        unit, n = ("records of the smallest client", min(sizes))
+        if cfg.notion == "client-level":
+            unit, n = "clients", cfg.clients
+        if cfg.delta >= 1.0 / n:
+            out.append(f"delta {cfg.delta:g} is not well below 1/{n} ({n} {unit}): a mechanism "
+                       "that publishes one record in the clear meets it; use delta << 1/n")
+    if cfg.notion != "none" and cfg.reproducible_noise:
+        out.append("--reproducible-noise: the DP noise is derived from the seed, so anyone "
+                   "with the seed can remove it; this run is NOT private")
+    return out

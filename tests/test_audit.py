@@ -20,19 +20,25 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import save_run_files
 
 from fedlap_privacy.audit.attacks import MLPAttack, ThresholdAttack
 from fedlap_privacy.audit.features import compute_features
 from fedlap_privacy.audit.membership import make_membership_split
 from fedlap_privacy.audit.metrics import attack_metrics
 from fedlap_privacy.audit.report import evaluate_attacks, run_audit
-from fedlap_privacy.checkpoint import save_checkpoint
 from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import CheckpointError, DataError
 from fedlap_privacy.models import ModelConfig, build_model
 
 CONFIG = ModelConfig(in_channels=1, image_size=8, num_classes=10, width=32)
 NONE = {"notion": "none", "epsilon": None, "delta": None, "accountant": None}
+
+
+def _save(path: Path, model: torch.nn.Module, members: np.ndarray, *args: Any) -> Path:
+    """A run folder: the release checkpoint at ``path``, ``private.pt`` beside it."""
+    indices = [torch.as_tensor(p) for p in np.array_split(members, 2)]
+    return save_run_files(path, _checkpoint(model, members, *args), indices)
 
 
 def _checkpoint(
@@ -45,14 +51,7 @@ def _checkpoint(
     return {
         "model_state": model.state_dict(),
         "model_config": config.to_dict(),
-        "dataset": {"name": dataset, "data_dir": None},
-        "split": {
-            "kind": "iid",
-            "seed": 0,
-            "alpha": 0.5,
-            "num_clients": 2,
-            "client_indices": [torch.as_tensor(p) for p in np.array_split(members, 2)],
-        },
+        "dataset": {"name": dataset},
         "privacy": privacy,
         "ledger": [],
         "config": {},
@@ -88,7 +87,7 @@ def overfit(digits, tmp_path_factory) -> tuple[Path, torch.nn.Module, np.ndarray
     finally:
         torch.set_num_threads(threads)
     path = tmp_path_factory.mktemp("overfit") / "ckpt.pt"
-    save_checkpoint(path, _checkpoint(model, members))
+    _save(path, model, members)
     return path, model, members
 
 
@@ -158,7 +157,7 @@ def test_untrained_model_sits_at_chance(digits, tmp_path) -> None:
     members = np.arange(len(digits.y_train))
     privacy = {"notion": "record-level", "epsilon": 1.0, "delta": 1e-5, "accountant": "rdp"}
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, _checkpoint(model, members, privacy))
+    _save(path, model, members, privacy)
     report = run_audit(path, seed=0)
     assert report["sets"]["per_half"] == 179  # limited by the 359 test records
     for by in report["attacks"].values():
@@ -173,7 +172,7 @@ def test_violation_is_flagged(overfit, tmp_path) -> None:
     _, model, members = overfit
     claim = {"notion": "record-level", "epsilon": 0.1, "delta": 1e-5, "accountant": "rdp"}
     path = tmp_path / "lying.pt"
-    save_checkpoint(path, _checkpoint(model, members, claim))
+    _save(path, model, members, claim)
     report = run_audit(path, attacks="grad-norm")
     assert report["max_eps_lb"] > 0.1
     assert report["violation"] is True
@@ -183,17 +182,15 @@ def test_violation_is_flagged(overfit, tmp_path) -> None:
 def test_checkpoint_dataset_mismatch(digits, tmp_path) -> None:
     model = build_model(CONFIG)
     bad_index = np.array([0, len(digits.y_train)])  # one past the end of the train set
-    save_checkpoint(tmp_path / "a.pt", _checkpoint(model, bad_index))
+    _save(tmp_path / "a.pt", model, bad_index)
     with pytest.raises(CheckpointError, match="out of range"):
         run_audit(tmp_path / "a.pt")
     config28 = ModelConfig(1, 28, 10, width=8)
-    save_checkpoint(
-        tmp_path / "b.pt", _checkpoint(build_model(config28), np.arange(10), config=config28)
-    )
+    _save(tmp_path / "b.pt", build_model(config28), np.arange(10), NONE, config28)
     with pytest.raises(DataError, match="expects 1x28x28"):
         run_audit(tmp_path / "b.pt")
     state = _checkpoint(model, np.arange(10))
     state["model_state"] = {"features.0.weight": torch.zeros(3)}
-    save_checkpoint(tmp_path / "c.pt", state)
+    save_run_files(tmp_path / "c.pt", state, [torch.arange(10)])
     with pytest.raises(CheckpointError, match="cannot rebuild"):
         run_audit(tmp_path / "c.pt")

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import typer
+from helpers import save_run_files
 from typer.testing import CliRunner
 
 from fedlap_privacy.checkpoint import FORMAT, save_checkpoint
@@ -43,21 +44,20 @@ class _MakesMarker:
         return (os.mkdir, (str(self.marker),))
 
 
-def _payload(dataset: str = "digits", data_dir: str | None = None) -> dict:
+def _save(path: Path, payload: dict, indices: list | None = None,
+          data_dir: str | None = None) -> Path:
+    return save_run_files(path, payload, [torch.arange(200)] if indices is None else indices,
+                          data_dir)
+
+
+def _payload(dataset: str = "digits") -> dict:
     size = 8 if dataset == "digits" else 28
     config = ModelConfig(1, size, 10, width=8)
     torch.manual_seed(0)
     return {
         "model_state": build_model(config).state_dict(),
         "model_config": config.to_dict(),
-        "dataset": {"name": dataset, "data_dir": data_dir},
-        "split": {
-            "kind": "iid",
-            "seed": 0,
-            "alpha": 0.5,
-            "num_clients": 1,
-            "client_indices": [torch.arange(200)],
-        },
+        "dataset": {"name": dataset},
         "privacy": {"notion": "record-level", "epsilon": 3.0, "delta": 1e-5, "accountant": "rdp"},
         "ledger": [{"round": 1, "sigma": 1.0, "epsilon": 3.0, "delta": 1e-5}],
         "config": {},
@@ -99,7 +99,7 @@ def test_tampered_checkpoint_does_not_run_code(tmp_path: Path) -> None:
 
 def test_unknown_dataset(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, _payload(dataset="imagenet"))
+    _save(path, _payload(dataset="imagenet"))
     assert "unknown dataset 'imagenet'" in _fails(["--model", str(path)])
 
 
@@ -107,7 +107,7 @@ def test_mnist_without_files(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, _payload(dataset="mnist", data_dir=str(empty)))
+    _save(path, _payload(dataset="mnist"), data_dir=str(empty))
     line = _fails(["--model", str(path)])  # the data dir recorded in the checkpoint
     assert "missing dataset file" in line and "--data-dir" in line
     line = _fails(["--model", str(path), "--data-dir", str(empty)])
@@ -116,11 +116,9 @@ def test_mnist_without_files(tmp_path: Path) -> None:
 
 def test_unknown_attack_and_bad_split(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, _payload())
+    _save(path, _payload())
     assert "unknown attack 'entropy'" in _fails(["--model", str(path), "--attacks", "entropy"])
-    payload = _payload()
-    payload["split"]["client_indices"] = [torch.tensor([5, 10**6])]
-    save_checkpoint(path, payload)
+    _save(path, _payload(), [torch.tensor([5, 10**6])])
     assert "out of range" in _fails(["--model", str(path)])
     save_checkpoint(path, {"model_state": {}})
     assert "lacks 'model_config'" in _fails(["--model", str(path)])
@@ -128,7 +126,7 @@ def test_unknown_attack_and_bad_split(tmp_path: Path) -> None:
 
 def test_json_and_table_output(tmp_path: Path) -> None:
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, _payload())
+    _save(path, _payload())
     args = ["audit", "--model", str(path), "--max-per-half", "60", "--seed", "1"]
     result = runner.invoke(app, [*args, "--json", "--attacks", "loss"])
     assert result.exit_code == 0, result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
-from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.fedavg import average_weights
 from fedlap_privacy.fl.fedlap import (
@@ -150,7 +151,8 @@ def test_dp_config_rejects_private_data_leaks():
 def test_ledger_epsilon_equals_the_accountant(tmp_path, method):
     cfg = tiny(method=method, sigma=2.0)
     result = train(cfg, tmp_path, device="cpu")
-    sizes = [len(p) for p in load_checkpoint(tmp_path / CHECKPOINT)["split"]["client_indices"]]
+    private = load_checkpoint(tmp_path / PRIVATE, PRIVATE_FORMAT)
+    sizes = [len(p) for p in private["client_indices"]]
     schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=min(sizes),
                               local_steps=cfg.accesses_per_round)
     for m, entry in enumerate(result.ledger.entries, start=1):
@@ -196,8 +198,8 @@ def _stop_at(event_name: str, round_: int):
 
 @pytest.mark.parametrize("method", ["fedlap-dp", "dp-fedavg"])
 def test_resume_equals_uninterrupted_run(tmp_path, method):
-    cfg = tiny(method=method, rounds=3)
-    full = train(tiny(method=method, rounds=3), tmp_path / "full", device="cpu")
+    cfg = tiny(method=method, rounds=3, reproducible_noise=True)
+    full = train(dataclasses.replace(cfg), tmp_path / "full", device="cpu")
     with pytest.raises(_Stop):
         train(cfg, tmp_path / "cut", device="cpu", callback=_stop_at("round_end", 2))
     assert not (tmp_path / "cut" / PENDING).exists()

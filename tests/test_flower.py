@@ -20,7 +20,7 @@ flwr = pytest.importorskip("flwr")
 
 from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
 
-from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.flower_app import (  # noqa: E402
     STATUS,
@@ -42,6 +42,7 @@ from fedlap_privacy.fl.simulation import CHECKPOINT, PENDING, train  # noqa: E40
 TINY = dict(
     width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
     local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3, clients=2,
+    reproducible_noise=True,  # the driver's equality with the simulator is bit for bit
 )
 
 
@@ -203,7 +204,8 @@ def test_flower_driver_equals_simulator(tmp_path, method):
     if method.startswith("fedlap") or method == "scaffold":  # node-local state: on the node
         for ctx in grid.contexts.values():
             assert "state-tree" in ctx.state.config_records
-        assert a["client_state"] == [{}, {}]  # ... and never reached the server's checkpoint
+        private = load_checkpoint(tmp_path / "flower" / PRIVATE, PRIVATE_FORMAT)
+        assert private["client_state"] == [{}, {}]  # ... and never reached the server
 
 
 @pytest.mark.parametrize("how", ["silent", "unavailable"])
@@ -222,7 +224,7 @@ def test_client_that_does_not_answer_fails_round_and_round_is_counted(tmp_path, 
         (1, "completed"), (2, "interrupted")]
     interrupted = ckpt["ledger"][1]
     assert interrupted["local_steps"] == cfg.accesses_per_round == interrupted["accesses"]
-    assert interrupted["clients"] == 2 and ckpt["round"] == 1
+    assert interrupted["participants"] == [0, 1] and ckpt["round"] == 1
     # privacy spent is that of two full rounds: the simulator's after 2 rounds
     local = train(tiny(rounds=2), None, "cpu")
     assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
@@ -236,7 +238,7 @@ def test_allow_client_failures_continues_and_counts_every_round(tmp_path):
                    ask_clients=_driver(grid, cfg, round_timeout=1.0, allow_failures=True))
     ledger = load_checkpoint(tmp_path / CHECKPOINT)["ledger"]
     assert [e["status"] for e in ledger] == ["completed"] * 3
-    assert [e["clients"] for e in ledger] == [2, 2, 2]
+    assert [e["participants"] for e in ledger] == [[0, 1]] * 3
     assert [h["replies"] for h in result.history] == [2, 1, 1]
     local = train(tiny(rounds=3), None, "cpu")
     assert result.summary["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
@@ -328,7 +330,8 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path):
     assert a["ledger"] == b["ledger"] and len(a["ledger"]) == 2
     assert _same_model(a["model_state"], b["model_state"])
     assert set(a) == set(b) and a["format"] == b["format"]  # audit reads it like train's
-    assert a["split"]["client_indices"][1].tolist() == b["split"]["client_indices"][1].tolist()
+    pa, pb = (load_checkpoint(tmp_path / d / PRIVATE, PRIVATE_FORMAT) for d in ("flower", "local"))
+    assert pa["client_indices"][1].tolist() == pb["client_indices"][1].tolist()
     assert summary["epsilon"] == local.summary["epsilon"] > 0
     assert summary["rounds_run"] == 2 and summary["stopped"] == "completed"
     assert _strip(a["history"]) == _strip(local.history)
@@ -389,7 +392,8 @@ def test_killed_supernode(deployment, tmp_path, allow):
     assert killed
     ckpt = load_checkpoint(out / CHECKPOINT)
     assert not (out / PENDING).exists()
-    entries = [(e["round"], e["status"], e["clients"], e["local_steps"]) for e in ckpt["ledger"]]
+    entries = [(e["round"], e["status"], len(e["participants"]), e["local_steps"])
+               for e in ckpt["ledger"]]
     status = "completed" if allow else "interrupted"
     assert entries == [(1, status, 2, cfg.accesses_per_round)]
     local = train(tiny(rounds=1), None, "cpu")

@@ -305,8 +305,8 @@ def test_aggregate_rejects_bad_positions_and_keeps_unreported_positions():
 # ------------------------------------------------------------------ end to end
 
 
-def _cfg(eps: float, rounds: int = 4) -> TrainConfig:
-    return TrainConfig(method="ldp-fl", ldp_epsilon=eps, rounds=rounds, seed=0)
+def _cfg(eps: float, rounds: int = 4, **kw) -> TrainConfig:
+    return TrainConfig(method="ldp-fl", ldp_epsilon=eps, rounds=rounds, seed=0, **kw)
 
 
 def test_config_requires_a_per_weight_epsilon():
@@ -361,8 +361,8 @@ def test_small_epsilon_does_not_learn_with_five_clients(eps10_run):
 
 def test_resume_continues_exactly(tmp_path):
     torch.set_num_threads(1)
-    full = train(_cfg(5.0, rounds=3), device="cpu")
-    train(_cfg(5.0, rounds=2), out_dir=tmp_path, device="cpu")
+    full = train(_cfg(5.0, rounds=3, reproducible_noise=True), device="cpu")
+    train(_cfg(5.0, rounds=2, reproducible_noise=True), out_dir=tmp_path, device="cpu")
     resumed = resume(tmp_path, rounds=3, device="cpu")
     for key, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[key]), key

@@ -55,28 +55,28 @@ def test_client_level_schedule_is_one_sgm_over_clients() -> None:
 
 
 def test_record_level_ledger_enters_each_round_with_its_t() -> None:
-    ledger = PrivacyLedger("record-level", REF, 1.0, 1e-5)
-    ledger.record(1, accesses=200, clients=5)
-    entry = ledger.record(2, accesses=50, clients=5, local_steps=50)
+    ledger = PrivacyLedger("record-level", REF, 1.0, 1e-5, clients=5)
+    ledger.record(1, accesses=200, participants=range(5))
+    entry = ledger.record(2, accesses=50, participants=range(5), local_steps=50)
     assert entry.local_steps == 50 and entry.rounds_spent == 2
     short = dataclasses.replace(REF, local_steps=50)
     assert entry.epsilon == pytest.approx(composed_epsilon([REF, short], 1.0, 1e-5), rel=1e-12)
     assert ledger.projected_epsilon(10) > ledger.epsilon
     with pytest.raises(ConfigError, match="more than the 50"):
-        ledger.record(3, accesses=51, clients=5, local_steps=50)
+        ledger.record(3, accesses=51, participants=range(5), local_steps=50)
 
 
 def test_local_ledger_composes_per_weight_epsilon() -> None:
-    ledger = PrivacyLedger("local", round_epsilon=0.5)
+    ledger = PrivacyLedger("local", round_epsilon=0.5, clients=4)
     for m in (1, 2, 3):
-        entry = ledger.record(m, accesses=1, clients=4)
+        entry = ledger.record(m, accesses=1, participants=range(4))
     assert entry.epsilon == pytest.approx(1.5) and entry.round_epsilon == 0.5
     assert entry.delta is None and entry.sigma is None and entry.q1 is None
 
 
 def test_non_private_ledger_has_no_epsilon() -> None:
-    ledger = PrivacyLedger("none")
-    entry = ledger.record(1, accesses=10, clients=5)
+    ledger = PrivacyLedger("none", clients=5)
+    entry = ledger.record(1, accesses=10, participants=range(5))
     assert entry.epsilon is None and math.isinf(ledger.epsilon)
 
 

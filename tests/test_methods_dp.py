@@ -11,7 +11,7 @@ from torch import nn
 
 import fedlap_privacy.fl.fedavg as fedavg_module
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon, epsilon, plan_rounds
-from fedlap_privacy.checkpoint import load_checkpoint
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
 from fedlap_privacy.data import load_dataset, split_clients
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.alidpfl import ALIDPFL, ali_tau, ali_tau_value
@@ -19,7 +19,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.fedavg import local_training
 from fedlap_privacy.fl.methods import Reply, RoundInfo
 from fedlap_privacy.fl.normfedavg import DPNormFedAvg, normalise_update
-from fedlap_privacy.fl.simulation import CHECKPOINT, build_ledger, train
+from fedlap_privacy.fl.simulation import build_ledger, train
 from fedlap_privacy.models import ModelConfig, build_model
 
 TINY = dict(width=16, rounds=2, batch_size=32, local_steps=3)
@@ -267,7 +267,7 @@ def _min_client(cfg: TrainConfig) -> int:
 def test_ali_dpfl_run_accounts_each_rounds_tau(tmp_path):
     cfg = tiny(method="ali-dpfl", sigma=1.0, target_eps=8.0, rounds=3, local_steps=3, tau_max=6)
     result = train(cfg, tmp_path, device="cpu")
-    state = load_checkpoint(tmp_path / CHECKPOINT)["server_state"]
+    state = load_checkpoint(tmp_path / PRIVATE, PRIVATE_FORMAT)["server_state"]
     n_min = _min_client(cfg)
     step = FedLAPSchedule(batch_size=32, client_size=n_min, local_steps=1)
     assert state["rc"] == plan_rounds(step, 1.0, 8.0, cfg.delta) > 0
@@ -314,5 +314,5 @@ def test_ali_stop_rule_counts_every_accounted_round():
     assert state["rc"] == 4 and state["tau"] == 3 and method.accounted_steps(state) == 3
     assert method.extras(state) == {"tau": 3}
     assert method.stop_reason(state) is None  # 0 + 3 <= 4
-    ledger.record(1, 3, cfg.clients, "interrupted", local_steps=3)
+    ledger.record(1, 3, range(cfg.clients), "interrupted", local_steps=3)
     assert state["total"] == 0 and "Rc = 4" in (method.stop_reason(state) or "")

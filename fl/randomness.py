@@ -1,0 +1,53 @@
+"""Where a run's randomness comes from: public (the seed) or secret (the operating system).
+
+Public randomness — the initial weights and the split of the records over the clients —
+is derived from the run's ``seed``, so a run's starting point can be reproduced.
+
+DP randomness — the Poisson batches, the Gaussian noise, LDP-FL's perturbation and
+shuffling, the server's noise and the client selection, with everything else a client round
+or a server step draws from the same generator (augmentation, synthetic initialisation) — is
+SECRET by default: each generator is seeded with 63 bits from :mod:`secrets` (the operating
+system's entropy) on the party that uses it, and that seed is never stored, logged or sent.
+Anyone who could predict this randomness could subtract the noise (Wang et al.'s FedLAP-DP
+accounting, and every DP guarantee, assumes they cannot).
+
+A non-private method's randomness is derived from the seed (it protects nothing).
+``reproducible_noise`` derives the DP randomness from the seed too, for research and tests:
+the run is then bit-for-bit reproducible and NOT private (the ledger, the checkpoint and the
+summary say ``noise: seeded``). torch's generators are not cryptographically secure
+(as in Opacus without ``secure_mode``): seeding from the OS makes the noise unpredictable
+from anything the run stores or sends, not immune to an attack on the generator itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import torch
+
+from fedlap_privacy.fl.config import TrainConfig
+
+__all__ = ["SERVER_KEY", "dp_generator", "secret_generator", "seeded_generator"]
+
+#: the third key of the server's generator in a round (clients use k + 1, selection 0)
+SERVER_KEY = 10**6
+
+
+def seeded_generator(device: torch.device, *keys: int) -> torch.Generator:
+    """A generator determined by ``keys`` (e.g. seed, round, client): public randomness."""
+    seed = int(np.random.SeedSequence(list(keys)).generate_state(1, dtype=np.uint64)[0] >> 1)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def secret_generator(device: torch.device) -> torch.Generator:
+    """A generator seeded by the operating system's entropy; the seed is not kept."""
+    return torch.Generator(device=device).manual_seed(secrets.randbits(63))
+
+
+def dp_generator(cfg: TrainConfig, device: torch.device, *keys: int) -> torch.Generator:
+    """The DP randomness of one party's step: secret, or ``(cfg.seed, *keys)`` when the run
+    asked for ``reproducible_noise`` or is not private (nothing to protect)."""
+    if cfg.noise != "secret":
+        return seeded_generator(device, cfg.seed, *keys)
+    return secret_generator(device)

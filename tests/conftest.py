@@ -1,0 +1,41 @@
+"""Shared test helpers: miniature dataset files and tiny training configurations."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+#: a FedLAP-DP / baseline configuration that trains in about a second on digits
+TINY = dict(
+    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
+    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3,
+)
+
+
+def write_mini_mnist(folder: Path, n_train: int = 200, n_test: int = 50, seed: int = 1) -> Path:
+    """MNIST's four IDX files (uncompressed) with random 28x28 images, labels 0..9 in turn."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = (np.arange(n) % 10).astype(np.uint8)
+        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">4i", 2051, n, 28, 28) + images.tobytes())
+        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">2i", 2049, n) + labels.tobytes())
+    return folder
+
+
+@pytest.fixture
+def mini_mnist(tmp_path: Path) -> Callable[..., Path]:
+    """Writes miniature MNIST files into a folder under ``tmp_path``; returns the folder."""
+
+    def make(name: str = "mnist", **kw: int) -> Path:
+        return write_mini_mnist(tmp_path / name, **kw)
+
+    return make
+

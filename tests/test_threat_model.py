@@ -1,0 +1,304 @@
+"""The epsilon printed is the protection delivered: each test is an attack on the guarantee.
+
+Secret randomness (the seed does not reveal the noise), a ledger that composes what it
+recorded and cannot be shortened or re-priced, the threat model the epsilon holds for, a
+releasable checkpoint without secrets, and input that is refused before data is touched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY
+from typer.testing import CliRunner
+
+from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon
+from fedlap_privacy.checkpoint import (
+    CHECKPOINT,
+    PRIVATE,
+    PRIVATE_FORMAT,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fedlap_privacy.cli.main import app
+from fedlap_privacy.data import load_dataset, split_clients
+from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.fl import fedavg
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.dp import poisson_sample
+from fedlap_privacy.fl.randomness import seeded_generator
+from fedlap_privacy.fl.run_files import PENDING
+from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.ledger import PrivacyLedger
+
+runner = CliRunner()
+
+
+def tiny(**kw) -> TrainConfig:
+    return TrainConfig(**{**TINY, **kw})
+
+
+def _weights(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+# ------------------------------------------------------------------ secret randomness
+def test_same_seed_gives_different_noise_unless_reproducible() -> None:
+    cfg = tiny(method="dp-fedavg", rounds=1, local_steps=2)
+    a, b = (_weights(train(dataclasses.replace(cfg)).model) for _ in range(2))
+    assert not torch.equal(a, b)  # secret noise: the seed does not determine the run
+    seeded = dataclasses.replace(cfg, reproducible_noise=True)
+    c, d = (_weights(train(dataclasses.replace(seeded)).model) for _ in range(2))
+    assert torch.equal(c, d)
+
+
+def _noise_recovery_error(reproducible: bool, monkeypatch: pytest.MonkeyPatch) -> float:
+    """The attack of the issue: from one DP-FedAvg upload and the seed, recompute the noise
+    and subtract it; returns the error of the recovered clipped gradient sum."""
+    cfg = TrainConfig(method="dp-fedavg", clients=1, split="iid", rounds=1, local_steps=1,
+                      batch_size=64, sigma=2.0, width=16, lr_local=0.5,
+                      reproducible_noise=reproducible)
+    clean: list[torch.Tensor] = []
+    real = fedavg.dp_gradient
+
+    def spy(model, x, y, clip, sigma, b, generator):  # ground truth, for the test only
+        clean.append(torch.cat([g.flatten() for g in real(model, x, y, clip, 0.0, b, None)]))
+        return real(model, x, y, clip, sigma, b, generator)
+
+    monkeypatch.setattr(fedavg, "dp_gradient", spy)
+    result = train(cfg)
+    # the attacker: knows w_g (the seed fixes it), lr, B, the seed; sees the upload
+    from fedlap_privacy.fl.simulation import _Run
+
+    w_g = _weights(_Run(cfg, torch.device("cpu"), None).model)
+    upload = _weights(result.model)
+    n = len(load_dataset("digits").y_train)
+    gen = seeded_generator(torch.device("cpu"), cfg.seed, 1, 1)
+    poisson_sample(n, cfg.batch_size / n, gen)
+    noise = torch.cat([torch.randn(p.shape, generator=gen).flatten() * cfg.sigma * cfg.clip
+                       for p in result.model.parameters()])
+    recovered = (w_g - upload) / cfg.lr_local - noise / cfg.batch_size
+    return float((recovered - clean[0]).abs().max() * cfg.batch_size)
+
+
+def test_seed_does_not_reveal_the_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _noise_recovery_error(True, monkeypatch) < 1e-3  # the landed behaviour: broken
+    assert _noise_recovery_error(False, monkeypatch) > 1.0  # noise std sigma C = 2 per weight
+
+
+# ------------------------------------------------------------------ threat model
+def _digits_schedule(fraction: float) -> FedLAPSchedule:
+    parts = split_clients(load_dataset("digits").y_train, 5, "noniid")
+    return FedLAPSchedule(batch_size=64, client_size=min(len(p) for p in parts),
+                          local_steps=1, client_fraction=fraction)
+
+
+def test_client_sampling_does_not_amplify_against_the_server() -> None:
+    """SPEC reference: DP-FedAvg, T=1, C=0.2, sigma 1, 50 rounds: 2.94 with Theorem 5.8's
+    q1; counting each client's participations at q2, about 6.3-7.6 for the busiest."""
+    schedule = _digits_schedule(0.2)
+    ledger = PrivacyLedger("record-level", schedule, 1.0, 1e-5, clients=5)
+    assert ledger.threat_model == "server"
+    rng = np.random.default_rng(0)
+    chosen = [[k for k in range(5) if rng.random() < 0.2] for _ in range(50)]
+    for m, c in enumerate(chosen, 1):
+        ledger.record(m, 1, c)
+    assert ledger.epsilon_under("hidden-selection") == pytest.approx(2.94, abs=0.005)
+    busiest = max(sum(k in c for c in chosen) for k in range(5))
+    at_q2 = dataclasses.replace(schedule, client_fraction=1.0)
+    assert ledger.epsilon == pytest.approx(composed_epsilon([at_q2] * busiest, 1.0, 1e-5))
+    assert 6.0 < ledger.epsilon < 8.0
+    every_round = composed_epsilon([at_q2] * 50, 1.0, 1e-5)
+    assert ledger.projected_epsilon() <= every_round  # the target check: worst case
+
+
+def test_train_enforces_the_server_epsilon_and_reports_both() -> None:
+    cfg = tiny(method="dp-fedavg", client_fraction=0.5, rounds=3, local_steps=1, sigma=1.0,
+               split="iid")
+    summary = train(cfg).summary
+    assert summary["threat_model"] == "server"
+    by = summary["epsilon_by_threat_model"]
+    assert summary["epsilon"] == by["server"] > by["hidden-selection"]
+    hidden = train(dataclasses.replace(cfg, threat_model="hidden-selection")).summary
+    assert hidden["epsilon"] == hidden["epsilon_by_threat_model"]["hidden-selection"]
+    full = train(dataclasses.replace(cfg, client_fraction=1.0)).summary["epsilon_by_threat_model"]
+    assert full["server"] == pytest.approx(full["hidden-selection"])  # C = 1: they agree
+
+
+def test_client_level_holds_only_with_a_trusted_server() -> None:
+    with pytest.raises(ConfigError, match="does not apply to dp-normfedavg"):
+        tiny(method="dp-normfedavg", threat_model="server").validate()
+    assert tiny(method="dp-normfedavg").resolved_threat_model == "trusted-server"
+
+
+# ------------------------------------------------------------------ ledger integrity
+def test_ledger_composes_what_it_recorded() -> None:
+    """Re-pricing: a run whose client size later shrinks keeps the past rounds' rates."""
+    old = FedLAPSchedule(batch_size=32, client_size=1000, local_steps=5)
+    ledger = PrivacyLedger("record-level", old, 1.0, 1e-5, clients=2)
+    for m in (1, 2, 3):
+        ledger.record(m, 5, [0, 1])
+    recorded = ledger.epsilon
+    smaller = PrivacyLedger("record-level", dataclasses.replace(old, client_size=100), 1.0,
+                            1e-5, clients=2)
+    smaller.load(ledger.to_list())
+    assert smaller.epsilon == pytest.approx(recorded)
+    tampered = ledger.to_list()
+    tampered[-1]["epsilon"] = recorded / 10
+    with pytest.raises(CheckpointError, match="compose to"):
+        smaller.load(tampered)
+
+
+def _edit(path: Path, fmt: str | None = None, **changes) -> None:
+    payload = load_checkpoint(path, *([fmt] if fmt else []))
+    payload.pop("format")
+    for key, change in changes.items():
+        payload[key] = change(payload[key])
+    save_checkpoint(path, payload, *([fmt] if fmt else []))
+
+
+def test_resume_refuses_a_shortened_or_edited_ledger(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(tiny(method="dp-fedavg", rounds=2, local_steps=1), out)
+    _edit(out / CHECKPOINT, ledger=lambda entries: entries[:-1])
+    with pytest.raises(CheckpointError, match="private state"):
+        resume(out, rounds=3)
+    # consistent edits of both files (round counter too) still miss the ledger fingerprint
+    _edit(out / CHECKPOINT, round=lambda r: r - 1, history=lambda h: h[:-1])
+    _edit(out / PRIVATE, PRIVATE_FORMAT, round=lambda r: r - 1)
+    with pytest.raises(CheckpointError, match="private state"):
+        resume(out, rounds=3)
+
+
+def test_resume_refuses_replaced_data_files(tmp_path: Path, mini_mnist) -> None:
+    data = mini_mnist(n_train=400)
+    cfg = tiny(method="dp-fedavg", dataset="mnist", data_dir=str(data), rounds=1,
+               local_steps=1, width=8, split="iid", clients=2)
+    out = tmp_path / "run"
+    first = train(cfg, out).summary["epsilon"]
+    mini_mnist(n_train=100)  # fewer records per client: a larger q, a smaller re-priced epsilon
+    with pytest.raises(CheckpointError, match="training data changed"):
+        resume(out, rounds=2)
+    result = runner.invoke(app, ["train", "--resume", "--out", str(out), "--rounds", "2"])
+    assert result.exit_code == 2 and "training data changed" in result.stderr
+    assert load_checkpoint(out / CHECKPOINT)["privacy"]["epsilon"] == first
+
+
+# ------------------------------------------------------------------ releasable checkpoint
+def test_checkpoint_holds_no_secret(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(tiny(method="dp-fedavg", rounds=1, seed=1234, local_steps=1), out)
+    ckpt = load_checkpoint(out / CHECKPOINT)
+    assert set(ckpt) == {"format", "method", "model_state", "model_config", "dataset",
+                         "privacy", "ledger", "config", "round", "history"}
+    assert "seed" not in ckpt["config"] and "data_dir" not in ckpt["config"]
+    assert "1234" not in json.dumps({k: v for k, v in ckpt.items() if k != "model_state"})
+    assert ckpt["privacy"]["noise"] == "secret" and ckpt["privacy"]["private"] is True
+    private = load_checkpoint(out / PRIVATE, PRIVATE_FORMAT)
+    assert private["config"]["seed"] == 1234 and len(private["client_indices"]) == 5
+    with pytest.raises(CheckpointError, match="format"):
+        load_checkpoint(out / PRIVATE)  # one cannot pass for the other
+
+
+def test_seeded_noise_is_declared_everywhere(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["train", "--method", "dp-fedavg", "--rounds", "1", "--local-steps", "1",
+            "--set", "width=8", "--reproducible-noise", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["noise"] == "seeded" and summary["private"] is False
+    assert "NOT private" in result.stderr
+    ckpt = load_checkpoint(out / CHECKPOINT)
+    assert ckpt["privacy"]["noise"] == "seeded"
+    assert all(e["noise"] == "seeded" for e in ckpt["ledger"])
+
+
+def test_printed_guarantee_names_threat_model_and_public_metadata(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["train", "--rounds", "1", "--set", "width=8", "--set",
+                                 "max_loops=1", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "against the server" in text
+    assert "Released as public" in text and "N_k" in text and "classes" in text
+
+
+# ------------------------------------------------------------------ robust input
+def _fails(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("accountant=foo", "accountant 'foo'"),
+    ("sigma=inf", "sigma inf must be a finite"),
+    ("clip=nan", "clipping bound"),
+    ("threat_model=nobody", "threat model 'nobody'"),
+])
+def test_bad_configuration_is_refused_before_any_data(tmp_path: Path, setting, message) -> None:
+    out = tmp_path / "run"
+    assert message in _fails(["train", "--set", setting, "--out", str(out)])
+    assert not out.exists()
+
+
+def test_out_that_is_a_file_a_link_or_a_run(tmp_path: Path) -> None:
+    file = tmp_path / "file"
+    file.write_text("keep")
+    assert "is a file" in _fails(["train", "--out", str(file)])
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert "symbolic link" in _fails(["train", "--out", str(link)])
+    run = tmp_path / "run"
+    train(tiny(rounds=1, max_loops=1), run)
+    assert "already holds a run" in _fails(["train", "--out", str(run)])
+    assert file.read_text() == "keep"
+
+
+def test_planted_links_are_not_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("metrics.jsonl.tmp", "round.pending.tmp", "flower-status.json.tmp"):
+        (out / name).symlink_to(victim)
+    train(tiny(rounds=1, max_loops=1), out)
+    assert victim.read_text() == "precious"
+    assert oct((out / CHECKPOINT).stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_crash_in_round_one_can_be_resumed(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "run"
+    cfg = tiny(method="dp-fedavg", rounds=2, local_steps=2)
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("power cut")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fedavg.LocalSGD, "client", crash)
+        with pytest.raises(RuntimeError):
+            train(cfg, out)
+    assert (out / PENDING).exists() and (out / CHECKPOINT).exists()
+    result = resume(out)
+    statuses = [(e.round, e.status) for e in result.ledger.entries]
+    assert statuses == [(1, "interrupted"), (1, "completed"), (2, "completed")]
+    assert result.summary["rounds_run"] == 2
+
+
+def test_delta_not_below_one_over_n_warns(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["train", "--rounds", "1", "--delta", "0.01", "--set",
+                                 "width=8", "--set", "max_loops=1", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.stderr
+    assert "not well below 1/281" in " ".join(result.stderr.split())
+
+
+def test_torch_floor_has_safe_weights_only_loading() -> None:
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"torch>=2.6"' in text  # CVE-2025-32434: weights_only bypass before 2.6
