@@ -61,8 +61,9 @@ def privacy_sentence(p: dict[str, Any]) -> str:
             "trusted-server": "against those who see the released models; the server, which "
                               "sees each update, is trusted",
         }.get(p.get("threat_model"), "")
+        planned = " (planned for the target)" if p.get("sigma_planned") else ""
         text = (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}) {against}, "
-                f"sigma {p['sigma']:.4g}")
+                f"sigma {p['sigma']:.4g}{planned}")
         others = p.get("epsilon_by_threat_model") or {}
         other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.get("threat_model")]
         if other:

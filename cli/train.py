@@ -52,7 +52,9 @@ def train(
     client_fraction: float | None = typer.Option(None, "--client-fraction"),
     rounds: int | None = typer.Option(None, "--rounds"),
     sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier."),
-    target_eps: float | None = typer.Option(None, "--target-eps", help="Stop before exceeding."),
+    target_eps: float | None = typer.Option(
+        None, "--target-eps", help="Spend this epsilon: sigma is planned for the rounds (with "
+        "an explicit --sigma the run stops before exceeding it instead)."),
     delta: float | None = typer.Option(None, "--delta"),
     batch_size: int | None = typer.Option(None, "--batch-size"),
     local_steps: int | None = typer.Option(None, "--local-steps", help="Baselines: accesses "
@@ -111,8 +113,8 @@ def train(
     values.update(guarded(lambda: parse_overrides(settings)))
     if sigma is not None:
         values["sigma"] = sigma
-    elif target_eps is not None and rounds is not None:
-        values["sigma"] = None  # plan sigma up front for the target
+    elif target_eps is not None and values.get("method", "fedlap-dp") != "ali-dpfl":
+        values["sigma"] = None  # plan sigma so that the configured rounds spend the target
     cfg = guarded(lambda: TrainConfig.from_dict(values).validate())
 
     if download:
@@ -186,6 +188,9 @@ def _print_summary(summary: dict[str, Any], history: list[dict[str, Any]]) -> No
         )
     console.print(table)
     console.print(privacy_sentence(summary))
+    if summary.get("upload_bytes_mean") is not None:
+        console.print(f"Upload per client-round {human_bytes(summary['upload_bytes_mean'])}, "
+                      f"{human_bytes(summary['upload_bytes_total'])} in all.")
     acc = summary["test_accuracy"]
     console.print(
         f"[bold]{summary['rounds_run']} rounds[/], test accuracy "

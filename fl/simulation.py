@@ -226,6 +226,7 @@ class _Run:
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir)
         self.parts = client_parts(cfg, self.data)
         self.sizes = [len(p) for p in self.parts]
+        self.sigma_planned = cfg.private and cfg.sigma is None
         self.ledger = build_ledger(cfg, self.sizes)
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
@@ -278,6 +279,7 @@ class _Run:
             "client_indices": [torch.from_numpy(p) for p in self.parts],
             "fingerprints": self.fingerprints,
             "ledger_digest": ledger_digest(self.ledger.entries),
+            "sigma_planned": self.sigma_planned,
             "round": self.round,
             "client_state": _to(self.client_state, "cpu"),
             "server_state": _to(self.server_state, "cpu"),
@@ -297,6 +299,7 @@ class _Run:
         self.model.load_state_dict(ckpt["model_state"])
         self.round = int(ckpt["round"])
         self.history = list(ckpt["history"])
+        self.sigma_planned = bool(private.get("sigma_planned", False))
         self.client_state = _to(private["client_state"], self.device)
         self.server_state = _to(private["server_state"], self.device)
 
@@ -441,12 +444,17 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
 
         plot_history(run.history, out)
     last = run.history[-1] if run.history else {}
+    replies = sum(h["replies"] for h in run.history)
+    total = sum(h["upload_bytes"] * h["replies"] for h in run.history)
     summary = {
         "method": cfg.method,
         "dataset": cfg.dataset,
         "rounds_run": run.round,
         "test_accuracy": last.get("test_accuracy"),
         **privacy_block(cfg, run.ledger),
+        "sigma_planned": run.sigma_planned,
+        "upload_bytes_mean": total / replies if replies else None,
+        "upload_bytes_total": total,
         "stopped": stopped,
         "out": None if out is None else str(out),
     }
