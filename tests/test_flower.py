@@ -1,4 +1,4 @@
-"""The Flower driver (fl/flower_app.py): same training as the simulator, failures counted.
+"""The Flower driver (fl/flower/): same training as the simulator, failures counted.
 
 Fast tests drive the real ServerApp logic (:class:`FlowerClients`) and the real ClientApp
 through an in-process stand-in for Flower's Grid; the tests marked ``flower`` start a real
@@ -7,6 +7,7 @@ SuperLink and SuperNodes on 127.0.0.1 (shared by the module) and kill one of the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     config_from_run_config,
     decode_state,
     encode_state,
+    expected_partitions,
     run_config_of,
     run_on,
     write_app,
@@ -105,18 +107,9 @@ class FakeGrid:
         return [self.replies.pop(i) for i in ids if i in self.replies]
 
 
-def _sizes(cfg: TrainConfig) -> list[int]:
-    from fedlap_privacy.data import load_dataset, split_clients
-
-    data = load_dataset(cfg.dataset)
-    parts = split_clients(data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
-                          data.num_classes)
-    return [len(p) for p in parts]
-
-
 def _driver(grid: FakeGrid, cfg: TrainConfig, **kw) -> FlowerClients:
     clients = FlowerClients(grid, node_wait=5.0, log=lambda line: None, **kw)  # type: ignore[arg-type]
-    clients.discover(cfg, _sizes(cfg))
+    clients.discover(cfg, expected_partitions(cfg))
     return clients
 
 
@@ -165,6 +158,9 @@ def test_run_config_round_trip_and_app_is_a_valid_flower_app(tmp_path):
     assert back.sigma == 2.0 and isinstance(back.sigma, float)
     with pytest.raises(Exception, match="unknown run-config key"):
         config_from_run_config({"sigmaa": 1.0})
+    for key, bad in (("sigma", "1.0"), ("clients", True), ("clients", 2.5), ("dsa", 1)):
+        with pytest.raises(Exception, match=f"configuration key {key} must be"):
+            config_from_run_config({**values, key: bad})
 
     import tomllib
 
@@ -259,13 +255,17 @@ def test_allow_client_failures_still_fails_a_round_nobody_answers(tmp_path):
 def test_discovery_refuses_missing_duplicate_and_mismatched_partitions():
     cfg = tiny()
     with pytest.raises(FlowerError, match=r"partition\(s\) 1 within .*partition-id=K"):
-        FlowerClients(FakeGrid(2, [0]), node_wait=1.0, log=print).discover(cfg, _sizes(cfg))
+        FlowerClients(FakeGrid(2, [0]), node_wait=1.0, log=print).discover(
+            cfg, expected_partitions(cfg))
     with pytest.raises(FlowerError, match="two SuperNodes hold partition 0"):
         FlowerClients(FakeGrid(2, [0, 0, 1]), node_wait=2.0, log=print).discover(
-            cfg, _sizes(cfg))
-    wrong = [n + 1 for n in _sizes(cfg)]
-    with pytest.raises(FlowerError, match=r"holds \d+ records"):
+            cfg, expected_partitions(cfg))
+    wrong = [dataclasses.replace(e, size=e.size + 1) for e in expected_partitions(cfg)]
+    with pytest.raises(FlowerError, match=r"holds \d+ records, the run's split gives"):
         FlowerClients(FakeGrid(2), node_wait=2.0, log=print).discover(cfg, wrong)
+    other = [dataclasses.replace(e, content_hash="0" * 64) for e in expected_partitions(cfg)]
+    with pytest.raises(FlowerError, match="other records than the run's split"):
+        FlowerClients(FakeGrid(2), node_wait=2.0, log=print).discover(cfg, other)
 
 
 # --------------------------------------------------------------------------- optional extra

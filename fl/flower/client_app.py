@@ -1,0 +1,132 @@
+"""The ClientApp: one client round on the SuperNode that holds the partition.
+
+Contract: ``query`` (discovery) answers the partition the node holds, its size N_k and the
+content hash of its records; ``train`` runs :meth:`Method.client` on the node's partition
+(:mod:`.partition`) with the node's own DP generator, keeping the method's node-local state
+in ``context.state``. A malformed instruction gets a ``refusal`` record (one line).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedlap_privacy.errors import ConfigError, DataError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
+from fedlap_privacy.fl.flower.partition import NodeData, load_partition
+from fedlap_privacy.fl.flower.run_config import parse_config
+from fedlap_privacy.fl.methods import RoundInfo, build_method
+from fedlap_privacy.fl.randomness import dp_generator
+from fedlap_privacy.fl.simulation import default_model_config, resolve_device
+from fedlap_privacy.models import build_model
+
+__all__ = ["client_app"]
+
+client_app = ClientApp()
+#: what makes the node refuse an instruction (each carries a one-line message)
+_REFUSALS = (ConfigError, CodecError, DataError, KeyError, TypeError, ValueError)
+
+
+def _device(context: Context) -> torch.device:
+    return resolve_device(str(context.node_config.get("device", "auto")))
+
+
+def _instruction_config(content: RecordDict) -> TrainConfig:
+    if "config" not in content.config_records:
+        raise ConfigError("the instruction has no configuration")
+    return parse_config(dict(content.config_records["config"]))
+
+
+def _refuse(msg: Message, exc: BaseException, partition: int | None) -> Message:
+    text = str(exc).strip().splitlines()
+    reason = (text[0] if text else type(exc).__name__)[:300]
+    if isinstance(exc, KeyError | TypeError | ValueError) and not isinstance(exc, ConfigError):
+        reason = f"malformed instruction ({type(exc).__name__}: {reason})"
+    record: dict[str, Any] = {"reason": reason}
+    if partition is not None:
+        record["partition-id"] = partition
+    return Message(RecordDict({"refusal": ConfigRecord(record)}), reply_to=msg)
+
+
+def _partition_hint(context: Context) -> int | None:
+    try:
+        return int(context.node_config["partition-id"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+@client_app.query()
+def _describe(msg: Message, context: Context) -> Message:
+    """Discovery: the partition this node holds, N_k and its content hash (public metadata)."""
+    try:
+        cfg = _instruction_config(msg.content)
+        data = load_partition(cfg, dict(context.node_config), torch.device("cpu"))
+    except _REFUSALS as exc:
+        return _refuse(msg, exc, _partition_hint(context))
+    reply = ConfigRecord({"partition-id": data.index, "num-examples": data.size,
+                          "content-hash": data.content_hash, "source": data.source})
+    return Message(RecordDict({"node": reply}), reply_to=msg)
+
+
+def _round_info(content: RecordDict, device: torch.device) -> RoundInfo:
+    run = content.config_records["round"]
+    values = (run["round"], run["rounds"], run["lr"])
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ConfigError("the instruction's round, rounds and lr must be numbers")
+    return RoundInfo(int(run["round"]), int(run["rounds"]), float(run["lr"]),
+                     unpack(content, "extras", device))
+
+
+def _admit(msg: Message, context: Context, device: torch.device
+           ) -> tuple[TrainConfig, RoundInfo, NodeData, int]:
+    """Decode the instruction and load the partition; raises one of ``_REFUSALS``."""
+    cfg = _instruction_config(msg.content)
+    info = _round_info(msg.content, device)
+    data = load_partition(cfg, dict(context.node_config), device)
+    return cfg, info, data, cfg.accesses_per_round if cfg.method != "ali-dpfl" else int(
+        info.extras["tau"])
+
+
+def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, content: RecordDict,
+                context: Context, device: torch.device, steps: int) -> RecordDict:
+    """Step 4: one client round on ``data``; returns the reply's records."""
+    model = build_model(default_model_config(cfg, data.shape)).to(device)
+    weights = content.array_records["weights"].to_torch_state_dict()
+    model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+    state: dict[str, Any] = {}
+    if "state-tree" in context.state.config_records:
+        saved = unpack(context.state, "state", device)
+        if saved["partition"] != data.index:
+            raise ConfigError("this SuperNode's partition changed within a run")
+        state = saved["state"]
+    method = build_method(cfg, device)
+    gen = dp_generator(cfg, device, info.round, data.index + 1)
+    reply = method.client(model, data.x, data.y, state, info, gen)
+    if reply.accesses > steps:  # the ledger entered T before the round: never exceed it
+        raise RuntimeError(f"the client step made {reply.accesses} accesses, {steps} admitted")
+    for key, record in pack("state", {"partition": data.index, "state": state}).items():
+        context.state[key] = record
+    out = pack("payload", reply.payload)
+    out["reply"] = ConfigRecord({
+        "accesses": int(reply.accesses), "num-examples": int(reply.num_examples),
+        "stats": json.dumps(reply.stats), "partition-id": data.index,
+        "content-hash": data.content_hash,
+    })
+    return out
+
+
+@client_app.train()
+def _train(msg: Message, context: Context) -> Message:
+    """One client round (Method.client, SPEC 2.1 / 3), or a refusal (module docstring)."""
+    device = _device(context)
+    try:
+        cfg, info, data, steps = _admit(msg, context, device)
+    except _REFUSALS as exc:
+        return _refuse(msg, exc, _partition_hint(context))
+    out = train_round(cfg, info, data, msg.content, context, device, steps)
+    return Message(out, reply_to=msg)

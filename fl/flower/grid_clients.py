@@ -1,0 +1,261 @@
+"""The ``ask_clients`` step of :func:`simulation.train` over a Flower Grid.
+
+Contract: the round loop, client selection, the privacy ledger and its ``round.pending``
+marker, evaluation and checkpoints are the simulator's; :class:`FlowerClients` replaces only
+its ``ask_clients`` step. It reads the run only through
+:class:`RunView` (configuration, device, global model) and writes no ledger entry itself:
+a round that fails is entered by the simulator's own :meth:`enter_interrupted` from the
+``round.pending`` marker (full accounted T, every selected client), so privacy spent is
+never under-counted. A selected client that refuses (its policy, :mod:`.policy`), does not
+answer, or answers for another partition or with other records than it reported at
+discovery fails the round with one line naming the client and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from flwr.app import DEFAULT_TTL, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+from torch import nn
+
+from fedlap_privacy.data import content_hash, load_dataset
+from fedlap_privacy.errors import FedlapError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.flower.codec import pack, unpack, weights_record
+from fedlap_privacy.fl.flower.partition import SIMULATED
+from fedlap_privacy.fl.flower.run_config import config_values
+from fedlap_privacy.fl.methods import Reply, RoundInfo
+from fedlap_privacy.fl.simulation import Callback, client_parts
+
+__all__ = [
+    "ClientFailure", "Expected", "FlowerClients", "FlowerError", "NodeInfo", "RunView",
+    "expected_partitions",
+]
+
+_POLL = 0.2  # seconds between two pulls of replies
+
+
+class FlowerError(FedlapError):
+    """The Flower deployment or run failed (one line, printed by the CLI)."""
+
+
+class ClientFailure(FlowerError):
+    """Selected clients refused or did not answer a round (the round is in the ledger as
+    interrupted)."""
+
+
+class RunView(Protocol):
+    """What :class:`FlowerClients` reads of the simulator's run (and the one call it makes)."""
+
+    cfg: TrainConfig
+    device: torch.device
+    model: nn.Module
+    out: Path | None
+
+    def enter_interrupted(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the server expects of partition k: its size and, for a simulated split, the hash
+    of its records (the server computed the same split)."""
+
+    size: int
+    content_hash: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A SuperNode's answer at discovery (public metadata, pinned for the whole run)."""
+
+    node_id: int
+    size: int
+    content_hash: str
+    source: str
+
+
+def reason_of(msg: Message) -> str:
+    """One line saying why a reply is an error."""
+    text = (msg.error.reason or "").strip().splitlines()
+    last = [line for line in text if line.strip()]
+    reason = last[-1].strip() if last else f"error code {msg.error.code}"
+    if "node_unavail" in reason or "unavail" in reason.lower():
+        return "its SuperNode is unavailable (stopped sending heartbeats)"
+    return reason[:300]
+
+
+def _refusal(msg: Message) -> str | None:
+    """The node's refusal (a ``refusal`` record: its policy said no), or None."""
+    rec = msg.content.config_records.get("refusal") if not msg.has_error() else None
+    return None if rec is None else str(rec["reason"])[:300]
+
+
+def expected_partitions(cfg: TrainConfig) -> list[Expected]:
+    """Each partition's size and content hash under the run's split (as the simulator's)."""
+    data = load_dataset(cfg.dataset, cfg.data_dir)
+    return [Expected(len(p), content_hash(p, data.x_train[p], data.y_train[p]))
+            for p in client_parts(cfg, data)]
+
+
+@dataclass
+class FlowerClients:
+    """The ``ask_clients`` of :func:`simulation.train` over a Flower Grid (module doc)."""
+
+    grid: Grid
+    round_timeout: float = 0.0
+    allow_failures: bool = False
+    node_wait: float = 120.0
+    log: Callable[[str], None] = print
+    nodes: dict[int, NodeInfo] = field(default_factory=dict)  # partition -> its node
+
+    def _pull(self, waiting: dict[str, int], got: dict[int, Message]) -> None:
+        for reply in self.grid.pull_messages(list(waiting)):
+            i = waiting.pop(reply.metadata.reply_to_message_id, None)
+            if i is not None:
+                got[i] = reply
+
+    def _collect(self, messages: list[Message], timeout: float) -> dict[int, Message]:
+        """Push ``messages``; pull replies until all arrived or ``timeout`` s (0: no limit)."""
+        ids = list(self.grid.push_messages(messages))
+        deadline = None if timeout <= 0 else time.monotonic() + timeout
+        waiting = {mid: i for i, mid in enumerate(ids) if mid}
+        got: dict[int, Message] = {}
+        while waiting and (deadline is None or time.monotonic() < deadline):
+            self._pull(waiting, got)
+            if waiting:
+                time.sleep(_POLL)
+        return got
+
+    def discover(self, cfg: TrainConfig, expected: list[Expected]) -> None:
+        """Map partition k -> the SuperNode holding it; pin its size and content hash.
+
+        Asks every connected node (and nodes that join later) until each partition answered
+        or ``node_wait`` seconds passed. A simulated-split node must hold exactly the
+        server's partition; a node with its own data file at least as many records as the
+        smallest partition the server's ledger accounts with (fewer would be under-counted).
+        """
+        content = RecordDict({"config": ConfigRecord(config_values(cfg))})
+        deadline = time.monotonic() + self.node_wait
+        asked: list[int] = []
+        waiting: dict[str, int] = {}
+        got: dict[int, Message] = {}
+        found: dict[int, NodeInfo] = {}
+        errors: list[str] = []
+        while len(found) < cfg.clients and time.monotonic() < deadline:
+            new = [n for n in self.grid.get_node_ids() if n not in asked]
+            if new:
+                msgs = [Message(content, n, "query", ttl=self.node_wait) for n in new]
+                ids = list(self.grid.push_messages(msgs))
+                waiting.update({mid: len(asked) + i for i, mid in enumerate(ids) if mid})
+                asked.extend(new)
+            self._pull(waiting, got)
+            for i in list(got):
+                reply, node = got.pop(i), asked[i]
+                why = reason_of(reply) if reply.has_error() else _refusal(reply)
+                if why is not None:
+                    errors.append(f"node {node}: {why}")
+                    continue
+                rec = reply.content.config_records["node"]
+                k = int(rec["partition-id"])
+                info = NodeInfo(node, int(rec["num-examples"]), str(rec["content-hash"]),
+                                str(rec["source"]))
+                if k in found and found[k].node_id != node:
+                    raise FlowerError(f"two SuperNodes hold partition {k}: give each its own "
+                                      "partition-id")
+                found[k] = info
+            if len(found) < cfg.clients:
+                time.sleep(_POLL)
+        missing = [k for k in range(cfg.clients) if k not in found]
+        if missing:
+            detail = f" ({'; '.join(errors)})" if errors else ""
+            raise FlowerError(
+                f"no SuperNode answered for partition(s) {', '.join(map(str, missing))} within "
+                f"{self.node_wait:g} s: start one flower-supernode per client with "
+                f"--node-config 'partition-id=K num-partitions={cfg.clients}'{detail}"
+            )
+        smallest = min(e.size for e in expected)
+        for k, info in sorted(found.items()):
+            if info.source == SIMULATED and info.size != expected[k].size:
+                raise FlowerError(f"the SuperNode of partition {k} holds {info.size} records, "
+                                  f"the run's split gives {expected[k].size}: check its dataset "
+                                  "and data-dir")
+            if info.source == SIMULATED and info.content_hash != expected[k].content_hash:
+                raise FlowerError(f"the SuperNode of partition {k} holds other records than "
+                                  "the run's split: check its dataset and data-dir")
+            if info.size < smallest:
+                raise FlowerError(f"the SuperNode of partition {k} holds {info.size} records, "
+                                  f"fewer than the {smallest} the server's ledger accounts with")
+        self.nodes = dict(sorted(found.items()))
+        self.log("partitions -> SuperNodes: " + ", ".join(
+            f"{k}: node {i.node_id} ({i.size} records, {i.source}, "
+            f"sha256 {i.content_hash[:12]})" for k, i in self.nodes.items()))
+
+    def _reply(self, k: int, m: int, msg: Message | None, device: torch.device) -> Reply | str:
+        """Client k's Reply, or the one-line reason it failed round m."""
+        if msg is None:
+            return f"client {k} did not answer within {self.round_timeout:g} s"
+        if msg.has_error():
+            return f"client {k}: {reason_of(msg)}"
+        refusal = _refusal(msg)
+        if refusal is not None:
+            return f"client {k} refused round {m}: {refusal}"
+        rec = msg.content.config_records["reply"]
+        if int(rec["partition-id"]) != k:
+            return f"client {k}: answered for partition {rec['partition-id']}"
+        if str(rec["content-hash"]) != self.nodes[k].content_hash:
+            return (f"client {k}: its records changed since discovery (content hash "
+                    f"{str(rec['content-hash'])[:12]}, pinned {self.nodes[k].content_hash[:12]})")
+        return Reply(unpack(msg.content, "payload", device), int(rec["accesses"]),
+                     int(rec["num-examples"]), json.loads(str(rec["stats"])))
+
+    def __call__(
+        self, run: RunView, m: int, chosen: list[int], info: RoundInfo, callback: Callback
+    ) -> list[Reply]:
+        """Send round m to the nodes of ``chosen``; their replies, in the order of ``chosen``."""
+        if not chosen:
+            return []
+        content = pack("extras", info.extras)
+        content["weights"] = weights_record(run.model.state_dict())
+        content["round"] = ConfigRecord({"round": m, "rounds": info.rounds, "lr": float(info.lr)})
+        content["config"] = ConfigRecord(config_values(run.cfg))
+        ttl = DEFAULT_TTL if self.round_timeout <= 0 else self.round_timeout + 30.0
+        messages = [Message(content, self.nodes[k].node_id, "train", ttl=ttl, group_id=str(m))
+                    for k in chosen]
+        got = self._collect(messages, self.round_timeout)
+        replies: list[Reply] = []
+        failed: list[str] = []
+        for i, k in enumerate(chosen):
+            answer = self._reply(k, m, got.get(i), run.device)
+            if isinstance(answer, str):
+                failed.append(answer)
+                continue
+            replies.append(answer)
+            callback("client_done", {"round": m, "client": k})
+        if failed:
+            self._on_failure(run, m, chosen, failed, replies)
+        return replies
+
+    def _on_failure(self, run: RunView, m: int, chosen: list[int], failed: list[str],
+                    replies: list[Reply]) -> None:
+        """Fail the round (the simulator enters it as interrupted at its full T) unless
+        failures are allowed and someone answered."""
+        what = "; ".join(failed)
+        if self.allow_failures and replies:
+            self.log(f"round {m}: continuing with {len(replies)} of {len(chosen)} clients "
+                     f"({what}); the ledger counts the round for all {len(chosen)}")
+            return
+        if run.out is not None:
+            run.enter_interrupted()
+        hint = "" if self.allow_failures else (
+            "; pass --allow-client-failures (run config allow-client-failures=true) to continue "
+            "with the clients that answer"
+        )
+        raise ClientFailure(f"round {m} failed: {what}; the round is in the ledger as "
+                            f"interrupted{hint}")

@@ -1,0 +1,87 @@
+"""Starting and stopping the processes of a local deployment, each by its own id.
+
+Contract: :func:`stop` ends a process this package started and every process it started in
+turn (TERM, then KILL after a grace period), signalling a pid only while it is the process
+seen at the start (same start time: a reused pid is left alone). Linux ``/proc`` only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["family", "free_port", "kill_family", "stop"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of a process from /proc, or None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def family(pid: int) -> list[tuple[int, int]]:
+    """``pid`` and every descendant as (pid, start time)."""
+    table: dict[int, tuple[int, int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        stat = _stat(int(entry.name))
+        if stat is not None and stat[0] != "Z":
+            table[int(entry.name)] = (stat[1], stat[2])
+    if pid not in table:
+        return []
+    found, frontier = [(pid, table[pid][1])], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, started) in table.items():
+            if ppid == parent:
+                found.append((child, started))
+                frontier.append(child)
+    return found
+
+
+def _alive(pid: int, started: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z" and stat[2] == started
+
+
+def _signal(members: list[tuple[int, int]], sig: int) -> None:
+    for pid, started in members:
+        if _alive(pid, started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def kill_family(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` and everything it started, at once (a machine dying)."""
+    if proc.poll() is None:
+        _signal(family(proc.pid), signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """Stop ``proc`` and every process it started (each by its id): TERM, then KILL."""
+    if proc.poll() is not None:
+        return  # exited (and reaped): its pid may already be another process's
+    members = family(proc.pid)
+    _signal(members, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(_alive(*member) for member in members):
+        proc.poll()  # reap our own child, so it does not linger as a zombie
+        time.sleep(0.1)
+    _signal(members, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)

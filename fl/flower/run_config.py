@@ -1,0 +1,153 @@
+"""The run config (Flower's TOML values) <-> :class:`TrainConfig`, and the Flower App files.
+
+Contract: every :class:`TrainConfig` field travels under its kebab-case name (``target-eps``,
+``batch-size``; ``""`` stands for None) and the driver's own keys are those of
+:data:`DRIVER_DEFAULTS`. :func:`parse_config` is the ONE parser of such values — for the
+run config the ServerApp receives and for the configuration a ClientApp receives in an
+instruction — and it is strict: an unknown key, or a value of the wrong type (a string for a
+number, a bool for an integer, a fraction for an integer), is a one-line
+:class:`~fedlap_privacy.errors.ConfigError`. It does not validate ranges: callers run
+:meth:`TrainConfig.validate` (and a node its policy, :mod:`.policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.config import TrainConfig
+
+__all__ = [
+    "APP_NAME", "DRIVER_DEFAULTS", "config_from_run_config", "config_values", "parse_config",
+    "run_config_of", "toml_table", "write_app",
+]
+
+#: the driver's own run-config keys (beside TrainConfig's) and their defaults
+DRIVER_DEFAULTS: dict[str, Any] = {
+    "out": "runs/flower",  # on the SuperLink's machine; relative to where it was started
+    "device": "auto",  # the server's device (evaluation, global optimisation)
+    "round-timeout": 0.0,  # seconds to wait for the selected clients; 0: no limit
+    "allow-client-failures": False,  # continue a round without clients that do not answer
+    "node-wait": 120.0,  # seconds to wait for a SuperNode per partition before round 1
+    "resume": False,  # continue the run in `out` (then `rounds` > 0 raises the total)
+}
+APP_NAME = "fedlap-flower"
+#: where ``flwr run`` finds the apps (written into the App's pyproject.toml)
+SERVER_APP_REF = "fedlap_privacy.fl.flower.server_app:server_app"
+CLIENT_APP_REF = "fedlap_privacy.fl.flower.client_app:client_app"
+Value = bool | int | float | str
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _field_types() -> dict[str, type]:
+    """TrainConfig field (kebab-case) -> its base type (bool, int, float or str)."""
+    hints = typing.get_type_hints(TrainConfig)
+    out: dict[str, type] = {}
+    for f in dataclasses.fields(TrainConfig):
+        base = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+        out[_kebab(f.name)] = base[0] if base else hints[f.name]
+    return out
+
+
+def _typed(key: str, kind: type, raw: Any) -> Any:
+    """``raw`` as a ``kind`` (bool, int, float, str), refusing anything but that type."""
+    ok = {
+        bool: isinstance(raw, bool),
+        int: isinstance(raw, int | float) and not isinstance(raw, bool)
+        and math.isfinite(raw) and float(raw).is_integer(),
+        float: isinstance(raw, int | float) and not isinstance(raw, bool),
+        str: isinstance(raw, str),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"configuration key {key} must be {kind.__name__}, not {raw!r}")
+    return kind(raw)
+
+
+def config_values(cfg: TrainConfig) -> dict[str, Value]:
+    """``cfg`` as run-config values: kebab-case keys, ``""`` for None."""
+    return {_kebab(k): ("" if v is None else v) for k, v in cfg.to_dict().items()}
+
+
+def parse_config(values: dict[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` of run-config values (strict; see the module docstring)."""
+    types = _field_types()
+    out: dict[str, Any] = {}
+    for key, raw in values.items():
+        if key not in types:
+            raise ConfigError(f"unknown configuration key {key!r}")
+        out[key.replace("-", "_")] = None if raw == "" else _typed(key, types[key], raw)
+    return TrainConfig.from_dict(out)
+
+
+def run_config_of(cfg: TrainConfig, **driver: Any) -> dict[str, Value]:
+    """The run config (TOML values) of ``cfg`` and the driver's keys; None becomes ``""``."""
+    values: dict[str, Any] = config_values(cfg)
+    unknown = set(map(_kebab, driver)) - set(DRIVER_DEFAULTS)
+    if unknown:
+        raise ConfigError(f"unknown Flower driver options: {', '.join(sorted(unknown))}")
+    values.update(DRIVER_DEFAULTS)
+    values.update({_kebab(k): v for k, v in driver.items()})
+    return values
+
+
+def config_from_run_config(run_config: dict[str, Any]) -> tuple[TrainConfig, dict[str, Any]]:
+    """(TrainConfig, driver options) from a Flower run config; ``""`` means None."""
+    driver = dict(DRIVER_DEFAULTS)
+    rest: dict[str, Any] = {}
+    for key, raw in run_config.items():
+        if key in DRIVER_DEFAULTS:
+            driver[key] = _typed(key, type(DRIVER_DEFAULTS[key]), raw)
+        elif key in _field_types():
+            rest[key] = raw
+        else:
+            raise ConfigError(f"unknown run-config key {key!r}")
+    return parse_config(rest), driver
+
+
+def _toml_value(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def toml_table(values: dict[str, Any]) -> str:
+    """``key = value`` lines of a TOML table (bool, int, float and str values)."""
+    return "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+
+
+def write_app(directory: str | Path, cfg: TrainConfig | None = None, **driver: Any) -> Path:
+    """Write the Flower App (``pyproject.toml``) that ``flwr run DIRECTORY`` starts.
+
+    Its run config lists every key with the values of ``cfg`` (default: TrainConfig's
+    defaults) and the driver options; ``flwr run --run-config`` overrides any of them.
+    The app's code is the installed package: every machine needs ``fedlap-privacy[flower]``.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    run_config = run_config_of(cfg or TrainConfig(), **driver)
+    text = (
+        "# Flower App of fedlap-privacy (written by fedlap_privacy.fl.flower_app.write_app)\n"
+        "[project]\n"
+        f'name = "{APP_NAME}"\nversion = "0.1.0"\n'
+        'description = "FedLAP-DP and its baselines on Flower"\nlicense = "MIT"\n'
+        "dependencies = []  # install fedlap-privacy[flower] on every machine\n\n"
+        '[tool.flwr.app]\npublisher = "fedlap-privacy"\n\n'
+        "[tool.flwr.app.components]\n"
+        f'serverapp = "{SERVER_APP_REF}"\n'
+        f'clientapp = "{CLIENT_APP_REF}"\n\n'
+        "[tool.flwr.app.config]\n" + toml_table(run_config)
+    )
+    (directory / "pyproject.toml").write_text(text)
+    return directory

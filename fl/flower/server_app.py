@@ -1,0 +1,76 @@
+"""The ServerApp: :func:`simulation.train` / :func:`simulation.resume` with Flower messages.
+
+Contract: the ServerApp reads the run config (:mod:`.run_config`), finds the SuperNode of
+every partition (:meth:`FlowerClients.discover`) and runs the in-process simulator with
+:class:`FlowerClients` as its ``ask_clients``, through the simulator's public ``train`` and
+``resume`` only: the simulator alone writes the ledger and the checkpoints. When it ends it
+writes :data:`STATUS` into ``out``: ``{"status": "completed", "summary": ...}`` or
+``{"status": "failed", "error": ONE LINE, "pending": bool}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.fl.flower.grid_clients import FlowerClients, expected_partitions
+from fedlap_privacy.fl.flower.run_config import config_from_run_config
+from fedlap_privacy.fl.run_files import PENDING, load_run_config
+from fedlap_privacy.fl.simulation import resume, train
+
+__all__ = ["STATUS", "server_app"]
+
+#: written by the ServerApp into the output directory when it ends: {"status", "summary"|"error"}
+STATUS = "flower-status.json"
+
+server_app = ServerApp()
+
+
+def _write_status(out: Path, status: dict[str, Any]) -> None:
+    write_text_atomic(out / STATUS, json.dumps(status))
+
+
+def _log(line: str) -> None:
+    print(f"[fedlap-privacy] {line}", flush=True)
+
+
+def _progress(event: str, info: dict[str, Any]) -> None:
+    if event == "round_end":
+        eps = info.get("epsilon")
+        _log(f"round {info['round']}: test accuracy {info['test_accuracy']:.4f}, epsilon "
+             f"{'-' if eps is None else f'{eps:.4f}'}, {info['replies']}/{info['clients']} "
+             "clients answered")
+    elif event == "start":
+        _log(f"start at round {info['start_round']}, sigma {info['sigma']}")
+
+
+@server_app.main()
+def _server_main(grid: Grid, context: Context) -> None:
+    """Run (or resume) the training of the run config; write :data:`STATUS` into ``out``."""
+    cfg, driver = config_from_run_config(dict(context.run_config))
+    out = Path(str(driver["out"])).expanduser().resolve()
+    try:
+        clients = FlowerClients(grid, float(driver["round-timeout"]),
+                                bool(driver["allow-client-failures"]),
+                                float(driver["node-wait"]), _log)
+        if driver["resume"]:
+            cfg = load_run_config(out)
+        clients.discover(cfg, expected_partitions(cfg))
+        if driver["resume"]:
+            rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
+                context.run_config["rounds"])
+            result = resume(out, rounds, str(driver["device"]), _progress, clients)
+        else:
+            result = train(cfg, out, str(driver["device"]), _progress, clients)
+    except Exception as exc:
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _write_status(out, {"status": "failed", "error": message,
+                            "pending": (out / PENDING).exists()})
+        raise
+    _write_status(out, {"status": "completed", "summary": result.summary})
+    _log(f"done: {json.dumps(result.summary)}")
