@@ -24,6 +24,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +33,16 @@ import torch
 
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.attacks import ATTACK_MODELS, make_attack
+from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
+from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
-from fedlap_privacy.data import DATASETS, load_dataset
+from fedlap_privacy.data import DATASETS, Dataset, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
 from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import build_model
 
 __all__ = [
@@ -51,7 +55,6 @@ __all__ = [
 ]
 
 CONFIDENCE = 0.95
-NOTIONS = ("record-level", "client-level", "local", "none")
 
 
 def parse_attacks(attacks: str | Sequence[str]) -> tuple[str, ...]:
@@ -80,33 +83,40 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(out) else out
 
 
-def privacy_claim(privacy: Any, ledger: Any = None) -> dict[str, Any]:
-    """The promise the audit tests, from the checkpoint's ``privacy`` block (module docstring).
+def privacy_claim(
+    privacy: Any, ledger: Any = None, digest: str | None = None
+) -> dict[str, Any]:
+    """The promise the audit tests, RECOMPUTED from the run's ledger (module docstring).
 
-    ``epsilon`` / ``delta`` / ``notion`` are what the accountant reported (the last ledger
-    entry, :mod:`fedlap_privacy.ledger`, stands in when the block lacks them);
-    ``epsilon_tested`` / ``delta_tested`` the record-level promise they imply (None: nothing
-    to test) and ``basis`` says why.
+    ``epsilon`` / ``delta`` / ``notion`` / ``threat_model`` come from composing the ledger's
+    recorded rounds (:meth:`fedlap_privacy.ledger.PrivacyLedger.replay`, checked against the
+    private state's ``digest`` when given); the checkpoint's stored ``privacy.epsilon`` is
+    only reported beside it (``stored_epsilon``, ``stored_matches``). ``epsilon_tested`` /
+    ``delta_tested`` are the record-level promise they imply (None: nothing to test) and
+    ``basis`` says why.
     """
     privacy = privacy if isinstance(privacy, dict) else {}
-    last = ledger[-1] if isinstance(ledger, list) and ledger else {}
-    last = last if isinstance(last, dict) else {}
-    notion = privacy.get("notion", last.get("notion", "none"))
-    epsilon, delta = _number(privacy.get("epsilon")), _number(privacy.get("delta"))
-    if epsilon is None and last:
-        epsilon, delta = _number(last.get("epsilon")), _number(last.get("delta"))
+    replayed = PrivacyLedger.replay(ledger if ledger is not None else [], digest)
+    notion = replayed.notion
+    recomputed = replayed.epsilon
+    epsilon = None if math.isinf(recomputed) else recomputed
+    delta = replayed.delta
+    stored = _number(privacy.get("epsilon"))
     claim: dict[str, Any] = {
         "notion": notion,
         "epsilon": epsilon,
         "delta": delta,
-        "accountant": privacy.get("accountant"),
+        "accountant": replayed.accountant if notion in ("record-level", "client-level") else None,
+        "threat_model": replayed.threat_model,
+        "noise": replayed.noise,
+        "rounds": replayed.rounds_spent,
+        "stored_epsilon": stored,
+        "stored_matches": (stored is None and epsilon is None) or (
+            stored is not None and epsilon is not None
+            and math.isclose(stored, epsilon, rel_tol=1e-6)),
         "epsilon_tested": None,
         "delta_tested": None,
     }
-    if notion not in NOTIONS:
-        raise CheckpointError(
-            f"checkpoint privacy notion {notion!r} is unknown; expected one of {', '.join(NOTIONS)}"
-        )
     if notion in ("none", "local") or epsilon is None or not math.isfinite(epsilon):
         claim["basis"] = {
             "none": "non-private model: no promise to test",
@@ -180,10 +190,21 @@ def _load_private_state(checkpoint: Path) -> dict[str, Any]:
     return load_checkpoint(path, PRIVATE_FORMAT)
 
 
-def _load_target(
-    checkpoint_path: str | Path, data_dir: str | Path | None
-) -> tuple[dict[str, Any], Any, Any, np.ndarray, str | None]:
-    """Checkpoint, rebuilt model, dataset, member indices, the data dir used -- all checked."""
+@dataclass(frozen=True)
+class AuditTarget:
+    """What an audit reads: the release checkpoint, the run's private state, the rebuilt
+    model, the dataset, the member indices and the data folder used."""
+
+    checkpoint: dict[str, Any]
+    private: dict[str, Any]
+    model: torch.nn.Module
+    dataset: Dataset
+    members: np.ndarray
+    data_dir: str | None
+
+
+def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None) -> AuditTarget:
+    """Checkpoint, private state, rebuilt model, dataset, member indices -- all checked."""
     path = Path(checkpoint_path)
     ckpt = load_checkpoint(path)
     for key in ("model_state", "model_config", "dataset"):
@@ -228,7 +249,8 @@ def _load_target(
             f"{expected[1]} and {expected[2]}"
         )
     members = member_indices(private.get("client_indices"), len(dataset.y_train))
-    return ckpt, model, dataset, members, None if used is None else str(used)
+    return AuditTarget(ckpt, private, model, dataset, members,
+                       None if used is None else str(used))
 
 
 def run_audit(
@@ -248,8 +270,11 @@ def run_audit(
     ``report.json`` and ``roc.png`` are written there.
     """
     features_wanted = parse_attacks(attacks)
-    ckpt, model, dataset, members, used_dir = _load_target(checkpoint_path, data_dir)
-    claim = privacy_claim(ckpt.get("privacy"), ckpt.get("ledger"))
+    target = _load_target(checkpoint_path, data_dir)
+    ckpt, model, dataset, members = target.checkpoint, target.model, target.dataset, target.members
+    used_dir = target.data_dir
+    claim = privacy_claim(ckpt.get("privacy"), ckpt.get("ledger"),
+                          target.private.get("ledger_digest"))
     split = make_membership_split(
         members, dataset.y_train, dataset.y_test, seed=seed, max_per_half=max_per_half
     )
@@ -269,6 +294,9 @@ def run_audit(
         key=lambda item: item[1],
     )
     tested = claim["epsilon_tested"]
+    one_run = _canary_report(target, claim)
+    canary_violation = one_run is not None and any(
+        a["verdict"] == "violation" for a in one_run["audits"])
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint_path),
         "method": ckpt.get("method"),
@@ -302,12 +330,39 @@ def run_audit(
         "attacks": results,
         "max_eps_lb": best,
         "max_eps_lb_attack": best_name,
-        "violation": bool(tested is not None and best > tested),
+        "violation": bool(tested is not None and best > tested) or canary_violation,
+        "one_run": one_run,
         "feature_seconds": feature_seconds,
     }
     if out_dir is not None:
         write_report(report, out_dir)
     return report
+
+
+def _canary_report(target: AuditTarget, claim: dict[str, Any]) -> dict[str, Any] | None:
+    """The one-run audits of the run's canaries (:mod:`.canary_audit`), or None without.
+
+    The top level holds the audit with the largest lower bound; ``audits`` every one, with
+    the canary scores (in / out) for the histograms."""
+    saved = target.private.get("canaries")
+    if saved is None:
+        return None
+    state = CanaryState.from_state(saved)
+    delta = claim["delta"] if claim["delta"] is not None else _config_delta(target.private)
+    audits = run_canary_audits(state, target.model, claim["epsilon"], delta, CONFIDENCE)
+    if not audits:
+        return None
+    entries = [{**a.to_json(), "scores_in": a.scores_in, "scores_out": a.scores_out}
+               for a in audits]
+    best = max(range(len(audits)), key=lambda i: audits[i].result.epsilon_lower_bound)
+    primary = {k: v for k, v in entries[best].items() if k not in ("scores_in", "scores_out")}
+    return {**primary, "kind": state.kind, "audits": entries}
+
+
+def _config_delta(private: dict[str, Any]) -> float:
+    """The run's configured delta (a non-private run's canaries are bounded at it)."""
+    value = _number((private.get("config") or {}).get("delta"))
+    return value if value is not None and 0 < value < 1 else 1e-5
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
@@ -325,13 +380,25 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]
 
 
 def plot_roc(report: dict[str, Any], path: str | Path) -> None:
-    """Two panels: linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend."""
+    """Linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend; beside
+    them, when the run has canaries, the histogram of each canary audit's scores, in vs out."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(10, 4.5))
+    canaries = (report.get("one_run") or {}).get("audits", [])
+    fig = Figure(figsize=(10 + 4.5 * len(canaries), 4.5))
     FigureCanvasAgg(fig)
-    linear, loglog = fig.subplots(1, 2)
+    linear, loglog, *histograms = fig.subplots(1, 2 + len(canaries))
+    for ax, audit in zip(histograms, canaries, strict=True):
+        both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
+        bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
+        ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
+        ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
+                label=f"out ({len(audit['scores_out'])})")
+        ax.set_title(f"canaries, {audit['audit']}: eps LB {audit['epsilon_lower_bound']:.2f} "
+                     f"({audit['verdict']})", fontsize=8)
+        ax.set_xlabel("score")
+        ax.legend(fontsize=7)
     floor = 1.0
     for feature, by_model in report["attacks"].items():
         for kind, metrics in by_model.items():

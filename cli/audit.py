@@ -69,12 +69,38 @@ def render_report(report: dict[str, Any]) -> None:
         "the best audit threshold",
         highlight=False,
     )
+    one_run = report.get("one_run")
+    if one_run:
+        _render_one_run(one_run)
     if report["violation"]:
         console.print(
             f"[bold red]VIOLATION: the empirical lower bound {report['max_eps_lb']:.3f} exceeds "
             f"the promised epsilon {tested:.3f} -- the DP implementation or its accounting "
             "is wrong[/]"
         )
+
+
+def _render_one_run(one_run: dict[str, Any]) -> None:
+    """The canary audits: bound, ceiling, verdict per audit."""
+    table = Table(title=f"one-run canary audits ({one_run['kind']} canaries)")
+    for column in ("audit", "canaries", "guesses", "correct", "eps LB", "ceiling", "claimed",
+                   "verdict"):
+        table.add_column(column, justify="left" if column in ("audit", "verdict") else "right")
+    colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
+    for a in one_run["audits"]:
+        estimate = a.get("epsilon_estimate")
+        name = a["audit"] + ("" if estimate is None else
+                             f" (estimate eps {estimate['epsilon']:.2f})")
+        table.add_row(
+            name, str(a["canaries"]), str(a["guesses"]), str(a["correct"]),
+            _fmt(a["epsilon_lower_bound"]), _fmt(a["ceiling"]), _fmt(a["claimed_epsilon"]),
+            f"[{colour[a['verdict']]}]{a['verdict']}[/]",
+        )
+    console.print(table)
+    console.print(
+        "eps LB: Steinke-Nasr-Jagielski one-run bound (confidence "
+        f"{one_run['confidence']:.3g} each); ceiling: the largest bound this audit could "
+        "reach; inconclusive: the claim is above it", highlight=False)
 
 
 def audit(
@@ -97,6 +123,10 @@ def audit(
         int | None,
         typer.Option("--max-per-half", help="cap on each of the four record sets (speed)"),
     ] = None,
+    fail_on_violation: Annotated[
+        bool, typer.Option("--fail-on-violation",
+                           help="exit with status 1 when an audit finds a violation")
+    ] = False,
 ) -> None:
     """Membership-inference audit: attack a checkpoint's training records, bound epsilon."""
 
@@ -116,9 +146,11 @@ def audit(
     if json_output:
         report = guarded(run)
         print_json(report)
-        return
-    with console.status("auditing (per-record losses and gradient norms)..."):
-        report = guarded(run)
-    render_report(report)
-    if out is not None:
-        console.print(f"wrote {out / 'report.json'} and {out / 'roc.png'}", highlight=False)
+    else:
+        with console.status("auditing (per-record losses and gradient norms)..."):
+            report = guarded(run)
+        render_report(report)
+        if out is not None:
+            console.print(f"wrote {out / 'report.json'} and {out / 'roc.png'}", highlight=False)
+    if fail_on_violation and report["violation"]:
+        raise typer.Exit(1)

@@ -144,8 +144,8 @@ class PrivacyLedger:
         if self.noise not in NOISE_KINDS:
             raise ConfigError(f"noise {self.noise!r} must be one of {NOISE_KINDS}")
         gaussian = self.notion in _GAUSSIAN
-        if gaussian and (self.schedule is None or self.sigma is None or self.delta is None):
-            raise ConfigError(f"a {self.notion} ledger needs a schedule, sigma and delta")
+        if gaussian and (self.sigma is None or self.delta is None):
+            raise ConfigError(f"a {self.notion} ledger needs sigma and delta")
         if gaussian and self.accountant not in ACCOUNTANTS:
             raise ConfigError(f"accountant {self.accountant!r} must be one of {ACCOUNTANTS}")
         if self.notion == "local" and not (self.round_epsilon and self.round_epsilon > 0):
@@ -204,7 +204,8 @@ class PrivacyLedger:
         gaussian = self.notion in _GAUSSIAN
         schedule = None
         if gaussian:
-            assert self.schedule is not None
+            if self.schedule is None:
+                raise ConfigError("a replayed ledger has no schedule to enter new rounds with")
             steps = self.schedule.local_steps if local_steps is None else local_steps
             schedule = FedLAPSchedule(
                 batch_size=self.schedule.batch_size, client_size=self.schedule.client_size,
@@ -254,6 +255,27 @@ class PrivacyLedger:
         return entry
 
     # ------------------------------------------------------------------ persistence
+    @classmethod
+    def replay(cls, entries: Any, digest: str | None = None) -> PrivacyLedger:
+        """The ledger that recorded ``entries``, its epsilon recomputed from them (for an
+        auditor: nothing stored is trusted). Refuses entries that disagree with each other
+        or with ``digest`` (:meth:`load`). An empty list is a ledger of no round."""
+        if not isinstance(entries, list):
+            raise CheckpointError("the ledger is not a list of entries")
+        if not entries:
+            return cls("none")
+        first = LedgerEntry.from_dict(entries[0])
+        clients = 1 + max((k for e in entries for k in e.get("participants", ())), default=0)
+        try:
+            ledger = cls(
+                first.notion, None, first.sigma, first.delta, first.accountant or "rdp",
+                first.round_epsilon, first.threat_model, first.noise, clients,
+            )
+        except ConfigError as exc:
+            raise CheckpointError(f"the ledger is malformed ({exc})") from None
+        ledger.load(entries, digest)
+        return ledger
+
     def to_list(self) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.entries]
 

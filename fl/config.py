@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedlap_privacy.accountant import ACCOUNTANTS
+from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS
 
@@ -34,6 +35,8 @@ DP_METHODS = tuple(m for m, n in NOTION.items() if n in ("record-level", "client
 #: faithfully (probability 1/(e^eps+1) >> 2^-53; see ``fl/ldpfl.py``)
 LDP_MAX_EPSILON = 30.0
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
+#: white-box canaries (``fl/canaries.py``) need a method that releases noisy gradients
+WHITE_BOX_METHODS = ("fedlap-dp", "dp-fedavg", "dp-fedprox", "ali-dpfl")
 
 
 @dataclass
@@ -97,6 +100,9 @@ class TrainConfig:
     # threat model and randomness (docs/threat-model.md)
     threat_model: str | None = None  # None: the strongest the notion supports
     reproducible_noise: bool = False  # derive DP randomness from the seed: NOT private
+    # canary audits (fl/canaries.py)
+    canaries: int = 0  # M canaries, each included with a secret coin
+    canary_kind: str | None = None  # None: white-box / clients / black-box by method
 
     @property
     def notion(self) -> str:
@@ -109,6 +115,16 @@ class TrainConfig:
         the server where the notion allows it (client-level: observers of the models)."""
         allowed = NOTION_THREAT_MODELS[self.notion]
         return self.threat_model or (allowed[0] if allowed else None)
+
+    @property
+    def resolved_canary_kind(self) -> str:
+        """White box where the method releases noisy gradients, canary clients for
+        client-level DP, canary records otherwise (unless ``canary_kind`` says)."""
+        if self.canary_kind is not None:
+            return self.canary_kind
+        if self.method in WHITE_BOX_METHODS:
+            return "white-box"
+        return "clients" if self.notion == "client-level" else "black-box"
 
     @property
     def noise(self) -> str:
@@ -199,6 +215,7 @@ class TrainConfig:
             raise ConfigError("init 'real' reads private images without noise: use 'noise' for DP")
         if self.private and self.radius_rule != "fixed":
             raise ConfigError("client-suggested radii read private data: use radius rule 'fixed'")
+        self._validate_canaries()
         allowed = NOTION_THREAT_MODELS[self.notion]
         if self.threat_model is not None and self.threat_model not in allowed:
             raise ConfigError(
@@ -206,6 +223,18 @@ class TrainConfig:
                 f"({self.notion} DP); it allows: {', '.join(allowed) or 'none'}"
             )
         return self
+
+    def _validate_canaries(self) -> None:
+        kind = self.resolved_canary_kind
+        if self.canaries < 0:
+            raise ConfigError(f"canaries {self.canaries} must be >= 0")
+        if kind not in CANARY_KINDS:
+            raise ConfigError(f"canary kind {kind!r} must be one of {', '.join(CANARY_KINDS)}")
+        if kind == "white-box" and self.method not in WHITE_BOX_METHODS:
+            raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
+                              f"({', '.join(WHITE_BOX_METHODS)}), not {self.method}")
+        if kind == "clients" and self.notion != "client-level":
+            raise ConfigError("canary clients audit client-level DP (dp-normfedavg) only")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

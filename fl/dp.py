@@ -17,16 +17,28 @@ SPEC 1.1, 1.3) assumes:
 Everything computed from the returned gradient (synthetic-image updates, local steps) is
 post-processing and costs no privacy.
 
-Randomness: the Poisson draws and the noise come from the ``torch.Generator`` passed in, so a
-run is reproducible from its seed. torch's generators (Mersenne Twister on CPU, Philox on
+Randomness: the Poisson draws and the noise come from the ``torch.Generator`` passed in:
+secret (seeded by the operating system) in a private run, see
+:mod:`~fedlap_privacy.fl.randomness`. torch's generators (Mersenne Twister on CPU, Philox on
 CUDA) are NOT cryptographically secure: like Opacus' default (non-``secure_mode``) setting,
 this is adequate for research and audits, not for a deployment facing an adversary who can
 attack the PRNG (floating-point noise also has the known precision attacks, Mironov 2012).
+
+White-box audit: while a :class:`DiracCanaryStep` is active (:func:`dirac_canaries`, used by
+the driver around a client round of a run with canaries), every call of
+:func:`clip_and_noise` treats the client's included Dirac canaries as records of the batch
+(each Poisson-sampled at the client's rate, its raw gradient ``scale * C`` on one coordinate
+clipped by the same rule as a record's) and hands the released noisy sum at every canary
+coordinate of the client to the canary set (Nasr et al. 2023; Steinke, Nasr, Jagielski 2023).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +46,46 @@ from torch import Tensor, nn
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.per_sample import per_sample_grads
 
-__all__ = ["clip_and_noise", "dp_gradient", "poisson_sample"]
+__all__ = [
+    "DiracCanaryStep", "clip_and_noise", "clip_factors", "dirac_canaries", "dp_gradient",
+    "poisson_sample",
+]
+
+
+@dataclass
+class DiracCanaryStep:
+    """One client's Dirac canaries during its client round (see the module docstring).
+
+    ``coordinates``: flat parameter index of each of the client's canaries; ``included``:
+    their secret inclusion bits; ``rate``: the client's Poisson rate; ``scale``: the raw
+    canary gradient in units of C (> 1, so that clipping matters); ``observe`` receives,
+    after every release, the released noisy SUM at ``coordinates`` (in units of C).
+    """
+
+    coordinates: Tensor
+    included: Tensor
+    rate: float
+    scale: float
+    generator: torch.Generator
+    observe: Callable[[Tensor], None]
+
+
+_CANARIES: ContextVar[DiracCanaryStep | None] = ContextVar("dirac_canaries", default=None)
+
+
+@contextmanager
+def dirac_canaries(step: DiracCanaryStep) -> Iterator[None]:
+    """Within the block, :func:`clip_and_noise` includes ``step``'s canaries."""
+    token = _CANARIES.set(step)
+    try:
+        yield
+    finally:
+        _CANARIES.reset(token)
+
+
+def clip_factors(norms: Tensor, clip: float) -> Tensor:
+    """Per-record scale ``min(1, C / (norm + 1e-6))`` that clips a gradient to norm C."""
+    return (clip / (norms + 1e-6)).clamp(max=1.0)
 
 
 def poisson_sample(num_records: int, rate: float, generator: torch.Generator) -> Tensor:
@@ -82,19 +133,39 @@ def clip_and_noise(
     flat = [g.reshape(batch, math.prod(g.shape[1:])) for g in per_sample]
     if batch > 0:
         sq = torch.stack([torch.linalg.vector_norm(f, dim=1) for f in flat]).square().sum(0)
-        factor = (clip / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+        factor = clip_factors(sq.sqrt(), clip)
+    canaries = _CANARIES.get()
+    extra = _canary_sum(canaries, clip, [g.shape[1:] for g in per_sample]) if canaries else None
     # Draw on the generator's device (a CPU generator with CUDA parameters works too, at the
     # cost of a copy); with no generator, the default one of the parameters' device.
     draw_on = per_sample[0].device if generator is None else generator.device
     out: list[Tensor] = []
-    for g, f in zip(per_sample, flat, strict=True):
+    for i, (g, f) in enumerate(zip(per_sample, flat, strict=True)):
         shape = g.shape[1:]
         total = (factor.to(f.dtype) @ f).view(shape) if batch > 0 else g.new_zeros(shape)
+        if extra is not None:
+            total = total + extra[i].to(g.device, g.dtype)
         if sigma > 0:
             noise = torch.randn(shape, generator=generator, device=draw_on, dtype=g.dtype)
             total = total + noise.to(g.device) * (sigma * clip)
         out.append(total / expected_batch_size)
+    if canaries is not None:
+        released = torch.cat([o.detach().flatten() for o in out]) * expected_batch_size
+        canaries.observe(released[canaries.coordinates.to(released.device)].double().cpu() / clip)
     return out
+
+
+def _canary_sum(step: DiracCanaryStep, clip: float, shapes: list[torch.Size]) -> list[Tensor]:
+    """The clipped gradients of the canaries Poisson-sampled into this batch, per parameter."""
+    drawn = torch.rand(len(step.coordinates), generator=step.generator,
+                       device=step.generator.device).cpu() < step.rate
+    sampled = step.coordinates[drawn & step.included.cpu()]
+    raw = torch.full((len(sampled),), step.scale * clip, dtype=torch.float64)
+    values = clip_factors(raw, clip) * raw  # clipped exactly as a record's gradient is
+    flat = torch.zeros(sum(math.prod(s) for s in shapes), dtype=torch.float64)
+    flat.index_add_(0, sampled.cpu(), values)
+    pieces = flat.split([math.prod(s) for s in shapes])
+    return [piece.view(shape) for piece, shape in zip(pieces, shapes, strict=True)]
 
 
 def dp_gradient(

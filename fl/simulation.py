@@ -21,6 +21,7 @@ the private state's content hashes and ledger fingerprint.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -37,10 +38,13 @@ from torch import Tensor, nn
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
 from fedlap_privacy.data import Dataset, content_hash, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.fl.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
 from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator
 from fedlap_privacy.fl.run_files import (
@@ -209,7 +213,10 @@ def local_clients(
     for k in chosen:
         x, y = run.client_data[k]
         gen = dp_generator(run.cfg, run.device, m, k + 1)
-        replies.append(run.method.client(run.model, x, y, run.client_state[k], info, gen))
+        with run.canary_context(k, m, len(y)):
+            cx, cy = run.with_canaries(k, x, y)
+            reply = run.method.client(run.model, cx, cy, run.client_state[k], info, gen)
+        replies.append(dataclasses.replace(reply, num_examples=len(y)))  # N_k without canaries
         callback("client_done", {"round": m, "client": k})
     return replies
 
@@ -238,6 +245,25 @@ class _Run:
         self.client_state: list[dict[str, Any]] = [{} for _ in range(cfg.clients)]
         self.history: list[dict[str, Any]] = []
         self.round = 0
+        self.canaries = None if cfg.canaries == 0 else CanarySet.create(
+            cfg, self.model, self.data.x_train.shape[1:],
+            [torch.from_numpy(self.data.y_train[p]) for p in self.parts],
+        )
+
+    # ---------------------------------------------------------------- canaries
+    def canary_context(self, k: int, m: int, n_k: int) -> contextlib.AbstractContextManager:
+        """Client k's white-box canaries in its DP steps of round m (a no-op otherwise)."""
+        if self.canaries is None or self.canaries.kind != "white-box":
+            return contextlib.nullcontext()
+        rate = self.cfg.batch_size / n_k
+        return dirac_canaries(self.canaries.dirac_step(self.cfg, k, rate, m, self.device))
+
+    def with_canaries(self, k: int, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """Client k's records with its included black-box canary records appended."""
+        extra = None if self.canaries is None else self.canaries.client_records(k)
+        if extra is None or len(extra[1]) == 0:
+            return x, y
+        return torch.cat([x, extra[0].to(x)]), torch.cat([y, extra[1].to(y)])
 
     @cached_property
     def client_data(self) -> list[tuple[Tensor, Tensor]]:
@@ -283,6 +309,7 @@ class _Run:
             "round": self.round,
             "client_state": _to(self.client_state, "cpu"),
             "server_state": _to(self.server_state, "cpu"),
+            "canaries": None if self.canaries is None else self.canaries.to_state(),
         }
 
     def restore(self, ckpt: dict[str, Any], private: dict[str, Any]) -> None:
@@ -302,6 +329,10 @@ class _Run:
         self.sigma_planned = bool(private.get("sigma_planned", False))
         self.client_state = _to(private["client_state"], self.device)
         self.server_state = _to(private["server_state"], self.device)
+        saved = private.get("canaries")
+        if (saved is None) != (self.canaries is None):
+            raise CheckpointError("the run's canaries are missing from its private state")
+        self.canaries = None if saved is None else CanarySet(**vars(CanaryState.from_state(saved)))
 
     def save(self) -> None:
         if self.out is None:
@@ -341,9 +372,17 @@ class _Run:
         info = self.method.round_info(m, self.server_state)
         replies = self.ask_clients(self, m, chosen, info, callback)
         extra: dict[str, Any] = {}
+        canary_clients = self.canaries is not None and self.canaries.kind == "clients"
         if replies or self.method.aggregate_without_replies:
             server_gen = dp_generator(cfg, self.device, m, SERVER_KEY)
-            extra = self.method.aggregate(self.model, replies, self.server_state, info, server_gen)
+            before = flat_weights(self.model) if canary_clients else None
+            sent = replies
+            if canary_clients:
+                assert self.canaries is not None
+                sent = replies + self.canaries.canary_replies(cfg, self.model, m)
+            extra = self.method.aggregate(self.model, sent, self.server_state, info, server_gen)
+            if before is not None and self.canaries is not None:
+                self.canaries.observe_round(before, flat_weights(self.model))
         accesses = max((r.accesses for r in replies), default=0)
         entry = self.ledger.record(m, accesses, chosen, local_steps=local_steps)
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
@@ -375,6 +414,9 @@ def train(
     """
     out = Path(out_dir) if out_dir is not None else None
     cfg.validate()
+    if cfg.canaries and ask_clients is not local_clients:
+        raise ConfigError("canaries are inserted by the in-process driver only: train them "
+                          "with --engine simulation")
     if out is not None:
         check_new_run_dir(out)
     run = _Run(cfg, resolve_device(device), out, ask_clients)

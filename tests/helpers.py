@@ -16,3 +16,16 @@ def save_run_files(
     private = {"client_indices": client_indices, "config": {"data_dir": data_dir}}
     save_checkpoint(checkpoint.parent / PRIVATE, private, PRIVATE_FORMAT)
     return checkpoint
+
+
+def ledger_claiming(epsilon: float, delta: float = 1e-5) -> list[dict]:
+    """The entries of a one-round record-level ledger whose epsilon is ``epsilon`` (sigma
+    planned for it): what an audit recomputes its claim from."""
+    from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+    from fedlap_privacy.ledger import PrivacyLedger
+
+    schedule = FedLAPSchedule(batch_size=10, client_size=100, local_steps=1)
+    sigma = plan_sigma(schedule, 1, epsilon, delta)
+    ledger = PrivacyLedger("record-level", schedule, sigma, delta, clients=1)
+    ledger.record(1, 1, [0])
+    return ledger.to_list()

@@ -1,0 +1,76 @@
+"""What a run with canaries keeps in its private state, read by training and by the audit.
+
+Plain tensors only (so ``private.pt`` stays loadable with ``weights_only``). The meaning of
+each field, per kind of canary (``fedlap_privacy.fl.canaries`` inserts them, the audit in
+``fedlap_privacy.audit.canary_audit`` scores them):
+
+* every kind: ``included`` — the secret coins S_i (each canary in with probability 1/2);
+  ``client`` — the client each canary belongs to (public);
+* ``white-box``: ``coordinates`` — each Dirac canary's flat weight index; ``scores`` — the
+  sum, over every release of its client, of the released noisy sum on that coordinate, in
+  units of the clipping bound C;
+* ``black-box``: ``images`` / ``labels`` — the canary records;
+* ``clients``: ``directions`` — each canary client's unit update direction; ``cosines`` —
+  per round, the cosine of every direction with that round's model change;
+  ``total_delta`` — the model's change over all rounds (the final-model statistic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fedlap_privacy.errors import CheckpointError
+
+__all__ = ["CANARY_KINDS", "CanaryState"]
+
+CANARY_KINDS = ("white-box", "black-box", "clients")
+
+
+@dataclass
+class CanaryState:
+    """A run's canaries and what was observed of them (module docstring)."""
+
+    kind: str
+    included: Tensor
+    client: Tensor
+    coordinates: Tensor | None = None
+    scores: Tensor | None = None
+    images: Tensor | None = None
+    labels: Tensor | None = None
+    directions: Tensor | None = None
+    cosines: list[Tensor] = field(default_factory=list)
+    total_delta: Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.included)
+
+    def to_state(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_state(cls, state: Any) -> CanaryState:
+        """Read back :meth:`to_state`, refusing a malformed one (one line)."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(state, dict) or not set(state) <= names:
+            raise CheckpointError("the run's canary state is malformed")
+        try:
+            out = cls(**state)
+        except TypeError as exc:
+            raise CheckpointError(f"the run's canary state is malformed ({exc})") from None
+        ok = (
+            out.kind in CANARY_KINDS
+            and isinstance(out.included, Tensor) and out.included.dtype == torch.bool
+            and isinstance(out.client, Tensor) and out.client.shape == out.included.shape
+            and (out.kind != "white-box" or out.scores is not None)
+            and (out.kind != "black-box" or (out.images is not None and out.labels is not None))
+            and (out.kind != "clients" or out.directions is not None)
+        )
+        if not ok:
+            raise CheckpointError("the run's canary state is malformed")
+        return out

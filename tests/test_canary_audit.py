@@ -1,0 +1,170 @@
+"""Canary audits catch broken mechanisms: fault injection into the real DP step, and the
+train --canaries -> audit path end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.canary_state import CanaryState
+from fedlap_privacy.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from fedlap_privacy.cli.main import app
+from fedlap_privacy.fl import dp
+from fedlap_privacy.fl.canaries import DIRAC_SCALE
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.ledger import PrivacyLedger
+
+runner = CliRunner()
+
+# one client: 32 records, Poisson rate 1/4, 40 DP steps, 1000 Dirac canaries on 10,010 weights
+N, B, T, M, CLIP, DELTA = 32, 8, 40, 1000, 1.0, 1e-5
+SCHEDULE = FedLAPSchedule(batch_size=B, client_size=N, local_steps=T)
+SIGMA = plan_sigma(SCHEDULE, 1, 1.0, DELTA)  # the ledger claims epsilon 1
+
+
+def _claimed() -> float:
+    ledger = PrivacyLedger("record-level", SCHEDULE, SIGMA, DELTA, clients=1)
+    ledger.record(1, T, [0])
+    return ledger.epsilon
+
+
+def _white_box_bound(seed: int) -> tuple[float, str]:
+    """Run T real DP steps with Dirac canaries; the white-box one-run audit of them."""
+    g = torch.Generator().manual_seed(seed)
+    model = torch.nn.Linear(1000, 10)
+    x, y = torch.randn(N, 1000, generator=g), torch.randint(0, 10, (N,), generator=g)
+    included = torch.rand(M, generator=g) < 0.5
+    coordinates = torch.randperm(10_010, generator=g)[:M]
+    scores = torch.zeros(M, dtype=torch.float64)
+    step = dp.DiracCanaryStep(coordinates, included, B / N, DIRAC_SCALE, g,
+                              lambda released: scores.add_(released))
+    with dp.dirac_canaries(step):
+        for _ in range(T):
+            batch = dp.poisson_sample(N, B / N, g)
+            dp.dp_gradient(model, x[batch], y[batch], CLIP, SIGMA, B, g)
+    state = CanaryState("white-box", included, torch.zeros(M, dtype=torch.int64),
+                        coordinates=coordinates, scores=scores)
+    (audit,) = run_canary_audits(state, None, _claimed(), DELTA)
+    return audit.result.epsilon_lower_bound, audit.verdict
+
+
+def _noise_scaled(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
+    real = dp.clip_and_noise
+    monkeypatch.setattr(dp, "clip_and_noise",
+                        lambda ps, c, sigma, b, gen: real(ps, c, sigma * factor, b, gen))
+
+
+FAULTS = {
+    "correct": lambda mp: None,
+    "noise removed": lambda mp: _noise_scaled(mp, 0.0),
+    "noise 10x too small": lambda mp: _noise_scaled(mp, 0.1),
+    "no clipping": lambda mp: mp.setattr(dp, "clip_factors", lambda norms, c: torch.ones_like(
+        norms)),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_white_box_audit_catches_a_broken_dp_step(fault: str, monkeypatch) -> None:
+    assert _claimed() == pytest.approx(1.0, abs=0.01)
+    FAULTS[fault](monkeypatch)
+    results = [_white_box_bound(seed) for seed in range(20)]
+    violations = sum(verdict == "violation" for _, verdict in results)
+    bounds = [round(b, 2) for b, _ in results]
+    if fault == "correct":
+        assert violations == 0, bounds
+    else:
+        assert violations >= 19, bounds
+
+
+def _tiny(**kw) -> TrainConfig:
+    """DP-FedAvg claiming epsilon 0.17, with 500 Dirac canaries. A small batch keeps the real
+    records' gradients on the canary coordinates small beside the canaries' (measured
+    without noise: out-canary scores 0.03 +- 0.6, in-canaries 1.1)."""
+    return TrainConfig(**{
+        "method": "dp-fedavg", "rounds": 2, "local_steps": 10, "batch_size": 16,
+        "sigma": 6.0, "canaries": 500, **kw})
+
+
+def _audit_json(run: Path, *extra: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["audit", "--model", str(run / CHECKPOINT), "--json",
+                                 "--max-per-half", "60", "--attacks", "loss", *extra])
+    return result.exit_code, json.loads(result.stdout) if result.stdout.strip() else {}
+
+
+def test_train_with_canaries_then_audit_consistent_and_broken(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    good = tmp_path / "good"
+    train(_tiny(), good)
+    code, report = _audit_json(good, "--fail-on-violation")
+    one_run = report["one_run"]
+    assert code == 0 and one_run["kind"] == "white-box"
+    for key in ("epsilon_lower_bound", "ceiling", "verdict", "canaries", "guesses", "correct",
+                "confidence"):
+        assert key in one_run
+    assert one_run["verdict"] != "violation" and one_run["canaries"] == 500
+    assert one_run["claimed_epsilon"] == pytest.approx(report["privacy"]["epsilon"])
+    _noise_scaled(monkeypatch, 0.0)  # the same run with its noise silently removed
+    broken = tmp_path / "broken"
+    train(_tiny(), broken)
+    code, report = _audit_json(broken, "--fail-on-violation")
+    assert report["one_run"]["verdict"] == "violation" and report["violation"] is True
+    assert report["one_run"]["epsilon_lower_bound"] > report["privacy"]["epsilon"]
+    assert code == 1
+
+
+def test_audit_recomputes_the_claim_from_the_ledger(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(_tiny(canaries=0, rounds=1), run)
+    ckpt = load_checkpoint(run / CHECKPOINT)
+    true_eps = ckpt["privacy"]["epsilon"]
+    ckpt.pop("format")
+    ckpt["privacy"]["epsilon"] = 0.01  # hand-edited claim
+    save_checkpoint(run / CHECKPOINT, ckpt)
+    _, report = _audit_json(run)
+    assert report["privacy"]["epsilon"] == pytest.approx(true_eps)
+    assert report["privacy"]["stored_epsilon"] == 0.01
+    assert report["privacy"]["stored_matches"] is False
+
+
+def test_black_box_canaries_in_a_non_private_run(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    result = train(TrainConfig(method="fedavg", rounds=3, local_steps=20, width=8,
+                               canaries=100, split="iid"), run)
+    assert result.summary["notion"] == "none"
+    code, report = _audit_json(run)
+    one_run = report["one_run"]
+    assert code == 0 and one_run["kind"] == "black-box" and one_run["audit"] == "black-box/loss"
+    assert one_run["verdict"] == "inconclusive"  # nothing is promised
+    audit = one_run["audits"][0]
+    assert np.mean(audit["scores_in"]) > np.mean(audit["scores_out"])  # memorised canaries
+
+
+def test_canary_clients_give_a_bound_and_an_estimate(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(TrainConfig(method="dp-normfedavg", rounds=3, local_steps=2, width=8, clients=10,
+                      split="iid", sigma=0.5, canaries=200), run)
+    _, report = _audit_json(run)
+    one_run = report["one_run"]
+    assert one_run["kind"] == "clients"
+    names = [a["audit"] for a in one_run["audits"]]
+    assert names == ["clients/final", "clients/all-iterates"]
+    for audit in one_run["audits"]:
+        assert audit["epsilon_estimate"]["epsilon"] > 0
+        assert audit["claimed_epsilon"] == pytest.approx(report["privacy"]["epsilon"])
+    assert one_run["epsilon_lower_bound"] <= report["privacy"]["epsilon"]
+
+
+def test_canaries_are_refused_where_they_cannot_be_inserted() -> None:
+    with pytest.raises(ValueError, match="white-box canaries need"):
+        dataclasses.replace(_tiny(), method="fedavg", canary_kind="white-box").validate()
+    with pytest.raises(ValueError, match="canary clients"):
+        _tiny(canary_kind="clients").validate()
