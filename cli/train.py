@@ -92,6 +92,10 @@ def train(
         "answer (default: a client that does not answer fails the run); privacy is still "
         "counted for every selected client."
     ),
+    node_policy: Path | None = typer.Option(
+        None, "--node-policy", help="Flower: a node policy TOML file given to every local "
+        "SuperNode (allowed methods, minimum sigma, budget, ...; see the README)."
+    ),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
     from fedlap_privacy.fl.config import PRESETS, TrainConfig
@@ -145,8 +149,8 @@ def train(
 
     if engine is Engine.flower:
         _require_flower()
-    elif allow_client_failures:
-        fail("--allow-client-failures applies to --engine flower only")
+    elif allow_client_failures or node_policy is not None:
+        fail("--allow-client-failures and --node-policy apply to --engine flower only")
     def run() -> Any:
         if engine is Engine.flower:
             from fedlap_privacy.fl.flower_app import run_flower
@@ -154,6 +158,7 @@ def train(
             return run_flower(
                 None if resume else cfg, out, None, device, on_event,
                 allow_client_failures=allow_client_failures, resume_run=resume, rounds=rounds,
+                node_policy=node_policy,
             )
         if resume:
             return resume_training(out, rounds, device, on_event)

@@ -14,24 +14,28 @@ import sys
 
 from fedlap_privacy.fl.flower.client_app import client_app
 from fedlap_privacy.fl.flower.codec import decode_state, encode_state
-from fedlap_privacy.fl.flower.deployment import FlowerResult, LocalDeployment, run_flower, run_on
+from fedlap_privacy.fl.flower.deployment import LocalDeployment, Secure
 from fedlap_privacy.fl.flower.grid_clients import (
     ClientFailure,
     FlowerClients,
     FlowerError,
     expected_partitions,
 )
+from fedlap_privacy.fl.flower.node_ledger import NodeLedger
+from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal
 from fedlap_privacy.fl.flower.run_config import (
     DRIVER_DEFAULTS,
     config_from_run_config,
     run_config_of,
     write_app,
 )
+from fedlap_privacy.fl.flower.runner import FlowerResult, run_flower, run_on
 from fedlap_privacy.fl.flower.server_app import STATUS, server_app
 
 __all__ = [
     "DRIVER_DEFAULTS", "STATUS", "ClientFailure", "FlowerClients", "FlowerError",
-    "FlowerResult", "LocalDeployment", "client_app", "config_from_run_config", "decode_state",
+    "FlowerResult", "LocalDeployment", "NodeLedger", "NodePolicy", "PolicyRefusal", "Secure",
+    "client_app", "config_from_run_config", "decode_state",
     "encode_state", "expected_partitions", "run_config_of", "run_flower", "run_on",
     "server_app", "write_app",
 ]

@@ -19,7 +19,7 @@ import torch
 
 flwr = pytest.importorskip("flwr")
 
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flower_grid import FakeGrid, task_identity, write_policy  # noqa: E402, F401
 
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
@@ -29,7 +29,6 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     FlowerClients,
     FlowerError,
     LocalDeployment,
-    client_app,
     config_from_run_config,
     decode_state,
     encode_state,
@@ -50,61 +49,6 @@ TINY = dict(
 
 def tiny(**kw) -> TrainConfig:
     return TrainConfig(**{**TINY, **kw})
-
-
-@pytest.fixture(autouse=True)
-def _task_identity(monkeypatch):
-    """Messages built in this process (the ServerApp's, in the fake tests) need the identity
-    Flower's runtime gives a ServerApp process."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
-        monkeypatch.setattr(TaskIdentity, name, value)
-
-
-class FakeGrid:
-    """Flower's Grid in-process: each node answers with the real ClientApp and its Context.
-
-    ``silent[node] = m``: from round m on the node never answers (a dead machine);
-    ``unavailable[node] = m``: the SuperLink answers for it with Flower's node-unavailable
-    error (what it does once the node's heartbeats stop).
-    """
-
-    def __init__(self, clients: int, partitions: list[int] | None = None) -> None:
-        parts = list(range(clients)) if partitions is None else partitions
-        self.contexts = {
-            100 + i: Context(run_id=1, node_id=100 + i, node_config={
-                "partition-id": k, "num-partitions": clients, "device": "cpu"},
-                state=RecordDict(), run_config={})
-            for i, k in enumerate(parts)
-        }
-        self.silent: dict[int, int] = {}
-        self.unavailable: dict[int, int] = {}
-        self.replies: dict[str, Message] = {}
-        self.sent: list[Message] = []
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
-
-    def push_messages(self, messages: list[Message]) -> list[str]:
-        ids = []
-        for msg in messages:
-            mid = f"m{len(self.sent)}"
-            msg.metadata.__dict__["_message_id"] = mid
-            self.sent.append(msg)
-            ids.append(mid)
-            node = msg.metadata.dst_node_id
-            m = int(msg.metadata.group_id or 0)
-            if m and m >= self.silent.get(node, 10**9):
-                continue
-            if m and m >= self.unavailable.get(node, 10**9):
-                self.replies[mid] = Message(Error(code=1, reason="node_unavail"), reply_to=msg)
-                continue
-            self.replies[mid] = client_app(msg, self.contexts[node])
-        return ids
-
-    def pull_messages(self, ids: list[str]) -> list[Message]:
-        return [self.replies.pop(i) for i in ids if i in self.replies]
 
 
 def _driver(grid: FakeGrid, cfg: TrainConfig, **kw) -> FlowerClients:
@@ -295,7 +239,8 @@ def test_core_commands_work_without_flwr_and_flower_engine_says_how_to_install(t
 def deployment(tmp_path_factory):
     """A SuperLink and two SuperNodes (partitions 0, 1) on 127.0.0.1 for this module."""
     work = tmp_path_factory.mktemp("flower")
-    with LocalDeployment(2, work, device="cpu") as dep:
+    policy = write_policy(work / "policy.toml", allow_reproducible_noise=True)
+    with LocalDeployment(2, work, device="cpu", policy_file=policy) as dep:
         yield dep
     time.sleep(0.5)
     for proc in [dep.superlink, *dep.supernodes]:
@@ -318,8 +263,9 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path):
     from fedlap_privacy.cli.main import app
 
     sets = [f"--set={k}={v}" for k, v in TINY.items() if k not in ("rounds", "clients")]
+    policy = write_policy(tmp_path / "policy.toml", allow_reproducible_noise=True)
     args = ["train", "--engine", "flower", "--clients", "2", "--rounds", "2", "--device", "cpu",
-            "--out", str(tmp_path / "flower"), "--json", *sets]
+            "--out", str(tmp_path / "flower"), "--json", "--node-policy", str(policy), *sets]
     before = _flower_processes()
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -1,14 +1,29 @@
-"""The ClientApp: one client round on the SuperNode that holds the partition.
+"""The ClientApp: every instruction checked against the node's policy, then one client round.
 
-Contract: ``query`` (discovery) answers the partition the node holds, its size N_k and the
-content hash of its records; ``train`` runs :meth:`Method.client` on the node's partition
-(:mod:`.partition`) with the node's own DP generator, keeping the method's node-local state
-in ``context.state``. A malformed instruction gets a ``refusal`` record (one line).
+Contract (docs/threat-model.md, "Cross-silo deployment"): the node answers two messages.
+
+* ``query`` (discovery): the partition it holds, its size N_k and the content hash of its
+  records (public metadata the server pins for the run), after checking the run's
+  configuration against the node's policy.
+* ``train``: in this order, and nothing is read from the records before step 3 —
+  1. the instruction is decoded with the strict parser (:func:`.run_config.parse_config`);
+  2. :meth:`NodePolicy.check` (the full :meth:`TrainConfig.validate` and the policy);
+  3. the node's partition is loaded (:mod:`.partition`: its own data file, or the simulated
+     split) and its ledger (:mod:`.node_ledger`) admits the round (no replay, no change of
+     the run, within the node's budget) and records it at its full T, persisted;
+  4. :meth:`Method.client` runs with the node's own DP generator
+     (:func:`~fedlap_privacy.fl.randomness.dp_generator`: OS-seeded; seeded only if the
+     policy allows ``reproducible-noise``), the method's node-local state kept in
+     ``context.state``.
+
+A refusal at steps 1-3 is a normal reply holding one ``refusal`` record (``reason``: one
+line naming the rule, ``partition-id`` when known); the server fails the round with it.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,7 +33,9 @@ from flwr.clientapp import ClientApp
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
+from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
 from fedlap_privacy.fl.flower.partition import NodeData, load_partition
+from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal
 from fedlap_privacy.fl.flower.run_config import parse_config
 from fedlap_privacy.fl.methods import RoundInfo, build_method
 from fedlap_privacy.fl.randomness import dp_generator
@@ -29,7 +46,7 @@ __all__ = ["client_app"]
 
 client_app = ClientApp()
 #: what makes the node refuse an instruction (each carries a one-line message)
-_REFUSALS = (ConfigError, CodecError, DataError, KeyError, TypeError, ValueError)
+_REFUSALS = (PolicyRefusal, ConfigError, CodecError, DataError)
 
 
 def _device(context: Context) -> torch.device:
@@ -39,14 +56,15 @@ def _device(context: Context) -> torch.device:
 def _instruction_config(content: RecordDict) -> TrainConfig:
     if "config" not in content.config_records:
         raise ConfigError("the instruction has no configuration")
-    return parse_config(dict(content.config_records["config"]))
+    try:
+        return parse_config(dict(content.config_records["config"]))
+    except (TypeError, ValueError) as exc:  # e.g. a list where a number belongs
+        raise ConfigError(f"malformed instruction ({type(exc).__name__}: {exc})") from None
 
 
 def _refuse(msg: Message, exc: BaseException, partition: int | None) -> Message:
     text = str(exc).strip().splitlines()
     reason = (text[0] if text else type(exc).__name__)[:300]
-    if isinstance(exc, KeyError | TypeError | ValueError) and not isinstance(exc, ConfigError):
-        reason = f"malformed instruction ({type(exc).__name__}: {reason})"
     record: dict[str, Any] = {"reason": reason}
     if partition is not None:
         record["partition-id"] = partition
@@ -65,6 +83,7 @@ def _describe(msg: Message, context: Context) -> Message:
     """Discovery: the partition this node holds, N_k and its content hash (public metadata)."""
     try:
         cfg = _instruction_config(msg.content)
+        NodePolicy.from_node_config(dict(context.node_config)).check_config(cfg)
         data = load_partition(cfg, dict(context.node_config), torch.device("cpu"))
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
@@ -74,7 +93,9 @@ def _describe(msg: Message, context: Context) -> Message:
 
 
 def _round_info(content: RecordDict, device: torch.device) -> RoundInfo:
-    run = content.config_records["round"]
+    run = content.config_records.get("round")
+    if run is None or not all(k in run for k in ("round", "rounds", "lr")):
+        raise ConfigError("the instruction has no round, rounds and lr")
     values = (run["round"], run["rounds"], run["lr"])
     if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
         raise ConfigError("the instruction's round, rounds and lr must be numbers")
@@ -84,12 +105,19 @@ def _round_info(content: RecordDict, device: torch.device) -> RoundInfo:
 
 def _admit(msg: Message, context: Context, device: torch.device
            ) -> tuple[TrainConfig, RoundInfo, NodeData, int]:
-    """Decode the instruction and load the partition; raises one of ``_REFUSALS``."""
+    """Steps 1-3 of the module docstring; raises one of ``_REFUSALS``."""
+    node_config = dict(context.node_config)
+    policy = NodePolicy.from_node_config(node_config)
     cfg = _instruction_config(msg.content)
     info = _round_info(msg.content, device)
-    data = load_partition(cfg, dict(context.node_config), device)
-    return cfg, info, data, cfg.accesses_per_round if cfg.method != "ali-dpfl" else int(
-        info.extras["tau"])
+    steps = policy.check(cfg, info)
+    data = load_partition(cfg, node_config, device)
+    state_dir = Path(str(node_config.get("state-dir", "")) or default_state_dir()).expanduser()
+    ledger = NodeLedger.open(state_dir, int(context.run_id), data.index, data.content_hash,
+                             data.size, cfg, policy)
+    ledger.admit(info.round, cfg, data.index, data.content_hash, steps, policy)
+    ledger.record(info.round, steps)
+    return cfg, info, data, steps
 
 
 def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, content: RecordDict,

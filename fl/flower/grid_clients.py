@@ -158,10 +158,15 @@ class FlowerClients:
             self._pull(waiting, got)
             for i in list(got):
                 reply, node = got.pop(i), asked[i]
-                why = reason_of(reply) if reply.has_error() else _refusal(reply)
-                if why is not None:
-                    errors.append(f"node {node}: {why}")
+                if reply.has_error():
+                    errors.append(f"node {node}: {reason_of(reply)}")
                     continue
+                refusal = _refusal(reply)
+                if refusal is not None:
+                    rec = reply.content.config_records["refusal"]
+                    who = (f"client {rec['partition-id']}" if "partition-id" in rec
+                           else f"node {node}")
+                    raise FlowerError(f"{who} refused the run: {refusal}")
                 rec = reply.content.config_records["node"]
                 k = int(rec["partition-id"])
                 info = NodeInfo(node, int(rec["num-examples"]), str(rec["content-hash"]),

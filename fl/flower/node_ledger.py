@@ -1,0 +1,173 @@
+"""A SuperNode's own privacy ledger: every answer it gave, persistent, composed exactly.
+
+Contract (docs/threat-model.md, "Cross-silo deployment"):
+
+* one file per Flower run id in the node's state folder (node config ``state-dir``; default
+  ``$FLWR_HOME/fedlap-node`` or ``~/.flwr/fedlap-node``), written atomically (mode 0600,
+  :func:`fedlap_privacy.atomic.write_text_atomic`); its entries are
+  :class:`~fedlap_privacy.ledger.LedgerEntry` records of a one-client
+  :class:`~fedlap_privacy.ledger.PrivacyLedger` whose rates come from the node's OWN N_k and
+  the instructed batch size (q = B / N_k: against the server, client sampling amplifies
+  nothing), at the node's delta and accountant (a method without such a guarantee, admitted
+  only by a node that trusts the server, gets a ledger of notion "none": replays are still
+  refused, no budget applies);
+* :meth:`NodeLedger.admit` refuses, without writing anything: a round number already
+  answered or not after the last one (a replay), an instruction that changes the run's
+  configuration (anything but ``rounds``) or the node's records within a run, and a round
+  whose projected epsilon — this run's composition with the round at its full T, plus the
+  epsilon of every earlier run on the same records (basic composition across runs: their
+  deltas add too) — exceeds the node's budget;
+* :meth:`NodeLedger.record` enters an admitted round at its full T and persists it BEFORE
+  the node touches its data, so an answer that crashes half-way is still counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlap_privacy.accountant import FedLAPSchedule
+from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal
+from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
+
+__all__ = ["FORMAT", "NodeLedger", "default_state_dir"]
+
+FORMAT = "fedlap-node-ledger/1"
+
+
+def default_state_dir() -> Path:
+    """``$FLWR_HOME/fedlap-node``, else ``~/.flwr/fedlap-node``."""
+    home = os.environ.get("FLWR_HOME")
+    return (Path(home) if home else Path.home() / ".flwr") / "fedlap-node"
+
+
+def _pinned(cfg: TrainConfig) -> dict[str, Any]:
+    """The configuration a run may not change between rounds (``rounds`` may grow)."""
+    return {k: v for k, v in cfg.to_dict().items() if k != "rounds"}
+
+
+@dataclass
+class NodeLedger:
+    """The node's ledger of one run (module docstring)."""
+
+    path: Path
+    run_id: int
+    partition: int
+    content_hash: str
+    size: int  # N_k when the run's first round was answered
+    config: dict[str, Any]
+    ledger: PrivacyLedger
+
+    @classmethod
+    def open(cls, state_dir: Path, run_id: int, partition: int, content_hash: str,
+             size: int, cfg: TrainConfig, policy: NodePolicy) -> NodeLedger:
+        """The run's ledger (empty when the node never answered it). Read-only."""
+        path = state_dir / f"run-{int(run_id)}.json"
+        ledger = _new_ledger(cfg, size, policy)
+        if not path.exists():
+            return cls(path, run_id, partition, content_hash, size, _pinned(cfg), ledger)
+        saved = _read(path)
+        node = cls(path, run_id, int(saved["partition"]), str(saved["content_hash"]),
+                   int(saved["size"]), dict(saved["config"]), _new_ledger(
+                       TrainConfig.from_dict({**saved["config"], "rounds": cfg.rounds}),
+                       int(saved["size"]), policy))
+        try:
+            node.ledger.load(saved["entries"], saved["digest"])
+        except CheckpointError as exc:
+            raise ConfigError(f"node ledger {path}: {exc}") from None
+        return node
+
+    @property
+    def last_round(self) -> int:
+        return self.ledger.entries[-1].round if self.ledger.entries else 0
+
+    def admit(self, round_: int, cfg: TrainConfig, partition: int, content_hash: str,
+              steps: int, policy: NodePolicy) -> float:
+        """Refuse (:class:`PolicyRefusal`) or return the projected epsilon of this run."""
+        run = f"run {self.run_id}"
+        if round_ <= self.last_round:
+            what = "already answered" if any(e.round == round_ for e in self.ledger.entries) \
+                else f"not after round {self.last_round}, the last one answered"
+            raise PolicyRefusal(f"round {round_} is {what} in {run} (a replay)")
+        if partition != self.partition or content_hash != self.content_hash:
+            raise PolicyRefusal(f"this node's records changed within {run}")
+        changed = sorted(k for k, v in _pinned(cfg).items() if self.config.get(k) != v)
+        if changed:
+            k = changed[0]
+            raise PolicyRefusal(f"the instruction changes {k.replace('_', '-')} within {run} "
+                                f"(was {self.config.get(k)!r}, now {getattr(cfg, k)!r})")
+        self._reschedule(steps)
+        if self.ledger.notion == "none":
+            return math.inf  # no guarantee to budget: the node's policy trusts the server
+        projected = self.ledger.projected_epsilon(steps)
+        earlier = self.earlier_epsilon()
+        if projected + earlier > policy.epsilon:
+            spent = f"this run {projected:.4g}" + (f" + earlier runs {earlier:.4g}"
+                                                   if earlier else "")
+            raise PolicyRefusal(f"round {round_} would spend epsilon {projected + earlier:.4g} "
+                                f"({spent}), above the node's budget {policy.epsilon:g}")
+        return projected
+
+    def _reschedule(self, steps: int) -> None:
+        schedule = self.ledger.schedule
+        if schedule is not None:
+            self.ledger.schedule = FedLAPSchedule(
+                batch_size=schedule.batch_size, client_size=schedule.client_size,
+                local_steps=steps, client_fraction=1.0)
+
+    def earlier_epsilon(self) -> float:
+        """Epsilon of the node's other runs on the same records (basic composition)."""
+        total = 0.0
+        for other in sorted(self.path.parent.glob("run-*.json")):
+            if other == self.path:
+                continue
+            saved = _read(other)
+            last = saved["entries"][-1] if saved["entries"] else None
+            if saved["content_hash"] == self.content_hash and last and last["notion"] != "none":
+                eps = last["epsilon"]
+                total += math.inf if eps is None else float(eps)
+        return total
+
+    def record(self, round_: int, steps: int) -> None:
+        """Enter an admitted round at its full T and persist the ledger (before training)."""
+        self._reschedule(steps)
+        self.ledger.record(round_, steps, [0], local_steps=steps)
+        entries = self.ledger.to_list()
+        write_text_atomic(self.path, json.dumps({
+            "format": FORMAT, "run_id": self.run_id, "partition": self.partition,
+            "content_hash": self.content_hash, "size": self.size, "config": self.config,
+            "entries": entries, "digest": ledger_digest(self.ledger.entries),
+        }, allow_nan=True))
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("format") != FORMAT:
+            raise ValueError(f"format {saved.get('format')!r}")
+        return saved
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"node ledger {path} is unreadable ({exc})") from None
+
+
+def _new_ledger(cfg: TrainConfig, size: int, policy: NodePolicy) -> PrivacyLedger:
+    """A one-client ledger at the node's N_k, delta and accountant (module docstring)."""
+    noise = cfg.noise
+    if cfg.notion == "local":
+        return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon, noise=noise, clients=1)
+    if cfg.notion != "record-level" or cfg.sigma is None:  # admitted by a trusting node
+        return PrivacyLedger("none", noise=noise, clients=1)
+    if cfg.batch_size > size:
+        raise PolicyRefusal(f"batch size {cfg.batch_size} is larger than the node's "
+                            f"{size} records")
+    schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=size,
+                              local_steps=cfg.accesses_per_round, client_fraction=1.0)
+    return PrivacyLedger("record-level", schedule, cfg.sigma, policy.delta, policy.accountant,
+                         threat_model="server", noise=noise, clients=1)

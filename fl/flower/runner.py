@@ -1,0 +1,154 @@
+"""``fedlap-privacy train --engine flower``: one training on a local Flower deployment.
+
+Contract: :func:`run_on` runs (or resumes) one training on a started
+:class:`~.deployment.LocalDeployment` with ``flwr run`` and returns the ServerApp's summary,
+or raises :class:`FlowerError` with the server's one-line error (a node's refusal among
+them: ``round 2 failed: client 1 refused round 2: sigma 0.5 below the node's minimum 1``);
+:func:`run_flower` starts the deployment (every SuperNode with the node policy file, if
+given), runs, and tears everything down, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.flower.deployment import LocalDeployment
+from fedlap_privacy.fl.flower.grid_clients import FlowerError
+from fedlap_privacy.fl.flower.policy import NodePolicy
+from fedlap_privacy.fl.flower.processes import stop
+from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
+from fedlap_privacy.fl.flower.server_app import STATUS
+from fedlap_privacy.fl.run_files import METRICS, check_new_run_dir, load_run_config
+from fedlap_privacy.fl.simulation import Callback
+
+__all__ = ["FlowerResult", "run_flower", "run_on"]
+
+
+@dataclass
+class FlowerResult:
+    """What ``train --engine flower`` prints: the run's summary and per-round metrics."""
+
+    summary: dict[str, Any]
+    history: list[dict[str, Any]]
+
+
+def _read_history(out: Path) -> list[dict[str, Any]]:
+    path = out / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
+    """The run's configuration; refuses what :func:`simulation.train` / ``resume`` refuse."""
+    if resume_run:
+        return load_run_config(out)
+    if cfg is None:
+        raise ConfigError("a new Flower run needs a configuration")
+    cfg.validate()
+    check_new_run_dir(out)
+    return cfg
+
+
+def run_on(
+    deployment: LocalDeployment,
+    cfg: TrainConfig | None,
+    out_dir: str | Path,
+    device: str = "auto",
+    callback: Callback | None = None,
+    *,
+    allow_client_failures: bool = False,
+    round_timeout: float = 0.0,
+    resume_run: bool = False,
+    rounds: int | None = None,
+    on_poll: Callable[[LocalDeployment], None] | None = None,
+) -> FlowerResult:
+    """Run (or resume) one training on a started deployment with ``flwr run``; see
+    :func:`run_flower`. ``on_poll`` is called about twice a second while the run runs."""
+    out = Path(out_dir).expanduser().resolve()
+    cfg = _prepare(cfg, out, resume_run)
+    if deployment.clients != cfg.clients:
+        raise ConfigError(f"{deployment.clients} SuperNodes for a run of {cfg.clients} clients")
+    callback = callback or (lambda event, info: None)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / STATUS).unlink(missing_ok=True)
+    run_config = run_config_of(
+        cfg, out=str(out), device=device, round_timeout=float(round_timeout),
+        allow_client_failures=allow_client_failures, resume=resume_run,
+    )
+    if resume_run:
+        run_config["rounds"] = 0 if rounds is None else int(rounds)
+    app = write_app(deployment.workdir / "app", cfg)
+    seen = len(_read_history(out)) if resume_run else 0
+    callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": seen + 1})
+    runner = deployment.flwr_run(app, run_config)
+    try:
+        while runner.poll() is None:
+            if on_poll is not None:
+                on_poll(deployment)
+            history = _read_history(out)
+            for metrics in history[seen:]:
+                callback("round_end", metrics)
+            seen = max(seen, len(history))
+            time.sleep(0.5)
+    finally:
+        stop(runner)
+    for metrics in _read_history(out)[seen:]:
+        callback("round_end", metrics)
+    status_path = out / STATUS
+    if not status_path.exists():
+        log = deployment.workdir / "flwr-run.log"
+        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+        raise FlowerError("the Flower run ended without a result" +
+                          (f": {lines[-1][:200]} (see {log})" if lines else ""))
+    status = json.loads(status_path.read_text())
+    if status["status"] != "completed":
+        raise FlowerError(status["error"])
+    return FlowerResult(status["summary"], _read_history(out))
+
+
+def run_flower(
+    cfg: TrainConfig | None,
+    out_dir: str | Path,
+    clients: int | None = None,
+    device: str = "auto",
+    callback: Callback | None = None,
+    *,
+    allow_client_failures: bool = False,
+    round_timeout: float = 0.0,
+    resume_run: bool = False,
+    rounds: int | None = None,
+    node_policy: str | Path | None = None,
+) -> FlowerResult:
+    """Train on a local Flower deployment (``fedlap-privacy train --engine flower``).
+
+    Starts a SuperLink and ``clients`` SuperNodes (default: the run's clients) on
+    127.0.0.1 in a temporary directory, runs the app with ``cfg`` as run config (or resumes
+    the run in ``out_dir``; every SuperNode reads the policy file ``node_policy``, see
+    :mod:`.policy`), reports progress to ``callback`` from metrics.jsonl (the
+    simulator's events ``start`` and ``round_end``) and tears everything down, also on
+    errors and Ctrl-C. Raises :class:`FlowerError` with the server's one-line message when
+    the run fails; the checkpoint in ``out_dir`` has the simulator's format.
+    """
+    out = Path(out_dir).expanduser().resolve()
+    cfg = _prepare(cfg, out, resume_run)
+    if node_policy is not None:
+        NodePolicy.from_node_config({"policy-file": str(node_policy)})  # refuse a bad file now
+    n = cfg.clients if clients is None else clients
+    if n != cfg.clients:
+        raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
+    with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
+        with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy) as deployment:
+            return run_on(
+                deployment, None if resume_run else cfg, out, device, callback,
+                allow_client_failures=allow_client_failures, round_timeout=round_timeout,
+                resume_run=resume_run, rounds=rounds,
+            )
