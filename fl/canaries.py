@@ -35,11 +35,11 @@ from torch import Tensor, nn
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.dp import DiracCanaryStep
+from fedlap_privacy.fl.dp import DiracCanaryStep, dirac_canaries, dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods import Reply
 from fedlap_privacy.fl.randomness import dp_generator
 
-__all__ = ["DIRAC_SCALE", "CanarySet", "flat_weights"]
+__all__ = ["DIRAC_SCALE", "CanarySet", "audit_dp_steps", "flat_weights"]
 
 #: raw Dirac canary gradient in units of C: clipping matters (a missing clip is caught)
 DIRAC_SCALE = 10.0
@@ -66,16 +66,7 @@ class CanarySet(CanaryState):
         out = cls(kind, included, client)
         d = sum(p.numel() for p in model.parameters())
         if kind == "white-box":
-            # weight matrices and kernels only: biases and normalisation scales carry large,
-            # systematic data gradients that would drown a canary's signal
-            candidates = torch.cat([
-                torch.arange(p.numel()) + offset
-                for p, offset in zip(model.parameters(), _offsets(model), strict=True)
-                if p.ndim >= 2])
-            if m > len(candidates):
-                raise ConfigError(f"{m} Dirac canaries need as many distinct weights; the "
-                                  f"model has {len(candidates)} in its weight matrices")
-            out.coordinates = candidates[torch.randperm(len(candidates), generator=gen)[:m]]
+            out.coordinates = _dirac_coordinates(model, m, gen)
             out.scores = torch.zeros(m, dtype=torch.float64)
         elif kind == "black-box":
             out.images = torch.rand((m, *x_shape), generator=gen) * 4.0 - 2.0
@@ -136,12 +127,45 @@ class CanarySet(CanaryState):
         self.cosines.append(cos.cpu())
 
 
-def _offsets(model: nn.Module) -> list[int]:
-    """Where each parameter starts in the flattened weight vector."""
-    sizes = [p.numel() for p in model.parameters()]
-    return [sum(sizes[:i]) for i in range(len(sizes))]
+def _dirac_coordinates(model: nn.Module, m: int, generator: torch.Generator) -> Tensor:
+    """``m`` distinct flat indices drawn among the weight matrices and kernels: biases and
+    normalisation scales carry large, systematic data gradients that would drown a
+    canary's signal."""
+    candidates, offset = [], 0
+    for p in model.parameters():
+        if p.ndim >= 2:
+            candidates.append(torch.arange(p.numel()) + offset)
+        offset += p.numel()
+    pool = torch.cat(candidates)
+    if m > len(pool):
+        raise ConfigError(f"{m} Dirac canaries need as many distinct weights; the model has "
+                          f"{len(pool)} in its weight matrices")
+    return pool[torch.randperm(len(pool), generator=generator)[:m]]
 
 
 def flat_weights(model: nn.Module) -> Tensor:
     """All parameters as one flat vector, in ``model.parameters()`` order."""
     return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def audit_dp_steps(
+    model: nn.Module, x: Tensor, y: Tensor, *, steps: int, batch_size: float, clip: float,
+    sigma: float, canaries: int, generator: torch.Generator,
+) -> CanaryState:
+    """Run ``steps`` DP steps (:func:`~fedlap_privacy.fl.dp.dp_gradient` on Poisson batches
+    of ``(x, y)``, the model left unchanged) with ``canaries`` white-box Dirac canaries, each
+    included with probability 1/2: the white-box audit of the DP step alone, as it runs
+    (Nasr et al. 2023). Returns the canary state for
+    :func:`fedlap_privacy.audit.canary_audit.run_canary_audits`."""
+    n = x.shape[0]
+    included = torch.rand(canaries, generator=generator) < 0.5
+    coordinates = _dirac_coordinates(model, canaries, generator)
+    scores = torch.zeros(canaries, dtype=torch.float64)
+    step = DiracCanaryStep(coordinates, included, batch_size / n, DIRAC_SCALE, generator,
+                           lambda released: scores.add_(released))
+    with dirac_canaries(step):
+        for _ in range(steps):
+            batch = poisson_sample(n, batch_size / n, generator)
+            dp_gradient(model, x[batch], y[batch], clip, sigma, batch_size, generator)
+    return CanaryState("white-box", included, torch.zeros(canaries, dtype=torch.int64),
+                       coordinates=coordinates, scores=scores)

@@ -14,11 +14,10 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl import dp
-from fedlap_privacy.fl.canaries import DIRAC_SCALE
+from fedlap_privacy.fl.canaries import audit_dp_steps
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.simulation import train
 from fedlap_privacy.ledger import PrivacyLedger
@@ -42,17 +41,8 @@ def _white_box_bound(seed: int) -> tuple[float, str]:
     g = torch.Generator().manual_seed(seed)
     model = torch.nn.Linear(1000, 10)
     x, y = torch.randn(N, 1000, generator=g), torch.randint(0, 10, (N,), generator=g)
-    included = torch.rand(M, generator=g) < 0.5
-    coordinates = torch.randperm(10_010, generator=g)[:M]
-    scores = torch.zeros(M, dtype=torch.float64)
-    step = dp.DiracCanaryStep(coordinates, included, B / N, DIRAC_SCALE, g,
-                              lambda released: scores.add_(released))
-    with dp.dirac_canaries(step):
-        for _ in range(T):
-            batch = dp.poisson_sample(N, B / N, g)
-            dp.dp_gradient(model, x[batch], y[batch], CLIP, SIGMA, B, g)
-    state = CanaryState("white-box", included, torch.zeros(M, dtype=torch.int64),
-                        coordinates=coordinates, scores=scores)
+    state = audit_dp_steps(model, x, y, steps=T, batch_size=B, clip=CLIP, sigma=SIGMA,
+                           canaries=M, generator=g)
     (audit,) = run_canary_audits(state, None, _claimed(), DELTA)
     return audit.result.epsilon_lower_bound, audit.verdict
 
@@ -168,3 +158,16 @@ def test_canaries_are_refused_where_they_cannot_be_inserted() -> None:
         dataclasses.replace(_tiny(), method="fedavg", canary_kind="white-box").validate()
     with pytest.raises(ValueError, match="canary clients"):
         _tiny(canary_kind="clients").validate()
+
+
+@pytest.mark.parametrize("method", ["fedlap-dp", "dp-fedavg", "dp-fedprox", "ali-dpfl"])
+def test_every_gradient_releasing_method_feeds_the_white_box_auditor(tmp_path, method) -> None:
+    extra = {"target_eps": 50.0, "tau_max": 5} if method == "ali-dpfl" else {}
+    cfg = TrainConfig(method=method, rounds=1, local_steps=3, max_loops=1, width=8, ipc=2,
+                      server_epochs=2, canaries=50, sigma=1.0, **extra)
+    train(cfg, tmp_path / "run")
+    _, report = _audit_json(tmp_path / "run")
+    audit = report["one_run"]["audits"][0]
+    assert audit["audit"] == "white-box" and audit["canaries"] == 50
+    assert len(audit["scores_in"]) + len(audit["scores_out"]) == 50
+    assert all(s != 0.0 for s in audit["scores_in"] + audit["scores_out"])  # every release read
