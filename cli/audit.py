@@ -127,8 +127,15 @@ def audit(
         bool, typer.Option("--fail-on-violation",
                            help="exit with status 1 when an audit finds a violation")
     ] = False,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help=(
+        "torch threads (default: "
+        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
 ) -> None:
     """Membership-inference audit: attack a checkpoint's training records, bound epsilon."""
+
+    from fedlap_privacy.threads import apply_thread_policy
+
+    guarded(lambda: apply_thread_policy(threads))
 
     def run() -> dict[str, Any]:
         from fedlap_privacy.audit.report import parse_attacks, run_audit

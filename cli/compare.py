@@ -32,8 +32,13 @@ def compare(
     device: str = typer.Option("auto", "--device"),
     out: Path = typer.Option(Path("runs/compare"), "--out", help="Output directory."),
     json_output: bool = typer.Option(False, "--json", help="Print comparison.json's content."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
+        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
 ) -> None:
     """Train each method at each target epsilon; writes comparison.json and a plot into --out."""
+    from fedlap_privacy.threads import apply_thread_policy
+
+    guarded(lambda: apply_thread_policy(threads))
     from fedlap_privacy.fl.compare import NO_DP, plan_jobs, run_comparison
     from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides
 

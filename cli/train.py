@@ -96,8 +96,13 @@ def train(
         None, "--node-policy", help="Flower: a node policy TOML file given to every local "
         "SuperNode (allowed methods, minimum sigma, budget, ...; see the README)."
     ),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
+        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
+    from fedlap_privacy.threads import apply_thread_policy
+
+    guarded(lambda: apply_thread_policy(threads))
     from fedlap_privacy.fl.config import PRESETS, TrainConfig
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
