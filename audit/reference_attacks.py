@@ -172,6 +172,7 @@ def rmia_offline_scores(
     a: float = 0.3,
     gamma: float = 1.0,
     outputs_kind: Outputs = "logits",
+    break_ties: bool = False,
 ) -> np.ndarray:
     """Offline RMIA membership score (Zarifzadeh, Liu, Shokri, ICML 2024).
 
@@ -186,6 +187,13 @@ def rmia_offline_scores(
     matrix. The paper uses ``gamma`` between 1 and 2 and tunes ``a`` (offline) on a
     reference model: see :func:`tune_rmia_a`. The score takes ``n_pop + 1`` distinct
     values, so a few thousand population records are needed for a useful TPR at low FPR.
+
+    ``break_ties``: add ``0.5 / n_pop * r / (1 + r)`` with ``r = P(x|theta)/P(x)``, less than
+    one step of the fraction, so records the fraction leaves tied (e.g. all those whose
+    ratio exceeds every population ratio) are ordered by their ratio. The fraction is a
+    non-decreasing function of that same ratio (for any ``gamma``), so this never reorders
+    records the fraction separates; it only resolves ties, which matters for the TPR at
+    low FPR when the population is small.
     """
     if not (math.isfinite(a) and -1.0 <= a <= 1.0):
         raise ConfigError(f"a must lie in [-1, 1] (0..1 in practice), got {a}")
@@ -214,7 +222,10 @@ def rmia_offline_scores(
     ).mean(axis=0)
     ratio_x = _offline_ratio(p_x, p_x_out, a)
     ratio_z = _offline_ratio(p_z, p_z_out, a)
-    return _fraction_dominated(ratio_x, ratio_z, gamma)
+    scores = _fraction_dominated(ratio_x, ratio_z, gamma)
+    if break_ties:
+        scores = scores + 0.5 / ratio_z.size * (ratio_x / (1.0 + ratio_x))
+    return scores
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,14 @@ privacy the accountant promised (the checkpoint's ``privacy`` block):
 
 ``violation`` is True (loudly) when some attack's epsilon lower bound exceeds the tested
 epsilon: either the implementation or its accounting is wrong.
+
+With reference models (:mod:`.reference_audit`: offline RMIA, Zarifzadeh, Liu, Shokri,
+ICML 2024; offline LiRA, Carlini et al. 2022), two more scores, ``rmia`` and ``lira``, join
+the features. They are not fitted on the attack half: the score is the attack (kind
+``score``), measured on the audit half like the others, in the same Bonferroni family; the
+attack half's non-members serve as RMIA's population (:func:`audited_records` lists the
+records reference models must not train on). The same scores are added to the
+black-box canary audit (``black-box/rmia``, ``black-box/lira``).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
+from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
 from fedlap_privacy.data import DATASETS, Dataset, load_dataset
@@ -46,6 +55,7 @@ from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import build_model
 
 __all__ = [
+    "audited_records",
     "evaluate_attacks",
     "parse_attacks",
     "plot_roc",
@@ -152,14 +162,18 @@ def evaluate_attacks(
     seed: int = 0,
     delta: float = 0.0,
     confidence: float = CONFIDENCE,
+    direct_scores: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Fit every attack model on each feature's attack half, measure it on the audit half.
 
-    Returns ``{feature: {"mlp": metrics, "threshold": metrics}}``. The epsilon lower bounds
+    Returns ``{feature: {"mlp": metrics, "threshold": metrics}}``, and ``{name: {"score":
+    metrics}}`` for each of ``direct_scores``: membership scores that need no fitting (higher =
+    member, e.g. RMIA / LiRA), measured on the audit half only. The epsilon lower bounds
     share one Bonferroni family over all these attacks (see :mod:`.metrics`).
     """
     is_member, is_audit = np.asarray(is_member, bool), np.asarray(is_audit, bool)
-    family = len(features) * len(ATTACK_MODELS)
+    direct = direct_scores or {}
+    family = len(features) * len(ATTACK_MODELS) + len(direct)
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for name, values in features.items():
         values = np.asarray(values, dtype=np.float64)
@@ -176,6 +190,15 @@ def evaluate_attacks(
                 "nonmembers": float(np.median(outsiders)),
             }
             results[name][kind] = metrics
+    for name, values in direct.items():
+        values = np.asarray(values, dtype=np.float64)
+        metrics = attack_metrics(is_member[is_audit], values[is_audit], delta, confidence,
+                                 family)
+        metrics["score_median"] = {
+            "members": float(np.median(values[is_audit & is_member])),
+            "nonmembers": float(np.median(values[is_audit & ~is_member])),
+        }
+        results[name] = {"score": metrics}
     return results
 
 
@@ -261,13 +284,17 @@ def run_audit(
     out_dir: str | Path | None = None,
     max_per_half: int | None = None,
     device: str | None = None,
+    reference_models: Sequence[ReferenceModel] = (),
 ) -> dict[str, Any]:
     """Audit one checkpoint; returns the report dict (and writes it when ``out_dir`` is set).
 
     ``attacks`` names the features (``"loss"``, ``"grad-norm"``); each is attacked by the
     MLP and by the threshold baseline. ``max_per_half`` caps each of the four record sets
     (all records by default). ``device`` defaults to CUDA when available. With ``out_dir``,
-    ``report.json`` and ``roc.png`` are written there.
+    ``report.json`` and ``roc.png`` are written there. ``reference_models`` (trained
+    without any record of :func:`audited_records` for the same ``seed`` and
+    ``max_per_half``) add the ``rmia`` and ``lira`` scores (module docstring); the report's
+    ``reference_models`` says which were used and how.
     """
     features_wanted = parse_attacks(attacks)
     target = _load_target(checkpoint_path, data_dir)
@@ -286,15 +313,23 @@ def run_audit(
     start = time.perf_counter()
     features = compute_features(model, x, y, features_wanted)
     feature_seconds = time.perf_counter() - start
+    scorer = None
+    direct: dict[str, np.ndarray] = {}
+    if reference_models:
+        start = time.perf_counter()
+        scorer = _reference_scorer(target, split, reference_models, dev, seed)
+        direct = scorer.score(x, y)
+        feature_seconds += time.perf_counter() - start
 
     delta = claim["delta_tested"] if claim["delta_tested"] is not None else 0.0
-    results = evaluate_attacks(features, is_member, is_audit, seed=seed, delta=delta)
+    results = evaluate_attacks(features, is_member, is_audit, seed=seed, delta=delta,
+                               direct_scores=direct)
     best_name, best = max(
         ((f"{f}/{k}", r["eps_lb"]) for f, by in results.items() for k, r in by.items()),
         key=lambda item: item[1],
     )
     tested = claim["epsilon_tested"]
-    one_run = _canary_report(target, claim)
+    one_run = _canary_report(target, claim, scorer)
     canary_violation = one_run is not None and any(
         a["verdict"] == "violation" for a in one_run["audits"])
     report: dict[str, Any] = {
@@ -332,6 +367,7 @@ def run_audit(
         "max_eps_lb_attack": best_name,
         "violation": bool(tested is not None and best > tested) or canary_violation,
         "one_run": one_run,
+        "reference_models": None if scorer is None else scorer.describe(),
         "feature_seconds": feature_seconds,
     }
     if out_dir is not None:
@@ -339,9 +375,58 @@ def run_audit(
     return report
 
 
-def _canary_report(target: AuditTarget, claim: dict[str, Any]) -> dict[str, Any] | None:
+def _audited_ids(split: Any, n_train: int) -> dict[str, np.ndarray]:
+    """Record ids over train + test (train ``i`` -> ``i``, test ``j`` -> ``n_train + j``) of
+    the audit half and of RMIA's population (the attack half's non-members)."""
+    return {
+        "audit": np.concatenate([split.audit_members, n_train + split.audit_nonmembers]),
+        "population": n_train + split.attack_nonmembers,
+    }
+
+
+def audited_records(
+    checkpoint_path: str | Path,
+    data_dir: str | Path | None = None,
+    seed: int = 0,
+    max_per_half: int | None = None,
+) -> np.ndarray:
+    """The records :func:`run_audit` with these settings scores with reference models: its
+    audit half (members and non-members) and RMIA's population sample (the attack half's
+    non-members), as sorted ids over the train and test sets (train record ``i`` is ``i``,
+    test record ``j`` is ``n_train + j``). Offline reference models must not train on any."""
+    target = _load_target(checkpoint_path, data_dir)
+    split = make_membership_split(target.members, target.dataset.y_train,
+                                  target.dataset.y_test, seed=seed, max_per_half=max_per_half)
+    ids = _audited_ids(split, len(target.dataset.y_train))
+    return np.unique(np.concatenate([ids["audit"], ids["population"]]))
+
+
+def _reference_scorer(
+    target: AuditTarget, split: Any, references: Sequence[ReferenceModel],
+    device: torch.device, seed: int,
+) -> ReferenceScorer:
+    """RMIA / LiRA for this audit: population ``Z`` = the attack half's non-members (test
+    records no model trained on); ``a`` tuned on the records no audit set uses."""
+    data = target.dataset
+    n_train = len(data.y_train)
+    ids = _audited_ids(split, n_train)
+    audited = np.concatenate([ids["audit"], ids["population"]])
+    x_all = np.concatenate([data.x_train, data.x_test])
+    y_all = np.concatenate([data.y_train, data.y_test])
+    pool = np.setdiff1d(np.arange(len(y_all)), audited)
+    return ReferenceScorer(
+        target.model, references, x_all[ids["population"]], y_all[ids["population"]],
+        audited=audited, tuning_x=x_all[pool], tuning_y=y_all[pool], tuning_index=pool,
+        device=device, seed=seed,
+    )
+
+
+def _canary_report(target: AuditTarget, claim: dict[str, Any],
+                   scorer: ReferenceScorer | None = None) -> dict[str, Any] | None:
     """The one-run audits of the run's canaries (:mod:`.canary_audit`), or None without.
 
+    With reference models, black-box canaries are also scored by RMIA and LiRA (canary
+    records are never in a reference model's data: references train without canaries).
     The top level holds the audit with the largest lower bound; ``audits`` every one, with
     the canary scores (in / out) for the histograms."""
     saved = target.private.get("canaries")
@@ -349,7 +434,13 @@ def _canary_report(target: AuditTarget, claim: dict[str, Any]) -> dict[str, Any]
         return None
     state = CanaryState.from_state(saved)
     delta = claim["delta"] if claim["delta"] is not None else _config_delta(target.private)
-    audits = run_canary_audits(state, target.model, claim["epsilon"], delta, CONFIDENCE)
+    extra = None
+    if scorer is not None and state.kind == "black-box":
+        assert state.images is not None and state.labels is not None
+        found = scorer.score(state.images.float().numpy(), state.labels.long().numpy())
+        extra = {f"black-box/{name}": values for name, values in found.items()}
+    audits = run_canary_audits(state, target.model, claim["epsilon"], delta, CONFIDENCE,
+                               extra_scores=extra)
     if not audits:
         return None
     entries = [{**a.to_json(), "scores_in": a.scores_in, "scores_out": a.scores_out}

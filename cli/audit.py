@@ -1,7 +1,10 @@
 """``fedlap-privacy audit --model ckpt.pt``: membership-inference audit of a checkpoint (SPEC 4).
 
 Thin: parse flags, call :func:`fedlap_privacy.audit.report.run_audit`, print. torch (and the
-audit package) is imported inside the command, so other sub-commands start without it.
+audit package) is imported inside the command, so other sub-commands start without it. With
+``--reference-models N`` it first has :mod:`fedlap_privacy.fl.reference_models` train (or
+reuse) N reference models beside the run, without the records the audit scores, and hands
+them to the audit (RMIA and LiRA scores).
 """
 
 from __future__ import annotations
@@ -69,6 +72,16 @@ def render_report(report: dict[str, Any]) -> None:
         "the best audit threshold",
         highlight=False,
     )
+    references = report.get("reference_models")
+    if references:
+        rmia = references["rmia"]
+        console.print(
+            f"reference models: {references['count']} ({', '.join(references['models'])}), "
+            f"offline; RMIA a = {rmia['a']:g} ({'tuned' if rmia['a_tuned'] else 'default'}), "
+            f"gamma = {rmia['gamma']:g}, population {references['population_records']} records; "
+            f"LiRA variance: {references['lira']['variance']}",
+            highlight=False,
+        )
     one_run = report.get("one_run")
     if one_run:
         _render_one_run(one_run)
@@ -127,6 +140,12 @@ def audit(
         bool, typer.Option("--fail-on-violation",
                            help="exit with status 1 when an audit finds a violation")
     ] = False,
+    reference_models: Annotated[
+        int, typer.Option("--reference-models", min=0, help=(
+            "add RMIA and LiRA (offline) with N reference models trained like the run, "
+            "without the audited records, in <run>/reference/ (cached; each costs one full "
+            "training; 1-4 is typical)"))
+    ] = 0,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help=(
         "torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
@@ -138,9 +157,22 @@ def audit(
     guarded(lambda: apply_thread_policy(threads))
 
     def run() -> dict[str, Any]:
-        from fedlap_privacy.audit.report import parse_attacks, run_audit
+        from fedlap_privacy.audit.reference_audit import ReferenceModel
+        from fedlap_privacy.audit.report import audited_records, parse_attacks, run_audit
 
         names = parse_attacks(attacks)  # fail on a bad name before any heavy work
+        references = []
+        if reference_models:
+            from fedlap_privacy.fl.reference_models import (
+                load_reference_models,
+                train_reference_models,
+            )
+
+            audited = audited_records(model, data_dir, seed, max_per_half)
+            paths = train_reference_models(model.parent, reference_models, audited,
+                                           data_dir=data_dir)
+            references = [ReferenceModel(r.model, r.trained_on, str(r.path))
+                          for r in load_reference_models(paths)]
         return run_audit(
             model,
             data_dir=data_dir,
@@ -148,13 +180,16 @@ def audit(
             seed=seed,
             out_dir=out,
             max_per_half=max_per_half,
+            reference_models=references,
         )
 
     if json_output:
         report = guarded(run)
         print_json(report)
     else:
-        with console.status("auditing (per-record losses and gradient norms)..."):
+        doing = (f"training or loading {reference_models} reference model(s), then auditing"
+                 if reference_models else "auditing (per-record losses and gradient norms)")
+        with console.status(f"{doing}..."):
             report = guarded(run)
         render_report(report)
         if out is not None:

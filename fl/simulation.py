@@ -226,11 +226,11 @@ class _Run:
 
     def __init__(
         self, cfg: TrainConfig, device: torch.device, out: Path | None,
-        ask_clients: AskClients = local_clients,
+        ask_clients: AskClients = local_clients, data: Dataset | None = None,
     ) -> None:
         self.cfg, self.device, self.out = cfg, device, out
         self.ask_clients = ask_clients
-        self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir)
+        self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir) if data is None else data
         self.parts = client_parts(cfg, self.data)
         self.sizes = [len(p) for p in self.parts]
         self.sigma_planned = cfg.private and cfg.sigma is None
@@ -403,6 +403,7 @@ def train(
     device: str = "auto",
     callback: Callback | None = None,
     ask_clients: AskClients = local_clients,
+    data: Dataset | None = None,
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
@@ -410,7 +411,9 @@ def train(
     (continue that one with :func:`resume`). ``ask_clients`` is the driver of the client
     steps (in-process by default; the Flower ServerApp passes its own). Every setting is
     validated before any data is read; the run is saved before round 1, so a crash in any
-    round leaves a run :func:`resume` continues.
+    round leaves a run :func:`resume` continues. ``data`` replaces the configured dataset
+    (e.g. a subset of it, for reference models): the run's split, fingerprints and ledger
+    are those of ``data``; resume such a run with the same ``data``.
     """
     out = Path(out_dir) if out_dir is not None else None
     cfg.validate()
@@ -419,7 +422,7 @@ def train(
                           "with --engine simulation")
     if out is not None:
         check_new_run_dir(out)
-    run = _Run(cfg, resolve_device(device), out, ask_clients)
+    run = _Run(cfg, resolve_device(device), out, ask_clients, data)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         run.save()
@@ -432,11 +435,13 @@ def resume(
     device: str = "auto",
     callback: Callback | None = None,
     ask_clients: AskClients = local_clients,
+    data: Dataset | None = None,
 ) -> TrainResult:
     """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
 
     Refuses (one line) a run whose data, split or ledger do not match its private state. A
     round that was interrupted after touching private data is entered in the ledger first.
+    ``data``: the dataset the run was started with, when :func:`train` was given one.
     """
     out = Path(out_dir)
     private = load_private(out)
@@ -448,7 +453,7 @@ def resume(
     if rounds is not None:
         cfg.rounds = rounds
     cfg.validate()
-    run = _Run(cfg, resolve_device(device), out, ask_clients)
+    run = _Run(cfg, resolve_device(device), out, ask_clients, data)
     run.restore(ckpt, private)
     if (out / PENDING).exists():
         run.enter_interrupted()
