@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
-from fedlap_privacy.fl.matching import match_distance
+from fedlap_privacy.fl.matching import MatchTarget
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
 
@@ -155,6 +155,7 @@ def client_approximation(
     opt = torch.optim.SGD([images], lr=cfg.lr_img, momentum=cfg.img_momentum)
     rate = cfg.batch_size / x.shape[0]
     include = [not zero for zero in structurally_zero(model)]
+    matched = [p for p, keep in zip(params, include, strict=True) if keep]  # dL/dw needed
     accesses = 0
     for _ in range(cfg.reinits):
         with torch.no_grad():
@@ -168,11 +169,12 @@ def client_approximation(
                 batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
                 g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
                 accesses += 1
+                # the real side of L_dis once per real batch, reused by the R_s updates
+                target = MatchTarget(g_real, cfg.mse_weight, include=include)
                 for _ in range(cfg.syn_steps):
                     loss = F.cross_entropy(model(aug(images)), syn.labels)
-                    g_syn = torch.autograd.grad(loss, params, create_graph=True)
-                    dist = match_distance(g_real, g_syn, cfg.mse_weight, include=include)
-                    (images.grad,) = torch.autograd.grad(dist, [images])
+                    g_syn = torch.autograd.grad(loss, matched, create_graph=True)
+                    (images.grad,) = torch.autograd.grad(target.distance(g_syn), [images])
                     opt.step()
             current = SyntheticSet(images.detach(), syn.labels)
             if _model_steps(model, current, cfg.local_model_steps, lr_net, anchor, cfg.radius):
