@@ -57,6 +57,7 @@ __all__ = [
     "RmiaTuning",
     "ThresholdAttack",
     "attack_metrics",
+    "audit_model",
     "canary_client_epsilon",
     "canary_cosines",
     "clopper_pearson_upper",
@@ -67,6 +68,7 @@ __all__ = [
     "gaussian_pair_epsilon",
     "lira_offline_scores",
     "lira_signal",
+    "load_external_model",
     "make_membership_split",
     "max_cosines_over_rounds",
     "member_indices",
@@ -77,19 +79,26 @@ __all__ = [
     "one_run_p_value",
     "rmia_offline_scores",
     "run_audit",
+    "run_canary_audits",
     "tpr_at_fpr",
     "true_label_probability",
     "tune_rmia_a",
 ]
 
 
-def __getattr__(name: str) -> Any:  # lazy: these two need torch
-    if name == "run_audit":
-        from fedlap_privacy.audit.report import run_audit
+#: names that need torch, imported on first use: name -> module
+_LAZY = {
+    "run_audit": "fedlap_privacy.audit.report",
+    "compute_features": "fedlap_privacy.audit.features",
+    "audit_model": "fedlap_privacy.audit.external",
+    "load_external_model": "fedlap_privacy.audit.external",
+    "run_canary_audits": "fedlap_privacy.audit.canary_audit",
+}
 
-        return run_audit
-    if name == "compute_features":
-        from fedlap_privacy.audit.features import compute_features
 
-        return compute_features
+def __getattr__(name: str) -> Any:  # lazy: these need torch
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -55,6 +55,8 @@ from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import build_model
 
 __all__ = [
+    "AuditTarget",
+    "audit_target",
     "audited_records",
     "evaluate_attacks",
     "parse_attacks",
@@ -296,12 +298,30 @@ def run_audit(
     ``max_per_half``) add the ``rmia`` and ``lira`` scores (module docstring); the report's
     ``reference_models`` says which were used and how.
     """
-    features_wanted = parse_attacks(attacks)
     target = _load_target(checkpoint_path, data_dir)
-    ckpt, model, dataset, members = target.checkpoint, target.model, target.dataset, target.members
-    used_dir = target.data_dir
+    ckpt = target.checkpoint
     claim = privacy_claim(ckpt.get("privacy"), ckpt.get("ledger"),
                           target.private.get("ledger_digest"))
+    return audit_target(target, claim, str(checkpoint_path), attacks, seed, out_dir,
+                        max_per_half, device, reference_models)
+
+
+def audit_target(
+    target: AuditTarget,
+    claim: dict[str, Any],
+    source: str,
+    attacks: str | Sequence[str] = FEATURES,
+    seed: int = 0,
+    out_dir: str | Path | None = None,
+    max_per_half: int | None = None,
+    device: str | None = None,
+    reference_models: Sequence[ReferenceModel] = (),
+) -> dict[str, Any]:
+    """The audit of :func:`run_audit` on a loaded target and its claim (``source`` names
+    the model in the report); shared with :func:`fedlap_privacy.audit.external.audit_model`."""
+    features_wanted = parse_attacks(attacks)
+    ckpt, model, dataset, members = target.checkpoint, target.model, target.dataset, target.members
+    used_dir = target.data_dir
     split = make_membership_split(
         members, dataset.y_train, dataset.y_test, seed=seed, max_per_half=max_per_half
     )
@@ -333,7 +353,7 @@ def run_audit(
     canary_violation = one_run is not None and any(
         a["verdict"] == "violation" for a in one_run["audits"])
     report: dict[str, Any] = {
-        "checkpoint": str(checkpoint_path),
+        "checkpoint": source,
         "method": ckpt.get("method"),
         "round": ckpt.get("round"),
         "dataset": {

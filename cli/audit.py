@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from fedlap_privacy.cli.common import console, guarded, print_json
+from fedlap_privacy.cli.common import console, fail, guarded, print_json
 
 __all__ = ["audit", "render_report"]
 
@@ -116,8 +116,23 @@ def _render_one_run(one_run: dict[str, Any]) -> None:
         "reach; inconclusive: the claim is above it", highlight=False)
 
 
+def _pair(text: str | None) -> tuple[float, float] | None:
+    """``"0.1307,0.3081"`` -> (mean, std)."""
+    if text is None:
+        return None
+    try:
+        mean, std = (float(v) for v in text.split(","))
+    except ValueError:
+        fail(f"--normalise {text!r}: expected MEAN,STD, e.g. 0.1307,0.3081")
+    if not std > 0:
+        fail(f"--normalise {text!r}: STD must be > 0")
+    return mean, std
+
+
 def audit(
-    model: Annotated[Path, typer.Option("--model", help="checkpoint written by train")],
+    model: Annotated[Path, typer.Option("--model", help=(
+        "checkpoint written by train; with --members / --nonmembers: a TorchScript module, "
+        "or a state dict with --model-factory"))],
     data_dir: Annotated[
         Path | None,
         typer.Option("--data-dir", help="dataset folder (default: the checkpoint's)"),
@@ -146,20 +161,58 @@ def audit(
             "without the audited records, in <run>/reference/ (cached; each costs one full "
             "training; 1-4 is typical)"))
     ] = 0,
+    members: Annotated[str | None, typer.Option("--members", help=(
+        "a model trained elsewhere: its training records, an .npz (x, y) or IMAGES,LABELS "
+        "IDX files"))] = None,
+    nonmembers: Annotated[str | None, typer.Option("--nonmembers", help=(
+        "records the model never saw (same formats)"))] = None,
+    model_factory: Annotated[str | None, typer.Option("--model-factory", help=(
+        "module:function or file.py:function building the model a state dict fills "
+        "(your code: it is imported)"))] = None,
+    claimed_eps: Annotated[float | None, typer.Option("--claimed-eps", help=(
+        "a model trained elsewhere: the epsilon its owner promises"))] = None,
+    delta: Annotated[float | None, typer.Option("--delta", help=(
+        "the delta of --claimed-eps (default 1e-5)"))] = None,
+    normalise: Annotated[str | None, typer.Option("--normalise", help=(
+        "IDX records: MEAN,STD applied after scaling pixels to [0, 1]"))] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help=(
         "torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
 ) -> None:
-    """Membership-inference audit: attack a checkpoint's training records, bound epsilon."""
+    """Membership-inference audit: attack a model's training records, bound epsilon.
+
+    A checkpoint written by train is audited with its run's members and ledger (and
+    canaries); any other model with --members / --nonmembers."""
 
     from fedlap_privacy.threads import apply_thread_policy
 
     guarded(lambda: apply_thread_policy(threads))
 
+    external = members is not None or nonmembers is not None
+
+    def run_external() -> dict[str, Any]:
+        from fedlap_privacy.audit.external import audit_model_files
+        from fedlap_privacy.audit.report import parse_attacks
+
+        if members is None or nonmembers is None or reference_models:
+            fail("a model trained elsewhere needs both --members and --nonmembers (and no "
+                 "--reference-models)")
+        return audit_model_files(
+            model, members, nonmembers, factory=model_factory, normalise=_pair(normalise),
+            claimed_epsilon=claimed_eps, delta=delta, attacks=parse_attacks(attacks),
+            seed=seed, max_per_half=max_per_half, out_dir=out,
+        )
+
     def run() -> dict[str, Any]:
         from fedlap_privacy.audit.reference_audit import ReferenceModel
         from fedlap_privacy.audit.report import audited_records, parse_attacks, run_audit
 
+        if external:
+            return run_external()
+        if model_factory or claimed_eps is not None or delta is not None or normalise:
+            fail("--model-factory, --claimed-eps, --delta and --normalise apply to a model "
+                 "trained elsewhere (--members / --nonmembers); a checkpoint's claim comes "
+                 "from its ledger")
         names = parse_attacks(attacks)  # fail on a bad name before any heavy work
         references = []
         if reference_models:

@@ -74,6 +74,10 @@ def train(
         False, "--reproducible-noise", help="Derive the DP noise and sampling from --seed "
         "(bit-for-bit reproducible runs for research): the run is NOT private."
     ),
+    canaries: int = typer.Option(
+        0, "--canaries", help="Insert M canaries, each with a secret coin, for the one-run "
+        "audit of `audit` (white-box Dirac gradients for the DP-SGD-like methods, canary "
+        "clients for dp-normfedavg, canary records otherwise; --set canary_kind=black-box)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]"),
     seed: int = typer.Option(0, "--seed", help="Public randomness only: initial weights and "
                              "the split (DP noise is secret unless --reproducible-noise)."),
@@ -117,6 +121,7 @@ def train(
         "local_steps": local_steps, "ldp_epsilon": ldp_epsilon,
         "threat_model": None if threat_model is None else threat_model.value,
         "reproducible_noise": reproducible_noise or None,
+        "canaries": canaries or None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     values.update(guarded(lambda: parse_overrides(settings)))

@@ -68,6 +68,18 @@ def load_checkpoint(path: str | Path, fmt: str = FORMAT) -> dict[str, Any]:
     """Read a checkpoint of format ``fmt`` written by :func:`save_checkpoint`, without
     executing any code."""
     path = Path(path)
+    payload = load_checkpoint_data(path)
+    if not isinstance(payload, dict) or payload.get("format") != fmt:
+        found_format = payload.get("format") if isinstance(payload, dict) else None
+        extra = f" (format {found_format!r}, expected {fmt!r})" if found_format else ""
+        raise CheckpointError(f"{path} is not a fedlap-privacy checkpoint{extra}")
+    return payload
+
+
+def load_checkpoint_data(path: str | Path) -> Any:
+    """Any torch file of plain data (e.g. a state dict saved by other code), loaded with
+    ``weights_only=True``: a file that would run code is refused (one line)."""
+    path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no such checkpoint: {path}")
     try:
@@ -97,8 +109,4 @@ def load_checkpoint(path: str | Path, fmt: str = FORMAT) -> dict[str, Any]:
             f"{path} is not a readable torch checkpoint (corrupt, "
             f"truncated or another format: {first})"
         ) from None
-    if not isinstance(payload, dict) or payload.get("format") != fmt:
-        found_format = payload.get("format") if isinstance(payload, dict) else None
-        extra = f" (format {found_format!r}, expected {fmt!r})" if found_format else ""
-        raise CheckpointError(f"{path} is not a fedlap-privacy checkpoint{extra}")
     return payload

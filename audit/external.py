@@ -1,0 +1,185 @@
+"""Audit a model trained elsewhere: any torch model, with the member and non-member records
+its owner supplies.
+
+The same membership-inference audit as for this package's checkpoints (loss and gradient
+norm features, MLP and threshold attacks, ROC, TPR at low FPR, the epsilon lower bound;
+RMIA / LiRA when reference models are given), on a model loaded by
+:func:`load_external_model`:
+
+* an exported program (``torch.export.save``, a ``.pt2`` file): ``torch.export.load``;
+* a TorchScript module (``torch.jit.save``): loaded with ``torch.jit.load``. Both run the
+  model's own graph code: load only files you trust;
+* a plain state dict (saved with ``torch.save(model.state_dict(), path)``): read with
+  ``weights_only=True`` (no code runs) into the module a FACTORY builds, given as
+  ``module:function`` or ``path/to/file.py:function``: your own code, which is imported.
+
+Members and non-members come as arrays (Python) or files (:func:`fedlap_privacy.data.
+load_records`: ``.npz`` with ``x`` and ``y``, or a pair of IDX files). As in the paper's
+protocol, each set is cut into two halves: one trains the attacks, the other is audited.
+A claimed ``(epsilon, delta)`` is what the model's owner promises; the audit flags a
+violation when its lower bound exceeds it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedlap_privacy.audit.features import FEATURES
+from fedlap_privacy.audit.reference_audit import ReferenceModel
+from fedlap_privacy.audit.report import AuditTarget, audit_target
+from fedlap_privacy.checkpoint import load_checkpoint_data
+from fedlap_privacy.data import Dataset, load_records
+from fedlap_privacy.errors import CheckpointError, ConfigError
+
+__all__ = ["audit_model", "audit_model_files", "claimed_privacy", "load_external_model"]
+
+Records = tuple[np.ndarray, np.ndarray]
+
+
+def claimed_privacy(epsilon: float | None, delta: float | None) -> dict[str, Any]:
+    """The claim record of a model trained elsewhere: what its owner promises (or nothing)."""
+    if epsilon is None:
+        return {"notion": "none", "epsilon": None, "delta": None, "accountant": None,
+                "epsilon_tested": None, "delta_tested": None,
+                "basis": "no claim given: nothing to test"}
+    d = 1e-5 if delta is None else delta
+    if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= d < 1):
+        raise ConfigError(f"claimed (epsilon, delta) = ({epsilon}, {d}) is not a DP claim")
+    return {"notion": "record-level", "epsilon": epsilon, "delta": d, "accountant": None,
+            "epsilon_tested": epsilon, "delta_tested": d,
+            "basis": "record-level DP claimed by the model's owner"}
+
+
+def _is_torchscript(path: Path) -> bool:
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as archive:
+        return any(name.split("/", 2)[1:2] == ["code"] for name in archive.namelist())
+
+
+def _factory(spec: str) -> Callable[[], nn.Module]:
+    """``module:function`` or ``file.py:function`` -> the function (user code, imported)."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"--model-factory {spec!r}: expected module:function or file.py:function")
+    try:
+        if where.endswith(".py"):
+            location = importlib.util.spec_from_file_location("fedlap_model_factory", where)
+            if location is None or location.loader is None:
+                raise ImportError(f"cannot load {where}")
+            module = importlib.util.module_from_spec(location)
+            location.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        function = getattr(module, name)
+    except (ImportError, AttributeError, FileNotFoundError) as exc:
+        raise ConfigError(f"--model-factory {spec!r}: {exc}") from None
+    return function
+
+
+class _Exported(nn.Module):
+    """An exported program's module, which has no train / eval modes to switch."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+    def train(self, mode: bool = True) -> _Exported:
+        return self
+
+
+def load_external_model(path: str | Path, factory: str | None = None) -> nn.Module:
+    """A model from a TorchScript file, or a state dict plus a ``factory`` (module doc)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no such model file: {path}")
+    if factory is None and path.suffix == ".pt2":
+        try:
+            return _Exported(torch.export.load(str(path)).module())
+        except (RuntimeError, ValueError, KeyError) as exc:
+            first = (str(exc).strip().splitlines() or ["?"])[0][:160]
+            raise CheckpointError(f"cannot load exported program {path}: {first}") from None
+    if factory is None:
+        if not _is_torchscript(path):
+            raise ConfigError(f"{path} is neither an exported program (.pt2) nor TorchScript: "
+                              "for a state dict, give --model-factory module:function")
+        try:
+            return torch.jit.load(str(path), map_location="cpu")
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or ["?"])[0][:160]
+            raise CheckpointError(f"cannot load TorchScript {path}: {first}") from None
+    state = load_checkpoint_data(path)
+    model = _factory(factory)()
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"--model-factory {factory!r} returned a {type(model).__name__}, "
+                          "not a torch module")
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        first = (str(exc).strip().splitlines() or ["?"])[0][:160]
+        raise CheckpointError(f"{path} does not fit the factory's model: {first}") from None
+    return model
+
+
+def audit_model(
+    model: nn.Module,
+    members: Records,
+    nonmembers: Records,
+    *,
+    claimed_epsilon: float | None = None,
+    delta: float | None = None,
+    attacks: str | Sequence[str] = FEATURES,
+    seed: int = 0,
+    max_per_half: int | None = None,
+    device: str | None = None,
+    out_dir: str | Path | None = None,
+    reference_models: Sequence[ReferenceModel] = (),
+    name: str = "external model",
+) -> dict[str, Any]:
+    """Membership-inference audit of ``model`` on the given members and non-members.
+
+    Returns the report of :func:`fedlap_privacy.audit.report.run_audit` (``report.json`` and
+    ``roc.png`` in ``out_dir`` when given). ``claimed_epsilon`` / ``delta``: the promise
+    to test (none by default: the audit then only measures).
+    """
+    (xm, ym), (xn, yn) = members, nonmembers
+    if xm.shape[1:] != xn.shape[1:]:
+        raise ConfigError(f"members are {xm.shape[1:]}, non-members {xn.shape[1:]}: the same "
+                          "records shape is needed")
+    classes = int(max(ym.max(), yn.max())) + 1
+    dataset = Dataset("external", np.asarray(xm, np.float32), np.asarray(ym, np.int64),
+                      np.asarray(xn, np.float32), np.asarray(yn, np.int64), classes, (), ())
+    model.eval()
+    target = AuditTarget({"method": None, "round": None}, {}, model, dataset,
+                         np.arange(len(ym)), None)
+    return audit_target(target, claimed_privacy(claimed_epsilon, delta), name, attacks, seed,
+                        out_dir, max_per_half, device, reference_models)
+
+
+def audit_model_files(
+    model_path: str | Path,
+    members: str,
+    nonmembers: str,
+    *,
+    factory: str | None = None,
+    normalise: tuple[float, float] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """:func:`audit_model` on files: the model (:func:`load_external_model`) and the
+    records (:func:`fedlap_privacy.data.load_records`); ``options`` as for audit_model."""
+    model = load_external_model(model_path, factory)
+    return audit_model(model, load_records(members, normalise),
+                       load_records(nonmembers, normalise), name=str(model_path), **options)
