@@ -18,12 +18,12 @@ each field, per kind of canary (``fedlap_privacy.fl.canaries`` inserts them, the
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from fedlap_privacy.errors import CheckpointError
+
+if TYPE_CHECKING:  # importing this module (for CANARY_KINDS) must not load torch
+    from torch import Tensor
 
 __all__ = ["CANARY_KINDS", "CanaryState"]
 
@@ -56,6 +56,9 @@ class CanaryState:
     @classmethod
     def from_state(cls, state: Any) -> CanaryState:
         """Read back :meth:`to_state`, refusing a malformed one (one line)."""
+        import torch
+        from torch import Tensor
+
         names = {f.name for f in fields(cls)}
         if not isinstance(state, dict) or not set(state) <= names:
             raise CheckpointError("the run's canary state is malformed")

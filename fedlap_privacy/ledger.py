@@ -45,17 +45,27 @@ import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from fedlap_privacy.accountant import ACCOUNTANTS, FedLAPSchedule, RoundRates, composed_epsilon
 from fedlap_privacy.errors import CheckpointError, ConfigError
 
 __all__ = [
-    "NOISE_KINDS", "NOTIONS", "NOTION_THREAT_MODELS", "THREAT_MODELS", "LedgerEntry",
+    "NOISE_KINDS", "NOTIONS", "NOTION_THREAT_MODELS", "THREAT_MODELS", "LedgerEntry", "Notion",
     "PrivacyLedger", "ledger_digest",
 ]
 
-NOTIONS = ("record-level", "client-level", "local", "none")
+class Notion(StrEnum):
+    """What an epsilon protects (module docstring)."""
+
+    RECORD = "record-level"
+    CLIENT = "client-level"
+    LOCAL = "local"
+    NONE = "none"
+
+
+NOTIONS = tuple(n.value for n in Notion)
 THREAT_MODELS = ("server", "hidden-selection", "trusted-server")
 #: "secret": DP randomness seeded by the operating system; "seeded": derived from the run's
 #: seed (--reproducible-noise), so anyone with the seed can remove the noise: NOT private;
@@ -141,6 +151,7 @@ class PrivacyLedger:
     def __post_init__(self) -> None:
         if self.notion not in NOTIONS:
             raise ConfigError(f"privacy notion {self.notion!r} must be one of {NOTIONS}")
+        self.notion = Notion(self.notion).value  # plain text in entries and checkpoints
         if self.noise not in NOISE_KINDS:
             raise ConfigError(f"noise {self.noise!r} must be one of {NOISE_KINDS}")
         gaussian = self.notion in _GAUSSIAN

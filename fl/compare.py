@@ -33,7 +33,8 @@ import numpy as np
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import METHODS, NOTION, TrainConfig
+from fedlap_privacy.fl.config import METHODS, TrainConfig
+from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
 from fedlap_privacy.fl.run_files import load_run_config
 from fedlap_privacy.jsonsafe import json_safe
 
@@ -60,25 +61,26 @@ def _client_sizes(cfg: TrainConfig) -> list[int]:
 
 
 def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainConfig:
-    """The configuration of ``method`` that spends ``eps`` (None: the non-private run)."""
+    """The configuration of ``method`` that spends ``eps`` (None: the non-private run), by
+    the method table's :class:`~fedlap_privacy.fl.method_table.Budget` rule."""
+    budget = method_spec(method).budget
     cfg = dataclasses.replace(base, method=method, target_eps=None, ldp_epsilon=None)
-    notion = NOTION[method]
-    if notion == "none":
+    if budget == Budget.NONE:
         if eps is not None:
             raise ConfigError(f"{method} is not private: it has no epsilon to match")
         return cfg.validate()
     if eps is None:
         raise ConfigError(f"{method} is private: give it a target epsilon")
-    if notion == "local":
-        cfg.ldp_epsilon = eps / cfg.rounds
-    elif method == "ali-dpfl":
-        from fedlap_privacy.fl.simulation import build_ledger
+    if budget == Budget.LDP:
+        cfg = dataclasses.replace(cfg, ldp_epsilon=eps / cfg.rounds)
+    elif budget == Budget.ALI:
+        from fedlap_privacy.fl.privacy import with_planned_sigma
 
         reference = dataclasses.replace(cfg, method="dp-fedavg", sigma=None, target_eps=eps)
-        build_ledger(reference, _client_sizes(reference))  # plans reference.sigma
-        cfg.sigma, cfg.target_eps = reference.sigma, eps
+        sigma = with_planned_sigma(reference, _client_sizes(reference)).sigma
+        cfg = dataclasses.replace(cfg, sigma=sigma, target_eps=eps)
     else:
-        cfg.sigma, cfg.target_eps = None, eps  # planned for the rounds by the driver
+        cfg = dataclasses.replace(cfg, sigma=None, target_eps=eps)  # planned by the driver
     return cfg.validate()
 
 
@@ -110,7 +112,7 @@ def plan_jobs(
     seeds: int = 1,
 ) -> list[Job]:
     """(method, target epsilon or None, seed, configuration) of every run; checks the request."""
-    unknown = [m for m in methods if m not in NOTION]
+    unknown = [m for m in methods if m not in METHOD_TABLE]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}: choose from {METHODS}")
     if not eps_values or any(not (math.isfinite(e) and e > 0) for e in eps_values):
@@ -119,7 +121,7 @@ def plan_jobs(
         raise ConfigError(f"seeds {seeds} must be >= 1")
     jobs = []
     for method in methods:
-        for eps in [None] if NOTION[method] == "none" else eps_values:
+        for eps in [None] if METHOD_TABLE[method].budget == Budget.NONE else eps_values:
             for seed in range(base.seed, base.seed + seeds):
                 cfg = budget_config(dataclasses.replace(base, seed=seed), method, eps)
                 jobs.append((method, eps, seed, cfg))
@@ -146,7 +148,8 @@ def run_comparison(
     callback("start", {"runs": len(jobs)})
     t0 = time.perf_counter()
     rows: dict[str, dict[str, Any]] = {
-        m: {"notion": NOTION[m], "upload_bytes": None, "results": {}} for m in methods
+        m: {"notion": METHOD_TABLE[m].notion.value, "upload_bytes": None, "results": {}}
+        for m in methods
     }
     for method, eps, seed, cfg in jobs:
         callback("run_start", {"method": method, "eps": eps, "seed": seed})

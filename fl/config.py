@@ -10,33 +10,13 @@ from typing import Any
 from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS
+from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
+from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
-__all__ = ["METHODS", "NOTION", "PRESETS", "RADIUS_RULES", "TrainConfig", "parse_overrides"]
+__all__ = ["METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "parse_overrides"]
 
-#: Every method and the privacy notion it has (SPEC 1.5, 3); "none": no formal privacy.
-NOTION: dict[str, str] = {
-    "fedlap": "none",
-    "fedlap-dp": "record-level",
-    "fedavg": "none",
-    "fedprox": "none",
-    "scaffold": "none",
-    "fedsgd": "none",
-    "dp-fedavg": "record-level",
-    "dp-fedprox": "record-level",
-    "ali-dpfl": "record-level",
-    "dp-normfedavg": "client-level",
-    "ldp-fl": "local",
-}
-METHODS = tuple(NOTION)
-#: methods that add Gaussian noise of multiplier sigma (record- or client-level accounting)
-DP_METHODS = tuple(m for m, n in NOTION.items() if n in ("record-level", "client-level"))
-#: LDP-FL: the largest per-weight epsilon whose rarer output a float64 draw still realises
-#: faithfully (probability 1/(e^eps+1) >> 2^-53; see ``fl/ldpfl.py``)
-LDP_MAX_EPSILON = 30.0
+METHODS = tuple(METHOD_TABLE)
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
-#: white-box canaries (``fl/canaries.py``) need a method that releases noisy gradients
-WHITE_BOX_METHODS = ("fedlap-dp", "dp-fedavg", "dp-fedprox", "ali-dpfl")
 
 
 @dataclass
@@ -105,9 +85,14 @@ class TrainConfig:
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
 
     @property
-    def notion(self) -> str:
-        """The privacy notion of the method (SPEC 1.5): what its epsilon protects."""
-        return NOTION.get(self.method, "none")
+    def spec(self) -> MethodSpec:
+        """The method's row of the method table (:mod:`~fedlap_privacy.fl.method_table`)."""
+        return method_spec(self.method)
+
+    @property
+    def notion(self) -> Notion:
+        """The privacy notion of the method: what its epsilon protects."""
+        return self.spec.notion
 
     @property
     def resolved_threat_model(self) -> str | None:
@@ -122,7 +107,7 @@ class TrainConfig:
         client-level DP, canary records otherwise (unless ``canary_kind`` says)."""
         if self.canary_kind is not None:
             return self.canary_kind
-        if self.method in WHITE_BOX_METHODS:
+        if self.spec.releases_gradients:
             return "white-box"
         return "clients" if self.notion == "client-level" else "black-box"
 
@@ -139,33 +124,23 @@ class TrainConfig:
         """What the method releases WITHOUT noise, declared public in the guarantee."""
         if self.notion == "none":
             return ()
-        out = ["each client's dataset size N_k (the smallest sets the sampling rate)",
-               "which clients were selected in each round, and how many"]
-        if self.is_fedlap:
-            out.append("each client's list of classes (the labels of its synthetic set)")
-        if self.method == "ali-dpfl":
-            out.append("the number of local iterations tau of each round")
-        return tuple(out)
+        return ("each client's dataset size N_k (the smallest sets the sampling rate)",
+                "which clients were selected in each round, and how many", *self.spec.public)
 
     @property
     def private(self) -> bool:
         """Gaussian-noise DP with an (epsilon, delta) accountant (record or client level)."""
-        return self.method in DP_METHODS
+        return self.spec.private
 
     @property
     def is_fedlap(self) -> bool:
-        return self.method in ("fedlap", "fedlap-dp")
+        return self.spec.fedlap
 
     @property
     def accesses_per_round(self) -> int:
-        """Worst-case accesses to private data per client-round (T of Theorem 5.8)."""
-        if self.is_fedlap:
-            return self.reinits * self.max_loops * self.real_batches
-        if self.notion == "client-level":
-            return 1  # one release of the noisy sum of client updates per round
-        if self.method == "ali-dpfl":
-            return self.tau_max  # the worst case; each round enters its own tau
-        return self.local_steps
+        """Worst-case accesses to private data per client-round (T of Theorem 5.8; ALI-DPFL:
+        tau_max, each round entering its own tau; client level: one release per round)."""
+        return self.spec.accounted_steps(self)
 
     def validate(self) -> TrainConfig:
         from fedlap_privacy.data import DATASETS, SPLITS
@@ -199,22 +174,11 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
-        if self.method == "ali-dpfl" and (self.target_eps is None or self.sigma is None):
-            raise ConfigError("ali-dpfl needs a privacy budget --target-eps and a fixed --sigma")
-        if self.method == "ldp-fl" and not (
-            self.ldp_epsilon is not None and 0 < self.ldp_epsilon <= LDP_MAX_EPSILON
-        ):
-            raise ConfigError(f"ldp-fl needs a per-weight epsilon (ldp_epsilon) in "
-                              f"(0, {LDP_MAX_EPSILON:g}]")
-        if self.local_steps < 1 or (self.method == "ali-dpfl" and self.local_steps > self.tau_max):
-            raise ConfigError(f"local steps {self.local_steps} must be >= 1 (<= tau_max for "
-                              "ali-dpfl)")
+        if self.local_steps < 1:
+            raise ConfigError(f"local steps {self.local_steps} must be >= 1")
         if self.server_lr <= 0 or self.prox_mu < 0:
             raise ConfigError("server_lr must be > 0 and prox_mu >= 0")
-        if self.private and self.init == "real":
-            raise ConfigError("init 'real' reads private images without noise: use 'noise' for DP")
-        if self.private and self.radius_rule != "fixed":
-            raise ConfigError("client-suggested radii read private data: use radius rule 'fixed'")
+        self.spec.check(self)
         self._validate_canaries()
         allowed = NOTION_THREAT_MODELS[self.notion]
         if self.threat_model is not None and self.threat_model not in allowed:
@@ -230,9 +194,10 @@ class TrainConfig:
             raise ConfigError(f"canaries {self.canaries} must be >= 0")
         if kind not in CANARY_KINDS:
             raise ConfigError(f"canary kind {kind!r} must be one of {', '.join(CANARY_KINDS)}")
-        if kind == "white-box" and self.method not in WHITE_BOX_METHODS:
+        if kind == "white-box" and not self.spec.releases_gradients:
+            releasing = [m for m, spec in METHOD_TABLE.items() if spec.releases_gradients]
             raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
-                              f"({', '.join(WHITE_BOX_METHODS)}), not {self.method}")
+                              f"({', '.join(releasing)}), not {self.method}")
         if kind == "clients" and self.notion != "client-level":
             raise ConfigError("canary clients audit client-level DP (dp-normfedavg) only")
 

@@ -100,7 +100,7 @@ class LocalSGD(Method):
         trained, used = local_training(
             model, x, y, steps=cfg.local_steps, lr=info.lr, batch_size=cfg.batch_size,
             generator=generator, dp=(cfg.clip, cfg.sigma) if cfg.private else None,  # type: ignore[arg-type]
-            mu=cfg.prox_mu if cfg.method in ("fedprox", "dp-fedprox") else 0.0,
+            mu=cfg.prox_mu if cfg.spec.proximal else 0.0,
         )
         return Reply(state_of(trained), used, len(y))
 

@@ -1,11 +1,11 @@
 """LDP-FL (Sun, Qian, Chen, IJCAI 2021): local DP on the uploaded weights + parameter shuffling.
 
-SPEC 3 (LDP-FL) and SPEC 1.5 (local DP). A round:
+docs/algorithms.md#ldp-fl (LDP-FL) and docs/accounting.md#local-dp (local DP). A round:
 
 1. The server broadcasts w_g and, per layer l (per ``state_dict`` tensor, in its order), an
    agreed range [c_l - r_l, c_l + r_l] (``extras["ranges"]``, an (L, 2) tensor of (c, r)).
 2. Each selected client trains w_g locally WITHOUT DP (:func:`local_training`, ``dp=None``),
-   then replaces every weight w of layer l by :func:`perturb` (SPEC 3's rule, eps =
+   then replaces every weight w of layer l by :func:`perturb` (the paper's rule, eps =
    ``cfg.ldp_epsilon``): w is clipped into [c - r, c + r], then reported as
    c + r (e^eps+1)/(e^eps-1) with probability
    ((w-c)(e^eps-1) + r(e^eps+1)) / (2r(e^eps+1)), otherwise as c - r (e^eps+1)/(e^eps-1).
@@ -40,7 +40,7 @@ Privacy (notion ``local``; the ledger's ``round_epsilon`` is ``cfg.ldp_epsilon``
 Aggregation is uniform over reports, not weighted by N_k: after shuffling the server cannot
 link a value to the client (and so to the N_k) it came from.
 
-Range rule (:func:`layer_ranges`), our choice (SPEC 3 only says the range is agreed per
+Range rule (:func:`layer_ranges`), our choice (the paper only says the range is agreed per
 layer and updated by the server each round): c = mean of the layer's global weights, r =
 ``RANGE_STDS`` (1.0) x their standard deviation, at least ``RADIUS_FLOOR_ABS`` +
 ``RADIUS_FLOOR_REL`` x |c| (a layer whose weights are all equal, e.g. GroupNorm's initial
@@ -73,8 +73,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedlap_privacy.fl.config import LDP_MAX_EPSILON
 from fedlap_privacy.fl.fedavg import local_training
+from fedlap_privacy.fl.method_table import LDP_MAX_EPSILON
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State
 from fedlap_privacy.ledger import PrivacyLedger
 
@@ -115,7 +115,7 @@ def _check(radius: float | Tensor, eps: float) -> None:
 
 
 def output_scale(eps: float) -> float:
-    """(e^eps + 1) / (e^eps - 1) = 1 + 2 e^-eps / (1 - e^-eps): outputs are c +- r x this (SPEC 3).
+    """(e^eps + 1) / (e^eps - 1) = 1 + 2 e^-eps / (1 - e^-eps): outputs are c +- r x this.
 
     Written with exp(-eps) and expm1 so that it neither overflows for large eps (tends to 1)
     nor loses precision for small eps (about 2 / eps).
@@ -129,7 +129,7 @@ def perturb_probability(
     """Probability (float64) that :func:`perturb` reports c + r (e^eps+1)/(e^eps-1) (``upper``)
     or, with ``upper=False``, c - r (e^eps+1)/(e^eps-1).
 
-    SPEC 3: p = ((w-c)(e^eps-1) + r(e^eps+1)) / (2r(e^eps+1)) for w clipped into [c-r, c+r].
+    Sun et al.: p = ((w-c)(e^eps-1) + r(e^eps+1)) / (2r(e^eps+1)) for w clipped into [c-r, c+r].
     With u = (w-c)/r in [-1, 1] this is (1+u)/2 sigmoid(eps) + (1-u)/2 sigmoid(-eps), which
     is exact at both ends (e^eps/(e^eps+1) at u = 1, 1/(e^eps+1) at u = -1) and does not
     overflow for large eps; the complement 1 - p is computed the same way (u -> -u), not by
@@ -155,7 +155,7 @@ def perturb(
     eps: float,
     generator: torch.Generator,
 ) -> Tensor:
-    """LDP-FL's eps-LDP report of each entry of ``w`` (SPEC 3; Sun et al. 2021, Alg. 1).
+    """LDP-FL's eps-LDP report of each entry of ``w`` (Sun et al. 2021, Alg. 1).
 
     ``w`` is clipped into [c - r, c + r], then each entry independently becomes
     c + r (e^eps+1)/(e^eps-1) with probability :func:`perturb_probability`, otherwise
@@ -254,7 +254,8 @@ def _load_flat(model: nn.Module, flat: Tensor) -> None:
 
 
 class LDPFL(Method):
-    """LDP-FL (SPEC 3): non-private local training, per-weight eps-LDP report, shuffling.
+    """LDP-FL (docs/algorithms.md#ldp-fl): non-private local training, per-weight eps-LDP report,
+    shuffling.
 
     Server state: ``ranges`` (L, 2) = (c, r) per state-dict tensor, broadcast in ``extras``.
     See the module docstring for what epsilon protects (per weight, per round) and what it

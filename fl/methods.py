@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import NOTION, TrainConfig
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.method_table import method_spec
 from fedlap_privacy.ledger import PrivacyLedger
 
 __all__ = ["Method", "Reply", "RoundInfo", "build_method", "weights_of"]
@@ -124,26 +124,8 @@ class Method(ABC):
         """Update ``model`` (and ``server_state``) in place; returns metrics for the round."""
 
 
-#: method name -> "module:Class" (imported on use, so a method's code loads only when run)
-REGISTRY: dict[str, str] = {
-    "fedlap": "fedlap_privacy.fl.fedlap:FedLAP",
-    "fedlap-dp": "fedlap_privacy.fl.fedlap:FedLAP",
-    "fedavg": "fedlap_privacy.fl.fedavg:LocalSGD",
-    "fedprox": "fedlap_privacy.fl.fedavg:LocalSGD",
-    "dp-fedavg": "fedlap_privacy.fl.fedavg:LocalSGD",
-    "dp-fedprox": "fedlap_privacy.fl.fedavg:LocalSGD",
-    "scaffold": "fedlap_privacy.fl.scaffold:Scaffold",
-    "fedsgd": "fedlap_privacy.fl.fedsgd:FedSGD",
-    "dp-normfedavg": "fedlap_privacy.fl.normfedavg:DPNormFedAvg",
-    "ali-dpfl": "fedlap_privacy.fl.alidpfl:ALIDPFL",
-    "ldp-fl": "fedlap_privacy.fl.ldpfl:LDPFL",
-}
-assert set(REGISTRY) == set(NOTION)
-
-
 def build_method(cfg: TrainConfig, device: torch.device) -> Method:
-    if cfg.method not in REGISTRY:
-        raise ConfigError(f"method {cfg.method!r} must be one of {', '.join(REGISTRY)}")
-    module, name = REGISTRY[cfg.method].split(":")
+    """The method of ``cfg``, its class imported from the method table on use."""
+    module, name = method_spec(cfg.method).implementation.split(":")
     cls = getattr(importlib.import_module(module), name)
     return cls(cfg, device)

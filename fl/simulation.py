@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
@@ -46,6 +45,12 @@ from fedlap_privacy.fl.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
+from fedlap_privacy.fl.privacy import (
+    build_ledger,
+    privacy_block,
+    privacy_warnings,
+    with_planned_sigma,
+)
 from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator
 from fedlap_privacy.fl.run_files import (
     CHECKPOINT,
@@ -114,72 +119,6 @@ def _to(state: Any, device: torch.device | str) -> Any:
     return state
 
 
-def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
-    """The ledger of the method's notion (SPEC 1.3, 1.5); plans sigma for a target if unset.
-
-    Record level: the Theorem 5.8 schedule at the smallest client (the largest rate). Client
-    level: one SGM over clients per round. Local: the per-weight epsilon per round.
-    """
-    notion = cfg.notion
-    if notion == "local":
-        return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon, noise=cfg.noise,
-                             clients=cfg.clients)
-    if notion == "none":
-        return PrivacyLedger("none", noise=cfg.noise, clients=cfg.clients)
-    if notion == "client-level":
-        schedule = FedLAPSchedule.client_level(cfg.clients, cfg.client_fraction)
-    else:
-        if cfg.batch_size > min(client_sizes):
-            raise ConfigError(
-                f"batch size {cfg.batch_size} is larger than the smallest client "
-                f"({min(client_sizes)} records)"
-            )
-        schedule = FedLAPSchedule(
-            batch_size=cfg.batch_size, client_size=min(client_sizes),
-            local_steps=cfg.accesses_per_round, client_fraction=cfg.client_fraction,
-        )
-    threat = cfg.resolved_threat_model
-    if cfg.sigma is None:
-        if cfg.target_eps is None:
-            raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
-        planned = schedule if threat != "server" else dataclasses.replace(
-            schedule, client_fraction=1.0)  # every round may select the same client
-        cfg.sigma = plan_sigma(planned, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
-    return PrivacyLedger(notion, schedule, cfg.sigma, cfg.delta, cfg.accountant,
-                         threat_model=threat, noise=cfg.noise, clients=cfg.clients)
-
-
-def _finite(eps: float) -> float | None:
-    return None if eps == float("inf") else eps
-
-
-def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
-    """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
-
-    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces); record-level
-    runs also give it against each threat model. ``noise`` "seeded" marks a run that is not
-    private (its noise can be recomputed from the seed); ``public`` lists what the run
-    releases without noise.
-    """
-    gaussian = cfg.private
-    by_threat = None
-    if ledger.notion == "record-level":
-        by_threat = {t: ledger.epsilon_under(t) for t in ("server", "hidden-selection")}
-    return {
-        "notion": ledger.notion,
-        "epsilon": _finite(ledger.epsilon),
-        "threat_model": ledger.threat_model,
-        "epsilon_by_threat_model": by_threat,
-        "delta": cfg.delta if gaussian else None,
-        "sigma": cfg.sigma if gaussian else None,
-        "accountant": cfg.accountant if gaussian else None,
-        "round_epsilon": ledger.round_epsilon,
-        "noise": ledger.noise,
-        "private": ledger.notion != "none" and ledger.noise == "secret",
-        "public": list(cfg.public_metadata),
-    }
-
-
 def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
     """The run's split of the training records over its clients (SPEC 2.4): the same in
     every driver, on every node."""
@@ -234,6 +173,7 @@ class _Run:
         self.parts = client_parts(cfg, self.data)
         self.sizes = [len(p) for p in self.parts]
         self.sigma_planned = cfg.private and cfg.sigma is None
+        self.cfg = cfg = with_planned_sigma(cfg, self.sizes)
         self.ledger = build_ledger(cfg, self.sizes)
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
@@ -506,19 +446,3 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         "out": None if out is None else str(out),
     }
     return TrainResult(summary, run.history, run.ledger, run.model)
-
-
-def privacy_warnings(cfg: TrainConfig, sizes: list[int]) -> list[str]:
-    """Settings that are valid but weaken what the guarantee means."""
-    out = []
-    if cfg.private:
-        unit, n = ("records of the smallest client", min(sizes))
-        if cfg.notion == "client-level":
-            unit, n = "clients", cfg.clients
-        if cfg.delta >= 1.0 / n:
-            out.append(f"delta {cfg.delta:g} is not well below 1/{n} ({n} {unit}): a mechanism "
-                       "that publishes one record in the clear meets it; use delta << 1/n")
-    if cfg.notion != "none" and cfg.reproducible_noise:
-        out.append("--reproducible-noise: the DP noise is derived from the seed, so anyone "
-                   "with the seed can remove it; this run is NOT private")
-    return out

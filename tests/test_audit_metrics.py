@@ -1,4 +1,5 @@
-"""Audit metrics, member/non-member sets and the privacy claim, on hand-made inputs (SPEC 4)."""
+"""Audit metrics, member/non-member sets and the privacy claim, on hand-made inputs
+(docs/audit.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import ledger_claiming
 from scipy.stats import beta, binom
 
 from fedlap_privacy.audit.attacks import MLPAttack, ThresholdAttack
@@ -196,25 +198,31 @@ def test_member_indices_rejects_bad_splits() -> None:
 # ------------------------------------------------------------------- privacy claim
 
 
-def test_privacy_claim() -> None:
-    from fedlap_privacy.audit.report import privacy_claim
+def _client_level_ledger(eps: float) -> list[dict]:
+    from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+    from fedlap_privacy.ledger import PrivacyLedger
 
-    rec = privacy_claim({"notion": "record-level", "epsilon": 2.0, "delta": 1e-5})
-    assert (rec["epsilon_tested"], rec["delta_tested"]) == (2.0, 1e-5)
-    cli = privacy_claim({"notion": "client-level", "epsilon": 1.0, "delta": 1e-5})
-    assert cli["epsilon_tested"] == 2.0
-    assert cli["delta_tested"] == pytest.approx((1 + math.e) * 1e-5)
-    for privacy in (
-        {"notion": "client-level", "epsilon": 12.0, "delta": 1e-5},  # group delta > 1
-        {"notion": "none", "epsilon": None, "delta": None},
-        {"notion": "local", "epsilon": 3.0, "delta": None},
-        {"notion": "record-level", "epsilon": math.inf, "delta": 1e-5},
-        None,
-    ):
-        assert privacy_claim(privacy)["epsilon_tested"] is None
-    ledger = [{"epsilon": 0.5, "delta": 1e-5}, {"epsilon": 0.9, "delta": 1e-5}]
-    assert privacy_claim({"notion": "record-level"}, ledger)["epsilon_tested"] == 0.9
-    ledger[-1]["notion"] = "record-level"
-    assert privacy_claim(None, ledger)["epsilon_tested"] == 0.9
+    schedule = FedLAPSchedule.client_level(5)
+    ledger = PrivacyLedger("client-level", schedule, plan_sigma(schedule, 1, eps, 1e-5), 1e-5,
+                           threat_model="trusted-server", clients=5)
+    ledger.record(1, 1, range(5))
+    return ledger.to_list()
+
+
+def test_privacy_claim_is_recomputed_from_the_ledger() -> None:
+    from fedlap_privacy.audit.report import privacy_claim
+    from fedlap_privacy.ledger import PrivacyLedger
+
+    rec = privacy_claim({"epsilon": 0.01}, ledger_claiming(2.0))  # a hand-edited claim
+    assert rec["epsilon_tested"] == pytest.approx(2.0, rel=1e-3) and rec["delta_tested"] == 1e-5
+    assert rec["stored_epsilon"] == 0.01 and rec["stored_matches"] is False
+    cli = privacy_claim(None, _client_level_ledger(1.0))
+    assert cli["epsilon_tested"] == pytest.approx(2 * cli["epsilon"])
+    assert cli["delta_tested"] == pytest.approx((1 + math.exp(cli["epsilon"])) * 1e-5)
+    assert privacy_claim(None, _client_level_ledger(12.0))["epsilon_tested"] is None
+    local = PrivacyLedger("local", round_epsilon=3.0, clients=1)
+    local.record(1, 1, [0])
+    for ledger in ([], local.to_list()):
+        assert privacy_claim(None, ledger)["epsilon_tested"] is None
     with pytest.raises(CheckpointError):
-        privacy_claim({"notion": "weird", "epsilon": 1.0})
+        privacy_claim(None, [{"notion": "weird", "epsilon": 1.0}])

@@ -37,7 +37,7 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     run_on,
     write_app,
 )
-from fedlap_privacy.fl.methods import REGISTRY  # noqa: E402
+from fedlap_privacy.fl.method_table import METHOD_TABLE  # noqa: E402
 from fedlap_privacy.fl.simulation import CHECKPOINT, PENDING, train  # noqa: E402
 
 TINY = dict(
@@ -124,7 +124,7 @@ METHOD_EXTRAS = {
 }
 
 
-@pytest.mark.parametrize("method", sorted(REGISTRY))
+@pytest.mark.parametrize("method", sorted(METHOD_TABLE))
 def test_flower_driver_equals_simulator(tmp_path, method):
     """Every method, same seed: the ServerApp's driver + the ClientApp give the simulator's
     model, ledger and metrics bit for bit (one implementation, two drivers)."""

@@ -1,4 +1,5 @@
-"""LDP-FL (SPEC 3, 1.5): the eps-LDP perturbation, parameter shuffling, aggregation, training."""
+"""LDP-FL (docs/algorithms.md#ldp-fl): the eps-LDP perturbation, parameter shuffling, aggregation,
+training."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from fedlap_privacy.fl.ldpfl import (
     shuffle_report,
 )
 from fedlap_privacy.fl.methods import Reply, build_method
-from fedlap_privacy.fl.simulation import build_ledger, resume, train
+from fedlap_privacy.fl.privacy import build_ledger
+from fedlap_privacy.fl.simulation import resume, train
 from fedlap_privacy.models import ModelConfig, build_model
 
 EPSILONS = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]
@@ -56,7 +58,7 @@ def test_probabilities_at_the_ends_of_the_range(eps):
     assert p[0].item() == pytest.approx(math.exp(eps) / (math.exp(eps) + 1), rel=1e-12)
     assert p[1].item() == pytest.approx(1 / (math.exp(eps) + 1), rel=1e-12)
     assert p[2].item() == pytest.approx(0.5, abs=1e-12)
-    # the SPEC 3 formula itself, at interior points
+    # the paper's formula itself, at interior points
     w = torch.linspace(c - r, c + r, 9, dtype=torch.float64)
     e = math.exp(eps)
     spec = ((w - c) * (e - 1) + r * (e + 1)) / (2 * r * (e + 1))

@@ -1,4 +1,5 @@
-"""DP-NormFedAvg (client-level DP) and ALI-DPFL (adaptive local iterations): SPEC 1.5, 3."""
+"""DP-NormFedAvg (client-level DP) and ALI-DPFL (adaptive local iterations):
+docs/algorithms.md#dp-normfedavg, #ali-dpfl."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.fedavg import local_training
 from fedlap_privacy.fl.methods import Reply, RoundInfo
 from fedlap_privacy.fl.normfedavg import DPNormFedAvg, normalise_update
-from fedlap_privacy.fl.simulation import build_ledger, train
+from fedlap_privacy.fl.privacy import build_ledger
+from fedlap_privacy.fl.simulation import train
 from fedlap_privacy.models import ModelConfig, build_model
 
 TINY = dict(width=16, rounds=2, batch_size=32, local_steps=3)

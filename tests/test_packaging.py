@@ -43,8 +43,17 @@ def _run(args: list[str | Path], cwd: Path, **kw: object) -> subprocess.Complete
     return proc
 
 
+def _folder(package: str) -> str:
+    """Where setuptools finds ``package``: its own package-dir entry, else its parent's
+    folder plus its last name (as setuptools resolves nested packages)."""
+    if package in PACKAGE_DIR:
+        return PACKAGE_DIR[package]
+    parent, _, name = package.rpartition(".")
+    return f"{_folder(parent)}/{name}" if parent else package
+
+
 def _source_dir(package: str) -> Path:
-    return ROOT / PACKAGE_DIR.get(package, package.replace(".", "/"))
+    return ROOT / _folder(package)
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +66,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, src / name)
-    for folder in {PACKAGE_DIR.get(p, p.replace(".", "/")) for p in PACKAGES}:
+    for folder in {_folder(p) for p in PACKAGES}:
         shutil.copytree(
-            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            dirs_exist_ok=True,
         )
     dist = tmp / "dist"
     _run(

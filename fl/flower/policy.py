@@ -37,9 +37,10 @@ from typing import Any
 
 from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.errors import ConfigError, FedlapError
-from fedlap_privacy.fl.config import NOTION, TrainConfig
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.method_table import METHOD_TABLE
 from fedlap_privacy.fl.methods import RoundInfo
-from fedlap_privacy.ledger import NOTION_THREAT_MODELS
+from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion
 
 __all__ = ["NODE_THREAT_MODELS", "NodePolicy", "PolicyRefusal", "accesses_of"]
 
@@ -55,7 +56,7 @@ class PolicyRefusal(FedlapError):
 
 
 def _formal_methods() -> tuple[str, ...]:
-    return tuple(m for m, notion in NOTION.items() if notion != "none")
+    return tuple(m for m, spec in METHOD_TABLE.items() if spec.notion != Notion.NONE)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class NodePolicy:
     allow_reproducible_noise: bool = False
 
     def __post_init__(self) -> None:
-        unknown = [m for m in self.allowed_methods if m not in NOTION]
+        unknown = [m for m in self.allowed_methods if m not in METHOD_TABLE]
         checks = [
             (not unknown, f"allowed-methods: unknown method {unknown[0] if unknown else ''!r}"),
             (self.min_sigma >= 0 and math.isfinite(self.min_sigma), "min-sigma must be >= 0"),

@@ -1,0 +1,115 @@
+"""A run's privacy accounting: its schedule, sigma planned for a target, its ledger, the
+privacy statement it releases and the warnings it prints (docs/threat-model.md).
+
+The ledger (:class:`~fedlap_privacy.ledger.PrivacyLedger`) composes the recorded rounds;
+this module decides what a NEW run is accounted with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.ledger import Notion, PrivacyLedger
+
+__all__ = [
+    "build_ledger", "privacy_block", "privacy_warnings", "run_schedule", "with_planned_sigma",
+]
+
+
+def run_schedule(cfg: TrainConfig, client_sizes: list[int]) -> FedLAPSchedule | None:
+    """The schedule a run's rounds are accounted with (None without a Gaussian accountant).
+
+    Record level: Theorem 5.8 at the smallest client (the largest rate). Client level: one
+    SGM over clients per round.
+    """
+    if cfg.notion == Notion.CLIENT:
+        return FedLAPSchedule.client_level(cfg.clients, cfg.client_fraction)
+    if cfg.notion != Notion.RECORD:
+        return None
+    if cfg.batch_size > min(client_sizes):
+        raise ConfigError(
+            f"batch size {cfg.batch_size} is larger than the smallest client "
+            f"({min(client_sizes)} records)"
+        )
+    return FedLAPSchedule(
+        batch_size=cfg.batch_size, client_size=min(client_sizes),
+        local_steps=cfg.accesses_per_round, client_fraction=cfg.client_fraction,
+    )
+
+
+def with_planned_sigma(cfg: TrainConfig, client_sizes: list[int]) -> TrainConfig:
+    """``cfg`` itself when it has a sigma (or needs none); otherwise a NEW configuration
+    whose sigma spends ``target_eps`` in ``rounds`` against the run's threat model (against
+    the server: as if every round selected the same client)."""
+    schedule = run_schedule(cfg, client_sizes)
+    if schedule is None or cfg.sigma is not None:
+        return cfg
+    if cfg.target_eps is None:
+        raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
+    if cfg.resolved_threat_model == "server":
+        schedule = dataclasses.replace(schedule, client_fraction=1.0)
+    sigma = plan_sigma(schedule, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
+    return dataclasses.replace(cfg, sigma=sigma)
+
+
+def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
+    """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`)."""
+    schedule = run_schedule(cfg, client_sizes)
+    if schedule is not None and cfg.sigma is None:
+        raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
+    return PrivacyLedger(
+        cfg.notion, schedule, cfg.sigma if schedule else None, cfg.delta if schedule else None,
+        cfg.accountant, cfg.ldp_epsilon if cfg.notion == Notion.LOCAL else None,
+        cfg.resolved_threat_model, cfg.noise, cfg.clients,
+    )
+
+
+def _finite(eps: float) -> float | None:
+    return None if eps == float("inf") else eps
+
+
+def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
+    """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
+
+    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces); record-level
+    runs also give it against each threat model. ``noise`` "seeded" marks a run that is not
+    private (its noise can be recomputed from the seed); ``public`` lists what the run
+    releases without noise.
+    """
+    gaussian = cfg.private
+    by_threat = None
+    if ledger.notion == "record-level":
+        by_threat = {t: ledger.epsilon_under(t) for t in ("server", "hidden-selection")}
+    return {
+        "notion": ledger.notion,
+        "epsilon": _finite(ledger.epsilon),
+        "threat_model": ledger.threat_model,
+        "epsilon_by_threat_model": by_threat,
+        "delta": cfg.delta if gaussian else None,
+        "sigma": cfg.sigma if gaussian else None,
+        "accountant": cfg.accountant if gaussian else None,
+        "round_epsilon": ledger.round_epsilon,
+        "noise": ledger.noise,
+        "private": ledger.notion != "none" and ledger.noise == "secret",
+        "public": list(cfg.public_metadata),
+    }
+
+
+def privacy_warnings(cfg: TrainConfig, sizes: list[int]) -> list[str]:
+    """Settings that are valid but weaken what the guarantee means."""
+    out = []
+    if cfg.private:
+        unit, n = ("records of the smallest client", min(sizes))
+        if cfg.notion == "client-level":
+            unit, n = "clients", cfg.clients
+        if cfg.delta >= 1.0 / n:
+            out.append(f"delta {cfg.delta:g} is not well below 1/{n} ({n} {unit}): a mechanism "
+                       "that publishes one record in the clear meets it; use delta << 1/n")
+    if cfg.notion != "none" and cfg.reproducible_noise:
+        out.append("--reproducible-noise: the DP noise is derived from the seed, so anyone "
+                   "with the seed can remove it; this run is NOT private")
+    return out
