@@ -29,3 +29,11 @@ def ledger_claiming(epsilon: float, delta: float = 1e-5) -> list[dict]:
     ledger = PrivacyLedger("record-level", schedule, sigma, delta, clients=1)
     ledger.record(1, 1, [0])
     return ledger.to_list()
+
+
+#: what each method needs beyond the tiny configuration to run at all
+METHOD_EXTRAS: dict[str, dict] = {
+    "fedlap": dict(radius_rule="min", init="real", sigma=None),  # client-suggested radii
+    "ali-dpfl": dict(target_eps=5.0, sigma=1.0, tau_max=5),
+    "ldp-fl": dict(ldp_epsilon=1.0),
+}

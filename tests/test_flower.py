@@ -20,6 +20,7 @@ import torch
 flwr = pytest.importorskip("flwr")
 
 from flower_grid import FakeGrid, task_identity, write_policy  # noqa: E402, F401
+from helpers import METHOD_EXTRAS  # noqa: E402
 
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
@@ -117,13 +118,6 @@ def test_run_config_round_trip_and_app_is_a_valid_flower_app(tmp_path):
 
 # --------------------------------------------------------------------------- driver, in-process
 #: what some methods need beyond TINY (their own budgets, the non-private radius rule)
-METHOD_EXTRAS = {
-    "fedlap": dict(radius_rule="min", init="real", sigma=None),  # client-suggested radii
-    "ali-dpfl": dict(target_eps=5.0, sigma=1.0, tau_max=5),
-    "ldp-fl": dict(ldp_epsilon=1.0),
-}
-
-
 @pytest.mark.parametrize("method", sorted(METHOD_TABLE))
 def test_flower_driver_equals_simulator(tmp_path, method):
     """Every method, same seed: the ServerApp's driver + the ClientApp give the simulator's

@@ -27,6 +27,7 @@ from typing import IO, Any
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.processes import free_port, kill_family, stop
 from fedlap_privacy.fl.flower.run_config import toml_table
+from fedlap_privacy.threads import WORKERS_ENV
 
 __all__ = ["LocalDeployment", "Secure"]
 
@@ -67,6 +68,7 @@ class LocalDeployment:
             **os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            WORKERS_ENV: str(clients),  # the nodes share this machine's CPUs (threads.py)
         }
 
     def exe(self, name: str) -> str:
