@@ -1,4 +1,4 @@
-"""Privacy accounting for FedLAP-DP (SPEC section 1). Needs only numpy and scipy.
+"""Privacy accounting for FedLAP-DP (docs/accounting.md). Needs only numpy and scipy.
 
 Mechanism assumed everywhere: Poisson sampling of records, per-record L2 clipping to C,
 Gaussian noise N(0, sigma^2 C^2) added to the sum, add/remove-one neighbouring datasets.

@@ -1,4 +1,5 @@
-"""Epsilon of a FedLAP-DP run, and planning sigma or the number of rounds (SPEC 1.3).
+"""Epsilon of a FedLAP-DP run, and planning sigma or the number of rounds
+(docs/accounting.md#theorem-58, #planning).
 
 Theorem 5.8:  eps(M) = min_alpha [ M * rho(alpha) + c(alpha) ], with rho the RDP of one round
 (``FedLAPSchedule.rdp_per_round``) and c(alpha) = log((alpha-1)/alpha) -

@@ -1,4 +1,4 @@
-"""Privacy-loss-distribution accounting of the same composition (SPEC 1.4).
+"""Privacy-loss-distribution accounting of the same composition (docs/accounting.md#pld-accounting).
 
 An adapter over dp-accounting's PLD (Google): one round is the composition of a Poisson-
 sampled Gaussian at ``q1`` with ``T - 1`` at ``q2`` (add/remove-one neighbours, pessimistic

@@ -1,9 +1,10 @@
 """Rényi DP of the sampled Gaussian mechanism and its conversion to (epsilon, delta).
 
-Contract (SPEC 1.1): one access to private data Poisson-samples every record independently
-with probability ``q``, clips each record's contribution to L2 norm ``C``, sums, and adds
-``N(0, sigma^2 C^2 I)`` once to the sum. Neighbouring datasets differ by adding or removing
-one record. The mechanism's RDP at order ``alpha > 1`` is ``log(A_alpha) / (alpha - 1)`` with
+Contract (docs/accounting.md#sampled-gaussian-mechanism): one access to private data
+Poisson-samples every record independently with probability ``q``, clips each record's
+contribution to L2 norm ``C``, sums, and adds ``N(0, sigma^2 C^2 I)`` once to the sum.
+Neighbouring datasets differ by adding or removing one record. The mechanism's RDP at order
+``alpha > 1`` is ``log(A_alpha) / (alpha - 1)`` with
 (Mironov, Talwar, Zhang 2019, Eq. 4)
 
     A_alpha = E_{z ~ N(0, sigma^2)} [ (1 - q + q * exp((2z - 1) / (2 sigma^2)))^alpha ].
@@ -149,7 +150,8 @@ def _log_integral(
 
 
 def sgm_rdp(q: float, sigma: float, orders: Sequence[float] | np.ndarray) -> np.ndarray:
-    """RDP of one sampled Gaussian step at each order: ``log(A_alpha)/(alpha-1)`` (SPEC 1.1).
+    """RDP of one sampled Gaussian step at each order: ``log(A_alpha)/(alpha-1)``
+    (docs/accounting.md#rdp-of-one-step).
 
     Args:
         q: Poisson sampling probability of each record, in [0, 1].
@@ -184,7 +186,8 @@ def sgm_rdp(q: float, sigma: float, orders: Sequence[float] | np.ndarray) -> np.
 def rdp_to_epsilon(
     rdp: np.ndarray, orders: Sequence[float] | np.ndarray, delta: float
 ) -> tuple[float, float]:
-    """Smallest epsilon over the orders and the order that attains it (SPEC 1.2).
+    """Smallest epsilon over the orders and the order that attains it
+    (docs/accounting.md#rdp-to-epsilon-delta).
 
     ``eps = min_alpha rdp(alpha) + log((alpha-1)/alpha) - (log delta + log alpha)/(alpha-1)``
     (Balle et al. 2020, Thm 21), clamped at 0.

@@ -1,6 +1,6 @@
 """One privacy plan as plain data: what ``fedlap-privacy plan`` computes and prints.
 
-Dispatches on which of (target epsilon, sigma, rounds) are given (SPEC 1.3):
+Dispatches on which of (target epsilon, sigma, rounds) are given (docs/accounting.md#planning):
 sigma + rounds -> the epsilon curve (and whether a target holds); eps + sigma -> plan the
 rounds; eps + rounds -> plan sigma; eps alone -> plan sigma for ``DEFAULT_ROUNDS``; neither
 eps nor sigma -> the authors' sigma = 1.

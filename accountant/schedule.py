@@ -1,4 +1,4 @@
-"""FedLAP-DP's two-rate composition (SPEC 1.3, paper Theorem 5.8).
+"""FedLAP-DP's two-rate composition (paper Theorem 5.8, docs/accounting.md#theorem-58).
 
 Contract: a record of client k is touched in a round's first access to private data only if
 its client is selected (probability ``client_fraction``, independently per round) and the
@@ -11,7 +11,7 @@ client dataset, which gives the largest rate: the bound holds for every client.
 ``local_steps`` is the worst-case number of accesses per client per round (in FedLAP-DP
 ``R_i * L_max * R_b``); accesses that a run skips only make it more private.
 
-Client-level DP (SPEC 1.5) is the special case of one access per round at rate
+Client-level DP (docs/accounting.md#client-level-dp): one access per round at rate
 ``q = client_fraction`` over the ``clients`` "records": :meth:`FedLAPSchedule.client_level`.
 """
 
@@ -78,8 +78,9 @@ class FedLAPSchedule:
 
     @classmethod
     def client_level(cls, clients: int, client_fraction: float = 1.0) -> FedLAPSchedule:
-        """SPEC 1.5: one SGM per round over clients, q = client_fraction (sensitivity: the
-        clipping or normalisation scale of a client's update, add/remove-one client)."""
+        """One SGM per round over clients, q = client_fraction (docs/accounting.md#client-level-dp;
+        sensitivity: the clipping or normalisation scale of a client's update,
+        add/remove-one client)."""
         return cls(
             batch_size=client_fraction * clients, client_size=clients, local_steps=1,
             client_fraction=1.0,

@@ -1,4 +1,4 @@
-"""Membership-inference audit (SPEC 4; paper section 6.6): features -> attacks -> metrics -> report.
+"""Membership-inference audit (docs/audit.md): features -> attacks -> metrics -> report.
 
 ``membership`` (balanced member / non-member sets), ``features`` (per-record loss and
 gradient norm), ``attacks`` (MLP and threshold attacks), ``metrics`` (ROC, AUC, TPR at low

@@ -1,4 +1,4 @@
-"""Membership-inference attacks on per-record features (SPEC 4; paper section 6.6).
+"""Membership-inference attacks on per-record features (docs/audit.md#features-and-attacks).
 
 Both attacks follow scikit-learn's shape: ``fit(X, is_member)`` on the attack half only,
 then ``predict_proba(X)`` (columns: non-member, member) and ``score(X)`` (higher = more

@@ -1,4 +1,5 @@
-"""Per-record attack features: loss (black box) and gradient norm (white box) (SPEC 4).
+"""Per-record attack features: loss (black box) and gradient norm (white box)
+(docs/audit.md#features-and-attacks).
 
 Paper section 6.6: the black-box attacker sees each record's loss under the released model;
 the white-box attacker also has the weights and uses the L2 norm of the record's loss

@@ -1,4 +1,4 @@
-"""Member / non-member sets of the membership-inference audit (SPEC 4; paper section 6.6).
+"""Member / non-member sets of the membership-inference audit (docs/audit.md#sets).
 
 Protocol of the paper: the members are the training records of the clients (the union of
 the checkpoint's ``client_indices``, indices into the dataset's train set); the non-members

@@ -1,4 +1,4 @@
-"""Attack metrics: ROC, AUC, TPR at low FPR, balanced accuracy, epsilon lower bound (SPEC 4).
+"""Attack metrics: ROC, AUC, TPR at low FPR, balanced accuracy, epsilon lower bound (docs/audit.md).
 
 Conventions: ``labels`` are 1 for members and 0 for non-members; ``scores`` are "higher =
 more likely a member"; a threshold ``t`` predicts *member* for ``score >= t``.
@@ -11,7 +11,8 @@ more likely a member"; a threshold ``t`` predicts *member* for ``score >= t``.
 * Balanced accuracy: ``max_t (TPR + TNR) / 2`` over all thresholds of the evaluated set
   (the best threshold, chosen on that same set -- an optimistic summary, as in the paper's
   "attack accuracy"); on the balanced sets of :mod:`.membership` it equals accuracy.
-* Epsilon lower bound (Jagielski et al. 2020; Nasr et al. 2021; SPEC 4): an
+* Epsilon lower bound (Jagielski et al. 2020; Nasr et al. 2021;
+  docs/audit.md#epsilon-lower-bound): an
   ``(epsilon, delta)``-DP mechanism forces every test to satisfy
   ``FPR + e^eps FNR >= 1 - delta`` and ``FNR + e^eps FPR >= 1 - delta``, hence at each
   threshold ``eps >= max(log((1-delta-FPR)/FNR), log((1-delta-FNR)/FPR))``. The rates are

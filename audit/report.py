@@ -1,4 +1,4 @@
-"""The membership-inference audit of a checkpoint, end to end (SPEC 4; paper section 6.6).
+"""The membership-inference audit of a checkpoint, end to end (docs/audit.md; paper section 6.6).
 
 :func:`run_audit` loads a checkpoint written by ``fedlap-privacy train`` (safely: weights
 only), rebuilds the model, reloads the dataset and checks that it matches, draws the
@@ -11,8 +11,8 @@ privacy the accountant promised (the checkpoint's ``privacy`` block):
 * ``client-level`` -- a record is inside one client, and changing one client's data is two
   add/remove steps, so by group privacy the promise for a record is
   ``(2 epsilon, (1 + e^epsilon) delta)``; that is what is tested;
-* ``local`` (LDP-FL's per-weight, per-round epsilon, SPEC 1.5) and ``none`` -- no bound on
-  record membership of the released model follows, so nothing is tested.
+* ``local`` (LDP-FL's per-weight, per-round epsilon, docs/accounting.md#local-dp) and ``none``
+  -- no bound on record membership of the released model follows, so nothing is tested.
 
 ``violation`` is True (loudly) when some attack's epsilon lower bound exceeds the tested
 epsilon: either the implementation or its accounting is wrong.
@@ -377,7 +377,8 @@ def audit_target(
             "balanced_accuracy": "best threshold on the audit half (optimistic)",
             "tpr_at_fpr": "best TPR with empirical FPR <= target, no interpolation",
             "eps_lb": (
-                "max over audit thresholds of the SPEC 4 bound with one-sided Clopper-Pearson "
+                "max over audit thresholds of the docs/audit.md#epsilon-lower-bound bound with "
+                "one-sided Clopper-Pearson "
                 "upper bounds, Bonferroni over 2 bounds x (n+1) cuts x all attacks "
                 f"(family-wise {CONFIDENCE:.0%}); delta = delta_tested"
             ),

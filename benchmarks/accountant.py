@@ -1,4 +1,4 @@
-"""Time the accountant (SPEC 1.3) against Opacus and dp-accounting, in one run.
+"""Time the accountant (docs/accounting.md#theorem-58) against Opacus and dp-accounting, in one run.
 
 Three operations on the reference configuration (B 256, N_k 10,000, T 200, C 1, delta 1e-5;
 sigma 1 and 30 rounds; target epsilon 10), all on the same RDP orders (DEFAULT_ORDERS):
@@ -183,7 +183,8 @@ def check_agreement() -> list[str]:
     )
     if abs(rel) > 1e-3:
         # explained only if dp-accounting is above (it sums |terms| of the fractional series,
-        # an upper bound, SPEC 1.1), by < 2%, and agrees exactly on integer orders
+        # an upper bound, docs/accounting.md#fractional-orders), by < 2%, and agrees exactly
+        # on integer orders
         int_orders = [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, *ORDERS[ORDERS.index(12.0) :]]
         accountant = RdpAccountant(int_orders)
         accountant.compose(fedlap_event(SIGMA, ROUNDS))

@@ -1,12 +1,13 @@
-"""Time the audit's feature extraction (SPEC 4) against a naive per-record loop.
+"""Time the audit's feature extraction (docs/audit.md#features-and-attacks) against a naive
+per-record loop.
 
 Features: per-record loss and per-record L2 gradient norm over all weights, as
 :func:`fedlap_privacy.audit.features.compute_features` computes them (batched, vectorised
 per-record gradients from :mod:`fedlap_privacy.per_sample`). The naive reference runs one
-forward + backward pass per record. Both run on the ConvNet of SPEC 2.4 (width 128) with
-two inputs -- scikit-learn digits (1x8x8) and a random 1x28x28 batch (MNIST-sized) --
-interleaved within one run so they see the same machine load. The script checks that the
-two agree, then prints the median and best time of each and the ratio naive / ours.
+forward + backward pass per record. Both run on the ConvNet of docs/algorithms.md#convnet
+(width 128) with two inputs -- scikit-learn digits (1x8x8) and a random 1x28x28 batch
+(MNIST-sized) -- interleaved within one run so they see the same machine load. The script
+checks that the two agree, then prints the median and best time of each and the ratio naive / ours.
 
     python benchmarks/audit_features.py [--records 512] [--repeats 2]   # ~1.5-2 min on 2 cores
 """

@@ -1,4 +1,5 @@
-"""Time one DP real-gradient step (per-record grads + clip + noise, SPEC 1.1, 2.1) three ways.
+"""Time one DP real-gradient step (per-record grads + clip + noise) three ways
+(docs/accounting.md#sampled-gaussian-mechanism).
 
 (a) ours: :func:`fedlap_privacy.fl.dp.dp_gradient` (per-record gradients from
     :mod:`fedlap_privacy.per_sample`); also its two per-sample methods, ``hooks`` and ``vmap``;
@@ -6,9 +7,9 @@
     :func:`~fedlap_privacy.fl.dp.clip_and_noise`;
 (c) a naive loop: one forward/backward per record, then the same clipping.
 
-All run on the ConvNet of SPEC 2.4 (width 128), interleaved within one run so that they see
-the same machine load; checks first that they agree at sigma = 0, then prints the median and
-best time of each and the ratios opacus/ours and naive/ours.
+All run on the ConvNet of docs/algorithms.md#convnet (width 128), interleaved within one run
+so that they see the same machine load; checks first that they agree at sigma = 0, then
+prints the median and best time of each and the ratios opacus/ours and naive/ours.
 
     python benchmarks/dp_step.py [--batch-size 256] [--image-size 28] [--repeats 3]
 """

@@ -1,4 +1,4 @@
-"""Datasets, their file readers and the client splits (SPEC 2.4).
+"""Datasets, their file readers and the client splits (docs/algorithms.md#model-and-data).
 
 Four image datasets, all returned as float32 ``(N, C, H, W)`` arrays normalised with fixed
 per-channel mean/std constants (never computed from the data at run time):
@@ -132,7 +132,7 @@ def content_hash(*arrays: np.ndarray) -> str:
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, download: bool = False) -> Dataset:
-    """Load one of :data:`DATASETS`, normalised as in SPEC 2.4.
+    """Load one of :data:`DATASETS`, normalised as in docs/algorithms.md#normalisation.
 
     ``data_dir`` is the folder holding the files (for CIFAR-10 it may hold them directly or
     in ``cifar-10-batches-py/``); it defaults to ``data/<name>`` and is ignored for
@@ -478,7 +478,8 @@ def split_clients(
     seed: int = 0,
     num_classes: int | None = None,
 ) -> list[np.ndarray]:
-    """Partition the training set among clients (SPEC 2.4); sorted int64 index arrays.
+    """Partition the training set among clients (docs/algorithms.md#splits); sorted int64
+    index arrays.
 
     * ``noniid`` -- the paper's split: the class order ``[5,6,1,2,0,8,9,3,4,7]`` (range
       order unless there are 10 classes) cut into ``num_clients`` contiguous groups with

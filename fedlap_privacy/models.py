@@ -1,4 +1,4 @@
-"""The ConvNet of the FedLAP-DP paper (SPEC 2.4).
+"""The ConvNet of the FedLAP-DP paper (docs/algorithms.md#convnet).
 
 Three blocks of [conv 3x3, ``width`` channels -> GroupNorm(width groups, affine) -> ReLU ->
 AvgPool 2x2], then a linear classifier. GroupNorm (not BatchNorm) keeps per-record gradients
@@ -30,7 +30,8 @@ class ModelConfig:
 
 
 class ConvNet(nn.Module):
-    """ConvNet-GN of SPEC 2.4 (the dataset-condensation ConvNet with GroupNorm)."""
+    """ConvNet-GN of docs/algorithms.md#convnet (the dataset-condensation ConvNet with
+    GroupNorm)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

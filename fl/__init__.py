@@ -1,4 +1,4 @@
-"""Federated training: FedLAP / FedLAP-DP and the field's other methods (SPEC 2-3).
+"""Federated training: FedLAP / FedLAP-DP and the field's other methods (docs/algorithms.md).
 
 >>> from fedlap_privacy.fl import TrainConfig, train
 >>> result = train(TrainConfig(), "runs/example")   # FedLAP-DP on digits

@@ -1,15 +1,16 @@
-"""ALI-DPFL: record-level DP-FedAvg with adaptive local iterations (SPEC 3).
+"""ALI-DPFL: record-level DP-FedAvg with adaptive local iterations (docs/algorithms.md#ali-dpfl).
 
 Ling, Fu, Wang, Liu, Chen, "ALI-DPFL: Differentially private federated learning with adaptive
-local iterations" (2024). Clients run ``tau`` local DP-SGD iterations (SPEC 1.1, each one
-access to private data); the server averages the weights as FedAvg (N_k / N) and recomputes
+local iterations" (2024). Clients run ``tau`` local DP-SGD iterations (each one access to
+private data, docs/accounting.md#sampled-gaussian-mechanism); the server averages the
+weights as FedAvg (N_k / N) and recomputes
 ``tau`` every round with the authors' rule (:func:`ali_tau`) under two budgets:
 
 * the privacy budget ``Rc``: the largest number of DP-SGD iterations ``n`` such that ``n``
   sampled-Gaussian steps at the rate ``q2 = B / min_k N_k`` stay within
   ``(target_eps, delta)`` (:func:`fedlap_privacy.accountant.plan_rounds` on the run's
   schedule with one step per "round" and client fraction 1). This is conservative: a round of
-  ``tau`` iterations is accounted (Theorem 5.8, SPEC 1.3) as one step at ``q1 <= q2`` and
+  ``tau`` iterations is accounted (docs/accounting.md#theorem-58) as one step at ``q1 <= q2`` and
   ``tau - 1`` at ``q2``, and the sampled Gaussian's privacy loss grows with the rate, so any
   split of ``<= Rc`` iterations into rounds costs no more than ``Rc`` steps at ``q2``.
   Training stops (:meth:`ALIDPFL.stop_reason`) before the total would exceed ``Rc``; the
@@ -64,7 +65,7 @@ __all__ = ["ALIDPFL", "ali_tau", "ali_tau_value", "privacy_iterations"]
 def ali_tau_value(
     mu: float, gamma: float, T: float, clip: float, sigma: float, d: int, bhat: float
 ) -> float:
-    """The unrounded tau* of ALI-DPFL's rule (SPEC 3, Ling et al. 2024)::
+    """The unrounded tau* of ALI-DPFL's rule (docs/algorithms.md#ali-dpfl, Ling et al. 2024)::
 
         sqrt( 1 + (4/mu^2 + 3 C^2 + 2 Gamma T mu + sigma^2 C^2 d / Bhat^2)
                   / ((2 + 2/T) (C^2 + sigma^2 C^2 d / Bhat^2)) )
@@ -94,7 +95,8 @@ def ali_tau(
     mu: float, gamma: float, T: float, clip: float, sigma: float, d: int, bhat: float,
     tau_max: int = 100,
 ) -> int:
-    """ALI-DPFL's tau (SPEC 3): :func:`ali_tau_value` rounded half up, clamped to [1, tau_max].
+    """ALI-DPFL's tau: :func:`ali_tau_value` rounded half up, clamped to [1, tau_max]
+    (docs/algorithms.md#ali-dpfl).
 
     ``mu -> 0`` (or an infinite value of the rule) gives ``tau_max``. (Half-up rounding:
     ties have probability zero for estimated inputs.)
@@ -121,7 +123,8 @@ def _flat(tensors: list[Tensor]) -> Tensor:
 
 
 class ALIDPFL(Method):
-    """ALI-DPFL (SPEC 3): DP-FedAvg whose local iteration count tau the server adapts.
+    """ALI-DPFL (docs/algorithms.md#ali-dpfl): DP-FedAvg whose local iteration count tau
+    the server adapts.
 
     Server state (plain values): ``tau`` (this round's, starts at ``cfg.local_steps``),
     ``total`` (iterations of the rounds aggregated so far), ``rc`` (the privacy budget in

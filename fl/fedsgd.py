@@ -1,4 +1,5 @@
-"""FedSGD (McMahan et al. 2017, the B = infinity, E = 1 case of FedAvg; SPEC 3).
+"""FedSGD (McMahan et al. 2017, the B = infinity, E = 1 case of FedAvg;
+docs/algorithms.md#fedsgd).
 
 Each selected client computes ONE gradient per round: the gradient at w_g of its mean
 cross-entropy over ALL its N_k local records (full batch, evaluated in chunks so memory stays
@@ -10,7 +11,7 @@ gradients (N over the replying clients)::
 
 which is exactly one full-batch gradient-descent step on the union of the clients' data.
 
-Privacy: none (SPEC 1.5: notion "none"); one access to the client's data per round.
+Privacy: none (notion "none"); one access to the client's data per round.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""DP-NormFedAvg: client-level DP by normalised client updates (SPEC 1.5, 3).
+"""DP-NormFedAvg: client-level DP by normalised client updates (docs/algorithms.md#dp-normfedavg).
 
 Das, Hashemi, Sanghavi, Dhillon, "Privacy-preserving federated learning via normalized (instead
 of clipped) updates". Each sampled client trains locally WITHOUT record-level noise, scales its
 update Delta_k = w_k - w_g to the fixed norm C, and the server releases the noisy sum.
 
 Contract — exactly the client-level sampled Gaussian mechanism the ledger assumes
-(:meth:`fedlap_privacy.accountant.FedLAPSchedule.client_level`, SPEC 1.5):
+(:meth:`fedlap_privacy.accountant.FedLAPSchedule.client_level`,
+docs/accounting.md#client-level-dp):
 
 * Neighbouring datasets: add/remove ONE CLIENT (all of its records at once).
 * Sampling: every client takes part in a round independently with probability
@@ -66,7 +67,8 @@ def normalise_update(update: dict[str, Tensor], norm: float) -> dict[str, Tensor
 
 
 class DPNormFedAvg(Method):
-    """DP-NormFedAvg (SPEC 3): normalised client updates, Gaussian noise on their sum.
+    """DP-NormFedAvg (docs/algorithms.md#dp-normfedavg): normalised client updates, Gaussian
+    noise on their sum.
 
     Client: ``cfg.local_steps`` non-private local SGD steps at ``info.lr`` from w_g, upload
     ``normalise_update(w_k - w_g, cfg.clip)`` (one client-level access). Server: see the module

@@ -9,20 +9,21 @@ option II (line 12)::
     c_k+ = c_k - c + (w_g - y_k) / (K lr)
 
 It uploads ``dy = y_k - w_g`` AND ``dc = c_k+ - c_k`` (line 13), twice the model size: the
-"double upload" SPEC 3 counts (``Reply.upload_bytes``). The server (lines 16-17) steps
-``w_g += server_lr * sum_k p_k dy_k`` and ``c += (1 / N) sum_k dc_k`` with N the number of
-ALL clients (``cfg.clients``), which keeps c the mean of every client's c_k.
+"double upload" of docs/algorithms.md#scaffold (``Reply.upload_bytes``). The server (lines
+16-17) steps ``w_g += server_lr * sum_k p_k dy_k`` and ``c += (1 / N) sum_k dc_k`` with N the
+number of ALL clients (``cfg.clients``), which keeps c the mean of every client's c_k.
 
 Weights of dy (a documented choice): the paper averages dy uniformly (1/|S|); here
 ``p_k = N_k / N_S`` over the replying clients, the same weights as this package's FedAvg
-(SPEC 3), so the baselines differ only in the control variates, and with c = c_k = 0 and
-``server_lr = 1`` a SCAFFOLD round IS a FedAvg round. On equal client sizes the two rules
-coincide. The update of c keeps the paper's 1/N (it is what keeps c = mean_k c_k).
+(docs/algorithms.md#fedavg), so the baselines differ only in the control variates, and with
+c = c_k = 0 and ``server_lr = 1`` a SCAFFOLD round IS a FedAvg round. On equal client sizes
+the two rules coincide. The update of c keeps the paper's 1/N (it is what keeps
+c = mean_k c_k).
 
 Only ``model.parameters()`` carry control variates; state-dict buffers (none in this
 package's ConvNet-GN) are averaged like FedAvg's weights.
 
-Privacy: none (SPEC 1.5: notion "none"); each local step still draws one Poisson batch and
+Privacy: none (notion "none"); each local step still draws one Poisson batch and
 counts as one access, like FedAvg.
 """
 

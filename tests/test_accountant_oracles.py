@@ -1,10 +1,10 @@
-"""The accountant against independent oracles (SPEC 1.1-1.4).
+"""The accountant against independent oracles (docs/accounting.md).
 
 * mpmath (30-40 digits): Mironov, Talwar, Zhang 2019 Eq. 4 by adaptive quadrature for any
   order, and the exact binomial sum for integer orders; the two are cross-checked here too.
 * Opacus's RDP accountant: equal to 1e-6 relative wherever Opacus's own series is sound.
   Opacus sums the signed fractional series until terms drop below e^-30 ABSOLUTE, which
-  under-reports for large sigma (SPEC 1.1); such points are found by asking mpmath who is
+  under-reports for large sigma; such points are found by asking mpmath who is
   right, and are counted and skipped explicitly.
 * dp-accounting's RDP accountant (sums the absolute values of the fractional series: an upper
   bound): ours is never above it and within 2% in epsilon.
@@ -338,7 +338,7 @@ def test_pld_matches_dp_accounting_pld_and_is_below_rdp(schedule, sigma, rounds)
 
 
 def test_pld_is_about_eight_percent_tighter_on_the_reference() -> None:
-    """SPEC 1.4: PLD about 8% below RDP on the reference configuration (15 rounds)."""
+    """PLD about 8% below RDP on the reference configuration (15 rounds)."""
     schedule = FedLAPSchedule(batch_size=256, client_size=10000, local_steps=200)
     pld = pld_epsilon(schedule, 1.0, 15)
     rdp = epsilon(schedule, 1.0, 15, DELTA)

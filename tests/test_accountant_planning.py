@@ -1,4 +1,4 @@
-"""FedLAP-DP's two-rate composition, epsilon and planning (SPEC 1.3, Theorem 5.8).
+"""FedLAP-DP's two-rate composition, epsilon and planning (docs/accounting.md#theorem-58).
 
 Paper numbers, monotonicity and round-trip properties (hypothesis), and input validation.
 """
@@ -41,16 +41,17 @@ def test_reference_schedule_rates() -> None:
 
 
 def test_reproduces_the_paper() -> None:
-    """SPEC 1.3: 2.79 after round 1 and 10.18 after round 15 (sigma 1, delta 1e-5)."""
+    """The paper's numbers: 2.79 after round 1 and 10.18 after round 15 (sigma 1, delta 1e-5)."""
     assert round(epsilon(REFERENCE, 1.0, 1, DELTA), 2) == 2.79
     assert round(epsilon(REFERENCE, 1.0, 15, DELTA), 2) == 10.18
 
 
 def test_reference_unrounded_values() -> None:
-    """SPEC 1.1: 10.1830 after 15 rounds and 14.306 after 27 (signed series, exact)."""
+    """10.1830 after 15 rounds and 14.306 after 27 (signed series, exact;
+    docs/accounting.md#fractional-orders)."""
     assert epsilon(REFERENCE, 1.0, 15, DELTA) == pytest.approx(10.1830, abs=5e-5)
     assert epsilon(REFERENCE, 1.0, 27, DELTA) == pytest.approx(14.306, abs=5e-4)
-    # the absolute-value bound of SPEC 1.1 would give 14.336: we are clearly below it
+    # the absolute-value bound of the series would give 14.336: we are clearly below it
     assert epsilon(REFERENCE, 1.0, 27, DELTA) < 14.32
 
 

@@ -1,4 +1,5 @@
-"""RDP of one sampled Gaussian step and its (epsilon, delta) conversion (SPEC 1.1, 1.2).
+"""RDP of one sampled Gaussian step and its (epsilon, delta) conversion
+(docs/accounting.md#rdp-of-one-step, #rdp-to-epsilon-delta).
 
 Exactness against independent oracles (mpmath, Opacus, dp-accounting) lives in
 test_accountant_oracles.py; this file pins the closed forms, special cases and edge cases.
@@ -78,7 +79,8 @@ def test_small_q_limit_is_q_squared_alpha_over_sigma_squared() -> None:
 
 
 def test_large_sigma_fractional_order_is_positive() -> None:
-    """SPEC 1.1: the known defect point. log A_alpha > 0 and the mpmath value.
+    """The known defect point (docs/accounting.md#fractional-orders).
+    log A_alpha > 0 and the mpmath value.
 
     Reference: mpmath (dps 40) quadrature of Mironov et al. Eq. 4, see
     test_accountant_oracles.py: log A = 2.0906741152138718167..., xi = log A / 57.75.
@@ -99,7 +101,7 @@ def test_rdp_increases_with_q_and_order_and_falls_with_sigma() -> None:
 
 
 def test_huge_orders_and_rdp_are_finite() -> None:
-    # log(binom) overflow near alpha ~ 1000 must not happen (SPEC 1.1)
+    # log(binom) overflow near alpha ~ 1000 must not happen (docs/accounting.md#integer-orders)
     rdp = sgm_rdp(0.0256, 1.0, EXTENDED_ORDERS)
     assert np.all(np.isfinite(rdp)) and np.all(rdp > 0)
     # at q close to 1 and large alpha, RDP approaches the Gaussian's alpha / (2 sigma^2)

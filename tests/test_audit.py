@@ -1,4 +1,4 @@
-"""End-to-end membership-inference audit on small digits ConvNets (SPEC 4; paper 6.6).
+"""End-to-end membership-inference audit on small digits ConvNets (docs/audit.md; paper 6.6).
 
 Checkpoints are built here with plain torch in the schema ``train`` writes:
 

@@ -1,4 +1,5 @@
-"""Differentiable siamese augmentation (fl.augment), SPEC 2.1."""
+"""Differentiable siamese augmentation (fl.augment),
+docs/algorithms.md#differentiable-siamese-augmentation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Datasets, file readers and client splits (SPEC 2.4), on miniature files made here."""
+"""Datasets, file readers and client splits (docs/algorithms.md#splits), on miniature files
+made here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Per-record gradients (fedlap_privacy.per_sample) and the DP mechanism (fl.dp), SPEC 1.1."""
+"""Per-record gradients (fedlap_privacy.per_sample) and the DP mechanism (fl.dp),
+docs/accounting.md#sampled-gaussian-mechanism."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedLAP / FedLAP-DP / baselines: the rules of SPEC 2 on tiny configurations."""
+"""FedLAP / FedLAP-DP / baselines: the rules of docs/algorithms.md on tiny configurations."""
 
 from __future__ import annotations
 

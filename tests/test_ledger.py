@@ -1,4 +1,5 @@
-"""The ledger's notions and the heterogeneous composition it rests on (SPEC 1.3, 1.5)."""
+"""The ledger's notions and the heterogeneous composition it rests on
+(docs/accounting.md#theorem-58, #other-privacy-notions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The gradient-matching distance of SPEC 2.1 (Eq. 9-10), fl.matching."""
+"""The gradient-matching distance of docs/algorithms.md#matching-distance (Eq. 9-10),
+fl.matching."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SCAFFOLD, FedSGD and FedProx (SPEC 3): the defining rule of each, checked on tiny problems."""
+"""SCAFFOLD, FedSGD and FedProx (docs/algorithms.md#other-methods): the defining rule of
+each, checked on tiny problems."""
 
 from __future__ import annotations
 

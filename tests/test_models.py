@@ -1,4 +1,4 @@
-"""The ConvNet of SPEC 2.4: parameter counts and output shapes."""
+"""The ConvNet of docs/algorithms.md#convnet: parameter counts and output shapes."""
 
 from __future__ import annotations
 

@@ -99,8 +99,9 @@ def _digits_schedule(fraction: float) -> FedLAPSchedule:
 
 
 def test_client_sampling_does_not_amplify_against_the_server() -> None:
-    """SPEC reference: DP-FedAvg, T=1, C=0.2, sigma 1, 50 rounds: 2.94 with Theorem 5.8's
-    q1; counting each client's participations at q2, about 6.3-7.6 for the busiest."""
+    """The example of docs/threat-model.md: DP-FedAvg, T=1, C=0.2, sigma 1, 50 rounds: 2.94
+    with Theorem 5.8's q1; counting each client's participations at q2, about 6.3-7.6 for
+    the busiest."""
     schedule = _digits_schedule(0.2)
     ledger = PrivacyLedger("record-level", schedule, 1.0, 1e-5, clients=5)
     assert ledger.threat_model == "server"

@@ -1,4 +1,5 @@
-"""End to end: a checkpoint written by training is audited against its own ledger (SPEC 4)."""
+"""End to end: a checkpoint written by training is audited against its own ledger
+(docs/audit.md#what-is-tested)."""
 
 from __future__ import annotations
 
