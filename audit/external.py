@@ -163,8 +163,7 @@ def audit_model(
     dataset = Dataset("external", np.asarray(xm, np.float32), np.asarray(ym, np.int64),
                       np.asarray(xn, np.float32), np.asarray(yn, np.int64), classes, (), ())
     model.eval()
-    target = AuditTarget({"method": None, "round": None}, {}, model, dataset,
-                         np.arange(len(ym)), None)
+    target = AuditTarget(model, dataset, np.arange(len(ym)))
     return audit_target(target, claimed_privacy(claimed_epsilon, delta), name, attacks, seed,
                         out_dir, max_per_half, device, reference_models)
 

@@ -47,12 +47,12 @@ from fedlap_privacy.audit.membership import make_membership_split, member_indice
 from fedlap_privacy.audit.metrics import attack_metrics
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.canary_state import CanaryState
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
+from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.data import DATASETS, Dataset, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
 from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.ledger import PrivacyLedger
-from fedlap_privacy.models import build_model
+from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
     "AuditTarget",
@@ -204,7 +204,7 @@ def evaluate_attacks(
     return results
 
 
-def _load_private_state(checkpoint: Path) -> dict[str, Any]:
+def _load_private_state(checkpoint: Path) -> PrivateRunState:
     """The run's private state beside ``checkpoint``: the audit needs its member indices."""
     path = checkpoint.parent / PRIVATE
     if not path.is_file():
@@ -212,49 +212,37 @@ def _load_private_state(checkpoint: Path) -> dict[str, Any]:
             f"no {PRIVATE} beside {checkpoint}: the audit needs the run's private state (the "
             "member indices), which a shared model checkpoint does not carry"
         )
-    return load_checkpoint(path, PRIVATE_FORMAT)
+    return PrivateRunState.load(path)
 
 
 @dataclass(frozen=True)
 class AuditTarget:
-    """What an audit reads: the release checkpoint, the run's private state, the rebuilt
-    model, the dataset, the member indices and the data folder used."""
+    """What an audit reads: the model, the dataset, the member indices, the data folder
+    used and, for a run of this package, its release checkpoint and private state."""
 
-    checkpoint: dict[str, Any]
-    private: dict[str, Any]
     model: torch.nn.Module
     dataset: Dataset
     members: np.ndarray
-    data_dir: str | None
+    data_dir: str | None = None
+    release: ModelRelease | None = None
+    private: PrivateRunState | None = None
 
 
 def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None) -> AuditTarget:
     """Checkpoint, private state, rebuilt model, dataset, member indices -- all checked."""
     path = Path(checkpoint_path)
-    ckpt = load_checkpoint(path)
-    for key in ("model_state", "model_config", "dataset"):
-        if key not in ckpt:
-            raise CheckpointError(f"checkpoint {path} lacks {key!r}; was it written by train?")
-    info = ckpt["dataset"] if isinstance(ckpt["dataset"], dict) else {}
-    name = info.get("name")
+    release = ModelRelease.load(path)
+    name = release.dataset
     if name not in DATASETS:
         raise CheckpointError(
             f"checkpoint {path} names unknown dataset {name!r}; known: {', '.join(DATASETS)}"
         )
-    config = ckpt["model_config"]
     try:
-        if not isinstance(config, dict) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in config.values()
-        ):
-            raise TypeError("not a dict of integers")
-        model = build_model(dict(config))
-        model.load_state_dict(ckpt["model_state"])
-    except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise CheckpointError(f"checkpoint {path}: cannot rebuild its model ({first})") from None
-
+        model = release.build_model()
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc).replace("checkpoint:", f"checkpoint {path}:")) from None
     private = _load_private_state(path)
-    recorded_dir = (private.get("config") or {}).get("data_dir")
+    recorded_dir = private.config.get("data_dir")
     from_checkpoint = data_dir is None and recorded_dir is not None
     used = data_dir if data_dir is not None else recorded_dir
     try:
@@ -265,6 +253,7 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None) -> Au
         raise DataError(
             f"{exc} (data dir {used} recorded in the run's private state; pass --data-dir)"
         ) from None
+    config = release.model_config
     expected = (config["in_channels"], config["image_size"], config["num_classes"])
     found = (dataset.in_channels, dataset.image_size, dataset.num_classes)
     if expected != found:
@@ -273,9 +262,9 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None) -> Au
             f"classes, but the checkpoint's model expects {expected[0]}x{expected[1]}x"
             f"{expected[1]} and {expected[2]}"
         )
-    members = member_indices(private.get("client_indices"), len(dataset.y_train))
-    return AuditTarget(ckpt, private, model, dataset, members,
-                       None if used is None else str(used))
+    members = member_indices(private.client_indices, len(dataset.y_train))
+    return AuditTarget(model, dataset, members, None if used is None else str(used), release,
+                       private)
 
 
 def run_audit(
@@ -299,9 +288,9 @@ def run_audit(
     ``reference_models`` says which were used and how.
     """
     target = _load_target(checkpoint_path, data_dir)
-    ckpt = target.checkpoint
-    claim = privacy_claim(ckpt.get("privacy"), ckpt.get("ledger"),
-                          target.private.get("ledger_digest"))
+    assert target.release is not None and target.private is not None
+    claim = privacy_claim(target.release.privacy, target.release.ledger,
+                          target.private.ledger_digest)
     return audit_target(target, claim, str(checkpoint_path), attacks, seed, out_dir,
                         max_per_half, device, reference_models)
 
@@ -320,7 +309,7 @@ def audit_target(
     """The audit of :func:`run_audit` on a loaded target and its claim (``source`` names
     the model in the report); shared with :func:`fedlap_privacy.audit.external.audit_model`."""
     features_wanted = parse_attacks(attacks)
-    ckpt, model, dataset, members = target.checkpoint, target.model, target.dataset, target.members
+    model, dataset, members = target.model, target.dataset, target.members
     used_dir = target.data_dir
     split = make_membership_split(
         members, dataset.y_train, dataset.y_test, seed=seed, max_per_half=max_per_half
@@ -354,8 +343,8 @@ def audit_target(
         a["verdict"] == "violation" for a in one_run["audits"])
     report: dict[str, Any] = {
         "checkpoint": source,
-        "method": ckpt.get("method"),
-        "round": ckpt.get("round"),
+        "method": None if target.release is None else target.release.method,
+        "round": None if target.release is None else target.release.round,
         "dataset": {
             "name": dataset.name,
             "data_dir": used_dir,
@@ -450,7 +439,7 @@ def _canary_report(target: AuditTarget, claim: dict[str, Any],
     records are never in a reference model's data: references train without canaries).
     The top level holds the audit with the largest lower bound; ``audits`` every one, with
     the canary scores (in / out) for the histograms."""
-    saved = target.private.get("canaries")
+    saved = None if target.private is None else target.private.canaries
     if saved is None:
         return None
     state = CanaryState.from_state(saved)
@@ -471,9 +460,9 @@ def _canary_report(target: AuditTarget, claim: dict[str, Any],
     return {**primary, "kind": state.kind, "audits": entries}
 
 
-def _config_delta(private: dict[str, Any]) -> float:
+def _config_delta(private: PrivateRunState) -> float:
     """The run's configured delta (a non-private run's canaries are bounded at it)."""
-    value = _number((private.get("config") or {}).get("delta"))
+    value = _number(private.config.get("delta"))
     return value if value is not None and 0 < value < 1 else 1e-5
 
 

@@ -48,12 +48,11 @@ import numpy as np
 from torch import nn
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.checkpoint import load_checkpoint
 from fedlap_privacy.data import Dataset, content_hash, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run_files import CHECKPOINT, PENDING, load_private
-from fedlap_privacy.models import build_model
+from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
     "MANIFEST", "REFERENCE_DIR", "REFERENCE_SEED", "ReferenceRun", "load_reference_models",
@@ -96,16 +95,12 @@ def reference_config(run_dir: str | Path, index: int) -> TrainConfig:
     return _reference_config(private, index)
 
 
-def _reference_config(private: dict[str, Any], index: int) -> TrainConfig:
-    try:
-        cfg = TrainConfig.from_dict(private["config"])
-    except (KeyError, TypeError) as exc:
-        raise CheckpointError(
-            f"the run's private state has no valid configuration ({exc})") from None
-    rounds = int(private.get("round") or 0)
+def _reference_config(private: PrivateRunState, index: int) -> TrainConfig:
+    cfg = TrainConfig.from_dict(private.config)
+    rounds = private.round
     if rounds < 1:
         raise ConfigError("the audited run has not completed a round: nothing to imitate")
-    planned = bool(private.get("sigma_planned", False))
+    planned = private.sigma_planned
     return dataclasses.replace(
         cfg, seed=REFERENCE_SEED + index, canaries=0, canary_kind=None, rounds=rounds,
         target_eps=None if planned else cfg.target_eps,
@@ -206,13 +201,13 @@ def train_reference_models(
     cfg0 = configs[0]
     data = load_dataset(cfg0.dataset, data_dir if data_dir is not None else cfg0.data_dir)
     data_hash = content_hash(data.x_train, data.y_train, data.x_test, data.y_test)
-    recorded = (private.get("fingerprints") or {}).get("data")
+    recorded = private.fingerprints.get("data")
     if recorded is not None and recorded != content_hash(data.x_train, data.y_train):
         raise ConfigError(f"the {cfg0.dataset} training data found is not the data the run "
                           f"in {run} trained on: pass the run's --data-dir")
     total = len(data.y_train) + len(data.y_test)
     excluded = _check_exclude(exclude, total)
-    size = sum(len(p) for p in private.get("client_indices") or []) or len(data.y_train)
+    size = sum(len(p) for p in private.client_indices) or len(data.y_train)
     paths = reference_dirs(run, n)
     for i, (folder, cfg) in enumerate(zip(paths, configs, strict=True)):
         if data_dir is not None:
@@ -270,13 +265,10 @@ def load_reference_models(paths: Sequence[str | Path]) -> list[ReferenceRun]:
         if manifest is None or not manifest.get("finished") or (folder / PENDING).exists():
             raise CheckpointError(f"{folder} holds no finished reference model: train it with "
                                   "train_reference_models (audit --reference-models)")
-        ckpt = load_checkpoint(folder / CHECKPOINT)
         try:
-            model = build_model(dict(ckpt["model_config"]))
-            model.load_state_dict(ckpt["model_state"])
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            raise CheckpointError(f"{folder}: cannot rebuild its model ({first})") from None
+            model = ModelRelease.load(folder / CHECKPOINT).build_model()
+        except CheckpointError as exc:
+            raise CheckpointError(f"{folder}: {exc}") from None
         model.eval()
         out.append(ReferenceRun(folder, model, np.asarray(manifest["trained_on"], np.int64),
                                 TrainConfig.from_dict(manifest["config"])))

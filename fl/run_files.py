@@ -24,9 +24,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, PRIVATE_FORMAT, load_checkpoint
+from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, PRIVATE_FORMAT
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.run_state import PrivateRunState
 
 __all__ = [
     "CHECKPOINT", "METRICS", "PENDING", "PRIVATE", "PRIVATE_FORMAT", "RUN_FILES",
@@ -57,7 +58,7 @@ def check_new_run_dir(out: Path) -> None:
                           "or pick another --out")
 
 
-def load_private(out: Path) -> dict[str, Any]:
+def load_private(out: Path) -> PrivateRunState:
     """The private state of the run in ``out`` (see the module docstring)."""
     path = out / PRIVATE
     if not (out / CHECKPOINT).is_file():
@@ -65,9 +66,9 @@ def load_private(out: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{out} has no {PRIVATE}: the run's private state (member "
                               "indices, seed, ledger fingerprint) is missing")
-    return load_checkpoint(path, PRIVATE_FORMAT)
+    return PrivateRunState.load(path)
 
 
 def load_run_config(out: Path) -> TrainConfig:
     """The full configuration of the run in ``out`` (from its private state)."""
-    return TrainConfig.from_dict(load_private(out)["config"])
+    return TrainConfig.from_dict(load_private(out).config)

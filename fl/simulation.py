@@ -38,7 +38,6 @@ from torch import Tensor, nn
 
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.canary_state import CanaryState
-from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
 from fedlap_privacy.data import Dataset, content_hash, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
@@ -57,13 +56,13 @@ from fedlap_privacy.fl.run_files import (
     METRICS,
     PENDING,
     PRIVATE,
-    PRIVATE_FORMAT,
     check_new_run_dir,
     load_private,
     public_config,
 )
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
     "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "local_clients", "resolve_device",
@@ -120,7 +119,8 @@ def _to(state: Any, device: torch.device | str) -> Any:
 
 
 def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
-    """The run's split of the training records over its clients (SPEC 2.4): the same in
+    """The run's split of the training records over its clients (docs/algorithms.md#splits):
+    the same in
     every driver, on every node."""
     return split_clients(
         data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed, data.num_classes
@@ -136,7 +136,8 @@ def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
 
 
 def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
-    """SPEC 2.4's ConvNet; 8x8 inputs default to 32 channels and 2 blocks (see TrainConfig)."""
+    """The ConvNet (docs/algorithms.md#convnet); 8x8 inputs default to 32 channels and 2 blocks
+    (see TrainConfig)."""
     small = data.image_size <= 8
     return ModelConfig(
         data.in_channels, data.image_size, data.num_classes,
@@ -223,53 +224,50 @@ class _Run:
         }
 
     # ---------------------------------------------------------------- persistence
-    def release(self) -> dict[str, Any]:
-        """``ckpt.pt``: what may be shared (see :mod:`~fedlap_privacy.fl.run_files`)."""
+    def release(self) -> ModelRelease:
+        """``ckpt.pt``: what may be shared (:mod:`fedlap_privacy.run_state`)."""
         cfg = self.cfg
-        return {
-            "method": cfg.method,
-            "model_state": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "model_config": self.model_config.to_dict(),
-            "dataset": {"name": cfg.dataset},
-            "privacy": privacy_block(cfg, self.ledger),
-            "ledger": self.ledger.to_list(),
-            "config": public_config(cfg),
-            "round": self.round,
-            "history": self.history,
-        }
+        return ModelRelease(
+            model_state={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            model_config=self.model_config.to_dict(), dataset=cfg.dataset, method=cfg.method,
+            privacy=privacy_block(cfg, self.ledger), ledger=self.ledger.to_list(),
+            config=public_config(cfg), round=self.round, history=self.history,
+        )
 
-    def private_state(self) -> dict[str, Any]:
+    def private_state(self) -> PrivateRunState:
         """``private.pt``: what never leaves the run's owner."""
-        return {
-            "config": self.cfg.to_dict(),
-            "client_indices": [torch.from_numpy(p) for p in self.parts],
-            "fingerprints": self.fingerprints,
-            "ledger_digest": ledger_digest(self.ledger.entries),
-            "sigma_planned": self.sigma_planned,
-            "round": self.round,
-            "client_state": _to(self.client_state, "cpu"),
-            "server_state": _to(self.server_state, "cpu"),
-            "canaries": None if self.canaries is None else self.canaries.to_state(),
-        }
+        return PrivateRunState(
+            config=self.cfg.to_dict(),
+            client_indices=[torch.from_numpy(p) for p in self.parts],
+            fingerprints=self.fingerprints, ledger_digest=ledger_digest(self.ledger.entries),
+            sigma_planned=self.sigma_planned, round=self.round,
+            client_state=_to(self.client_state, "cpu"),
+            server_state=_to(self.server_state, "cpu"),
+            canaries=None if self.canaries is None else self.canaries.to_state(),
+        )
 
-    def restore(self, ckpt: dict[str, Any], private: dict[str, Any]) -> None:
+    def restore(self, ckpt: ModelRelease, private: PrivateRunState) -> None:
         """Continue from saved files, refusing any that do not belong to this very run."""
-        if private.get("fingerprints") != self.fingerprints:
-            saved = private.get("fingerprints") or {}
+        if private.fingerprints != self.fingerprints:
+            saved = private.fingerprints
             what = "training data" if saved.get("data") != self.fingerprints["data"] else (
                 "split of the records over the clients")
             raise CheckpointError(f"the {what} changed since the run started: --resume "
                                   "continues the same run on the same data only")
-        if ckpt.get("round") != private.get("round"):
+        if ckpt.round != private.round:
             raise CheckpointError("ckpt.pt and private.pt are from different rounds")
-        self.ledger.load(ckpt["ledger"], private.get("ledger_digest"))
-        self.model.load_state_dict(ckpt["model_state"])
-        self.round = int(ckpt["round"])
-        self.history = list(ckpt["history"])
-        self.sigma_planned = bool(private.get("sigma_planned", False))
-        self.client_state = _to(private["client_state"], self.device)
-        self.server_state = _to(private["server_state"], self.device)
-        saved = private.get("canaries")
+        self.ledger.load(ckpt.ledger, private.ledger_digest)
+        try:
+            self.model.load_state_dict(ckpt.model_state)
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or ["?"])[0][:160]
+            raise CheckpointError(f"ckpt.pt does not fit the run's model ({first})") from None
+        self.round = ckpt.round
+        self.history = list(ckpt.history)
+        self.sigma_planned = private.sigma_planned
+        self.client_state = _to(private.client_state, self.device)
+        self.server_state = _to(private.server_state, self.device)
+        saved = private.canaries
         if (saved is None) != (self.canaries is None):
             raise CheckpointError("the run's canaries are missing from its private state")
         self.canaries = None if saved is None else CanarySet(**vars(CanaryState.from_state(saved)))
@@ -277,8 +275,8 @@ class _Run:
     def save(self) -> None:
         if self.out is None:
             return
-        save_checkpoint(self.out / PRIVATE, self.private_state(), PRIVATE_FORMAT)
-        save_checkpoint(self.out / CHECKPOINT, self.release())
+        self.private_state().save(self.out / PRIVATE)
+        self.release().save(self.out / CHECKPOINT)
         write_text_atomic(self.out / METRICS, "".join(json.dumps(h) + "\n" for h in self.history))
         (self.out / PENDING).unlink(missing_ok=True)
 
@@ -385,11 +383,8 @@ def resume(
     """
     out = Path(out_dir)
     private = load_private(out)
-    ckpt = load_checkpoint(out / CHECKPOINT)
-    try:
-        cfg = TrainConfig.from_dict(private["config"])
-    except (KeyError, TypeError) as exc:
-        raise CheckpointError(f"{out / PRIVATE} has no valid configuration ({exc})") from None
+    ckpt = ModelRelease.load(out / CHECKPOINT)
+    cfg = TrainConfig.from_dict(private.config)
     if rounds is not None:
         cfg.rounds = rounds
     cfg.validate()

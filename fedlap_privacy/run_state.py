@@ -1,0 +1,129 @@
+"""The two files of a run as typed records: the releasable model and the private run state.
+
+``ckpt.pt`` (:class:`ModelRelease`, format ``fedlap-privacy/2``) may be shared like the
+model: weights and model shape, the dataset's name, the public configuration (every
+setting but the seed and the data folder), the privacy statement, the ledger entries and
+the per-round metrics. ``private.pt`` (:class:`PrivateRunState`, format
+``fedlap-privacy-private/1``) never leaves the run's owner: the full configuration, each
+client's member indices, content hashes of the data and of each partition
+(``fingerprints``), the ledger's fingerprint, whether sigma was planned, the methods'
+node-local and server states and the canaries (:mod:`fedlap_privacy.canary_state`).
+
+What never changes within a format version: the field names and meanings above; a new
+field gets a default so that older files of the same version stay readable. Every defect
+of a file, missing field or wrong type, is one :class:`~fedlap_privacy.errors.CheckpointError`
+line. Both records hold plain data only (loaded with ``weights_only=True``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from fedlap_privacy.checkpoint import (
+    FORMAT,
+    PRIVATE_FORMAT,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fedlap_privacy.errors import CheckpointError
+from fedlap_privacy.models import build_model
+
+__all__ = ["ModelRelease", "PrivateRunState"]
+
+
+def _fields_of(record: Any) -> dict[str, Any]:
+    """A record's fields, shallow (tensors are not copied)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+def _from_payload(cls: type, payload: dict[str, Any], path: Path, required: tuple[str, ...],
+                  types: dict[str, type | tuple[type, ...]]) -> Any:
+    """``cls(**payload)`` after checking the required fields and the types of all."""
+    for key in required:
+        if key not in payload:
+            raise CheckpointError(f"checkpoint {path} lacks {key!r}; was it written by train?")
+    known = {f.name for f in fields(cls)}
+    values = {k: v for k, v in payload.items() if k in known}
+    for key, kind in types.items():
+        if key in values and values[key] is not None and not isinstance(values[key], kind):
+            raise CheckpointError(f"checkpoint {path}: {key!r} is a "
+                                  f"{type(values[key]).__name__}, not what train writes")
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class ModelRelease:
+    """``ckpt.pt``: what may be shared (module docstring)."""
+
+    model_state: dict[str, Any]
+    model_config: dict[str, int]
+    dataset: str
+    method: str = ""
+    privacy: dict[str, Any] = field(default_factory=dict)
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    round: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def build_model(self) -> nn.Module:
+        """The ConvNet of ``model_config`` with the saved weights (one line if they do not
+        fit: a checkpoint is data to check, never to obey)."""
+        config = self.model_config
+        try:
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in config.values()):
+                raise TypeError("model_config is not a dict of integers")
+            model = build_model(dict(config))
+            model.load_state_dict(self.model_state)
+        except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise CheckpointError(f"checkpoint: cannot rebuild its model ({first})") from None
+        return model
+
+    def save(self, path: str | Path) -> None:
+        payload = _fields_of(self)
+        payload["dataset"] = {"name": self.dataset}
+        save_checkpoint(path, payload, FORMAT)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelRelease:
+        path = Path(path)
+        payload = dict(load_checkpoint(path, FORMAT))
+        info = payload.get("dataset")
+        if "dataset" in payload:
+            payload["dataset"] = info.get("name") if isinstance(info, dict) else None
+        return _from_payload(cls, payload, path, ("model_state", "model_config", "dataset"), {
+            "model_state": dict, "model_config": dict, "dataset": str, "method": str,
+            "privacy": dict, "ledger": list, "config": dict, "round": int, "history": list,
+        })
+
+
+@dataclass(frozen=True)
+class PrivateRunState:
+    """``private.pt``: what never leaves the run's owner (module docstring)."""
+
+    config: dict[str, Any]
+    client_indices: list[Any]
+    fingerprints: dict[str, Any] = field(default_factory=dict)
+    ledger_digest: str | None = None
+    sigma_planned: bool = False
+    round: int = 0
+    client_state: list[Any] = field(default_factory=list)
+    server_state: dict[str, Any] = field(default_factory=dict)
+    canaries: dict[str, Any] | None = None
+
+    def save(self, path: str | Path) -> None:
+        save_checkpoint(path, _fields_of(self), PRIVATE_FORMAT)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PrivateRunState:
+        path = Path(path)
+        payload = load_checkpoint(path, PRIVATE_FORMAT)
+        return _from_payload(cls, payload, path, ("config", "client_indices"), {
+            "config": dict, "client_indices": list, "fingerprints": dict, "ledger_digest": str,
+            "sigma_planned": bool, "round": int, "client_state": list, "server_state": dict,
+            "canaries": dict,
+        })
