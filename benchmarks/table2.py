@@ -8,7 +8,7 @@ so the accountant gives all of them the same epsilon. Two ways to fix the budget
 * ``--eps 3,10 --rounds M``: sigma planned per target so that M rounds spend exactly it.
 
 Examples (``--data-dir`` holds the standard IDX files):
-    python benchmarks/table2.py --dataset fashion-mnist --data-dir ../shared/data/fashion-mnist \
+    python benchmarks/table2.py --dataset fashion-mnist --data-dir data/fashion-mnist \
         --preset paper-dp --rounds 1 --out runs/table2-fashion
     python benchmarks/table2.py --dataset digits --eps 3,10 --out runs/table2-digits
 

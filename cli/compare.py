@@ -40,16 +40,13 @@ def compare(
 
     guarded(lambda: apply_thread_policy(threads))
     from fedlap_privacy.fl.compare import NO_DP, plan_jobs, run_comparison
-    from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides
+    from fedlap_privacy.fl.config import METHODS, resolve_config
 
     targets = _floats(eps)
     chosen = METHODS if methods is None else [m.strip() for m in methods.split(",")]
-    values: dict[str, Any] = {"dataset": dataset, "delta": delta, "seed": seed,
-                              "data_dir": None if data_dir is None else str(data_dir)}
-    if rounds is not None:
-        values["rounds"] = rounds
-    values.update(guarded(lambda: parse_overrides(settings)))
-    base = guarded(lambda: TrainConfig.from_dict(values).validate())
+    flags = {"dataset": dataset, "delta": delta, "seed": seed, "rounds": rounds,
+             "data_dir": None if data_dir is None else str(data_dir)}
+    base = guarded(lambda: resolve_config(None, flags, settings, plan_sigma_for_target=False))
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds))
 
     progress = Progress(

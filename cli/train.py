@@ -19,7 +19,7 @@ from fedlap_privacy.cli.common import (
     print_json,
     privacy_sentence,
 )
-from fedlap_privacy.fl.config import METHODS, parse_overrides
+from fedlap_privacy.fl.config import METHODS
 
 Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: ignore[misc]
 
@@ -107,29 +107,23 @@ def train(
     from fedlap_privacy.threads import apply_thread_policy
 
     guarded(lambda: apply_thread_policy(threads))
-    from fedlap_privacy.fl.config import PRESETS, TrainConfig
+    from fedlap_privacy.fl.config import resolve_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
 
-    values: dict[str, Any] = dict(PRESETS[preset.value]) if preset else {}
-    overrides = {
+    flags = {
         "method": None if method is None else method.value,
         "dataset": dataset, "data_dir": None if data_dir is None else str(data_dir),
         "split": split, "dirichlet_alpha": alpha, "clients": clients,
         "client_fraction": client_fraction, "rounds": rounds, "delta": delta,
-        "batch_size": batch_size, "target_eps": target_eps, "seed": seed,
+        "batch_size": batch_size, "target_eps": target_eps, "seed": seed, "sigma": sigma,
         "local_steps": local_steps, "ldp_epsilon": ldp_epsilon,
         "threat_model": None if threat_model is None else threat_model.value,
         "reproducible_noise": reproducible_noise or None,
         "canaries": canaries or None,
     }
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    values.update(guarded(lambda: parse_overrides(settings)))
-    if sigma is not None:
-        values["sigma"] = sigma
-    elif target_eps is not None and values.get("method", "fedlap-dp") != "ali-dpfl":
-        values["sigma"] = None  # plan sigma so that the configured rounds spend the target
-    cfg = guarded(lambda: TrainConfig.from_dict(values).validate())
+    cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
+                                         settings))
 
     if download:
         from fedlap_privacy.data import load_dataset

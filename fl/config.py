@@ -1,9 +1,13 @@
-"""Training configuration: every knob of SPEC 2.3 and the presets that load the authors' values."""
+"""Training configuration: every knob of FedLAP-DP and the baselines, and the presets that load
+the authors' values (docs/algorithms.md#default-configurations)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +17,10 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
-__all__ = ["METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "parse_overrides"]
+__all__ = [
+    "METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "config_value", "field_types",
+    "parse_overrides", "resolve_config", "typed_value",
+]
 
 METHODS = tuple(METHOD_TABLE)
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
@@ -28,7 +35,8 @@ class TrainConfig:
     get a narrower, shallower ConvNet (32 channels, 2 blocks): with 3 blocks the last
     GroupNorm sees 2x2 maps and training stalls, and fewer weights mean less DP noise.
 
-    FedLAP knobs follow SPEC 2.1: ``reinits`` R_i, ``max_loops`` L_max, ``real_batches`` R_b,
+    FedLAP knobs follow Algorithm 3 (docs/algorithms.md#fedlap-dp-client): ``reinits`` R_i,
+    ``max_loops`` L_max, ``real_batches`` R_b,
     ``syn_steps`` R_s, ``local_model_steps`` R_l. Baselines use ``local_steps`` accesses
     per round (DP-SGD steps for the DP ones) at learning rate ``lr_local``.
     """
@@ -42,8 +50,8 @@ class TrainConfig:
     client_fraction: float = 1.0
     rounds: int = 10
     seed: int = 0
-    width: int | None = None  # ConvNet channels; None: 128 (SPEC 2.4), 32 for 8x8 inputs
-    depth: int | None = None  # ConvNet blocks; None: 3 (SPEC 2.4), 2 for 8x8 inputs
+    width: int | None = None  # ConvNet channels; None: 128 (docs/algorithms.md#convnet), 8x8: 32
+    depth: int | None = None  # ConvNet blocks; None: 3 (docs/algorithms.md#convnet), 8x8: 2
     # privacy (record level)
     sigma: float | None = 1.5
     clip: float = 1.0
@@ -70,7 +78,7 @@ class TrainConfig:
     server_batch: int = 512
     server_momentum: float = 0.5
     dsa: bool = True
-    # baselines and the other methods (SPEC 3)
+    # baselines and the other methods (docs/algorithms.md#other-methods)
     local_steps: int = 10  # ALI-DPFL: its first round's tau
     lr_local: float = 0.5
     prox_mu: float = 0.01  # FedProx, DP-FedProx
@@ -217,33 +225,108 @@ def _finite(value: float) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["key=value", ...]`` -> typed TrainConfig values (by the field's declared type)."""
-    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+@functools.cache
+def field_types() -> dict[str, type]:
+    """Every :class:`TrainConfig` field and its base type (bool, int, float or str)."""
+    hints = typing.get_type_hints(TrainConfig)
+    out: dict[str, type] = {}
+    for f in dataclasses.fields(TrainConfig):
+        base = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
+        out[f.name] = base[0] if base else hints[f.name]
+    return out
+
+
+@functools.cache
+def _optional(key: str) -> bool:
+    return type(None) in typing.get_args(typing.get_type_hints(TrainConfig)[key])
+
+
+def config_value(key: str, raw: Any, *, text: bool) -> Any:
+    """The ONE parser of a configuration value: ``raw`` for field ``key`` as its type.
+
+    ``text=True`` (``--set KEY=VALUE``): ``raw`` is text, read as the field's type
+    (``none``/``null``/empty for an optional field; true/false/1/0 for a bool). ``text=False``
+    (a Flower run config, TOML-typed): ``raw`` must already have the field's type (an
+    integral float for an int), ``""`` standing for None; nothing is converted from text.
+    Ranges are not checked here: :meth:`TrainConfig.validate` does.
+    """
+    types = field_types()
+    if key not in types:
+        raise ConfigError(f"unknown configuration key {key.replace('_', '-')!r}")
+    kind = types[key]
+    if text:
+        word = str(raw).strip()
+        if _optional(key) and word.lower() in ("none", "null", ""):
+            return None
+        try:
+            if kind is bool:
+                return {"true": True, "false": False, "1": True, "0": False}[word.lower()]
+            return kind(word)
+        except (KeyError, ValueError):
+            raise ConfigError(f"{key}: {word!r} is not a valid {kind.__name__}") from None
+    if raw == "" and _optional(key):
+        return None
+    return typed_value(key.replace("_", "-"), kind, raw)
+
+
+def typed_value(name: str, kind: type, raw: Any) -> Any:
+    """``raw`` as a ``kind`` (bool, int, float, str), refusing anything but that type (an
+    integral float passes for an int): the check of a TOML-typed value."""
+    ok = {
+        bool: isinstance(raw, bool),
+        int: isinstance(raw, int | float) and not isinstance(raw, bool)
+        and math.isfinite(raw) and float(raw).is_integer(),
+        float: isinstance(raw, int | float) and not isinstance(raw, bool),
+        str: isinstance(raw, str),
+    }[kind]
+    if not ok:
+        raise ConfigError(f"configuration key {name} must be {kind.__name__}, not {raw!r}")
+    return kind(raw)
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["key=value", ...]`` (``--set``) -> typed TrainConfig values (:func:`config_value`)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in types:
+        if not sep or key not in field_types():
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE with a configuration key")
-        kind, text = types[key], text.strip()
         try:
-            if "None" in kind and text.lower() in ("none", "null", ""):
-                out[key] = None
-            elif kind.startswith("bool"):
-                out[key] = {"true": True, "false": False, "1": True, "0": False}[text.lower()]
-            elif kind.startswith("int"):
-                out[key] = int(text)
-            elif kind.startswith("float"):
-                out[key] = float(text)
-            else:
-                out[key] = text
-        except (KeyError, ValueError):
-            raise ConfigError(f"--set {item!r}: {text!r} is not a valid {kind}") from None
+            out[key] = config_value(key, text, text=True)
+        except ConfigError as exc:
+            raise ConfigError(f"--set {item!r}: {exc}") from None
     return out
 
 
-#: SPEC 2.3: the authors' configurations (DP run / non-private run).
+def resolve_config(
+    preset: str | None = None,
+    flags: dict[str, Any] | None = None,
+    settings: Sequence[str] = (),
+    plan_sigma_for_target: bool = True,
+) -> TrainConfig:
+    """The one way from what a user typed to a validated configuration.
+
+    Layers, each over the previous: the defaults, ``preset`` (:data:`PRESETS`), ``flags``
+    (None: not given) and ``settings`` (``--set KEY=VALUE``). Then, with
+    ``plan_sigma_for_target``, a target epsilon given without a sigma (neither as a flag nor
+    as a setting) plans sigma for the rounds, except for methods whose budget rule keeps a
+    fixed sigma (ALI-DPFL).
+    """
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"preset {preset!r} must be one of {', '.join(PRESETS)}")
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    given.update(parse_overrides(settings))
+    values = {**(PRESETS[preset] if preset else {}), **given}
+    if plan_sigma_for_target and given.get("target_eps") is not None and "sigma" not in given:
+        from fedlap_privacy.fl.method_table import Budget
+
+        if method_spec(values.get("method", TrainConfig.method)).budget != Budget.ALI:
+            values["sigma"] = None
+    return TrainConfig.from_dict(values).validate()
+
+
+#: the authors' configurations, DP run / non-private (docs/algorithms.md#default-configurations)
 PRESETS: dict[str, dict[str, Any]] = {
     "paper-dp": dict(
         method="fedlap-dp", rounds=30, reinits=4, max_loops=5, real_batches=10, syn_steps=5,

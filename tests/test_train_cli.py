@@ -40,3 +40,20 @@ def test_summary_reports_upload_bytes(tmp_path: Path) -> None:
     assert summary["upload_bytes_mean"] == history[0]["upload_bytes"] > 0
     assert summary["upload_bytes_total"] == pytest.approx(
         sum(h["upload_bytes"] * h["replies"] for h in history))
+
+
+def test_one_resolver_layers_preset_flags_and_settings() -> None:
+    from fedlap_privacy.fl.config import config_value, resolve_config
+
+    cfg = resolve_config("paper-dp", {"rounds": 3, "sigma": None}, ["lr_net=0.01"])
+    assert (cfg.method, cfg.rounds, cfg.lr_net, cfg.sigma) == ("fedlap-dp", 3, 0.01, 1.0)
+    planned = resolve_config(None, {"target_eps": 3.0}, [])
+    assert planned.sigma is None  # planned for the rounds by the driver
+    kept = resolve_config(None, {"target_eps": 3.0}, ["sigma=2"])  # a sigma set via --set
+    assert kept.sigma == 2.0
+    ali = resolve_config(None, {"method": "ali-dpfl", "target_eps": 3.0}, [])
+    assert ali.sigma == 1.5  # ALI-DPFL keeps a fixed sigma
+    # the same parser reads text (--set) and TOML-typed values (Flower's run config)
+    assert config_value("rounds", "12", text=True) == config_value("rounds", 12.0, text=False)
+    with pytest.raises(ValueError, match="must be int"):
+        config_value("rounds", "12", text=False)

@@ -12,15 +12,13 @@ number, a bool for an integer, a fraction for an integer), is a one-line
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import typing
 from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config import TrainConfig, config_value, field_types, typed_value
 
 __all__ = [
     "APP_NAME", "DRIVER_DEFAULTS", "config_from_run_config", "config_values", "parse_config",
@@ -47,43 +45,16 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _field_types() -> dict[str, type]:
-    """TrainConfig field (kebab-case) -> its base type (bool, int, float or str)."""
-    hints = typing.get_type_hints(TrainConfig)
-    out: dict[str, type] = {}
-    for f in dataclasses.fields(TrainConfig):
-        base = [a for a in typing.get_args(hints[f.name]) if a is not type(None)]
-        out[_kebab(f.name)] = base[0] if base else hints[f.name]
-    return out
-
-
-def _typed(key: str, kind: type, raw: Any) -> Any:
-    """``raw`` as a ``kind`` (bool, int, float, str), refusing anything but that type."""
-    ok = {
-        bool: isinstance(raw, bool),
-        int: isinstance(raw, int | float) and not isinstance(raw, bool)
-        and math.isfinite(raw) and float(raw).is_integer(),
-        float: isinstance(raw, int | float) and not isinstance(raw, bool),
-        str: isinstance(raw, str),
-    }[kind]
-    if not ok:
-        raise ConfigError(f"configuration key {key} must be {kind.__name__}, not {raw!r}")
-    return kind(raw)
-
-
 def config_values(cfg: TrainConfig) -> dict[str, Value]:
     """``cfg`` as run-config values: kebab-case keys, ``""`` for None."""
     return {_kebab(k): ("" if v is None else v) for k, v in cfg.to_dict().items()}
 
 
 def parse_config(values: dict[str, Any]) -> TrainConfig:
-    """The :class:`TrainConfig` of run-config values (strict; see the module docstring)."""
-    types = _field_types()
-    out: dict[str, Any] = {}
-    for key, raw in values.items():
-        if key not in types:
-            raise ConfigError(f"unknown configuration key {key!r}")
-        out[key.replace("-", "_")] = None if raw == "" else _typed(key, types[key], raw)
+    """The :class:`TrainConfig` of run-config values (strict; see the module docstring):
+    every value through :func:`fedlap_privacy.fl.config.config_value`, the one parser."""
+    out = {key.replace("-", "_"): config_value(key.replace("-", "_"), raw, text=False)
+           for key, raw in values.items()}
     return TrainConfig.from_dict(out)
 
 
@@ -104,8 +75,8 @@ def config_from_run_config(run_config: dict[str, Any]) -> tuple[TrainConfig, dic
     rest: dict[str, Any] = {}
     for key, raw in run_config.items():
         if key in DRIVER_DEFAULTS:
-            driver[key] = _typed(key, type(DRIVER_DEFAULTS[key]), raw)
-        elif key in _field_types():
+            driver[key] = typed_value(key, type(DRIVER_DEFAULTS[key]), raw)
+        elif key.replace("-", "_") in field_types():
             rest[key] = raw
         else:
             raise ConfigError(f"unknown run-config key {key!r}")
