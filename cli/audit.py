@@ -1,4 +1,4 @@
-"""``fedlap-privacy audit --model ckpt.pt``: membership-inference audit of a checkpoint (SPEC 4).
+"""``fedlap-privacy audit --model ckpt.pt``: membership-inference and canary audits (docs/audit.md).
 
 Thin: parse flags, call :func:`fedlap_privacy.audit.report.run_audit`, print. torch (and the
 audit package) is imported inside the command, so other sub-commands start without it. With

@@ -1,4 +1,4 @@
-"""Per-record gradients, gradient norms and losses (SPEC 1.1, 2.1, section 4).
+"""Per-record gradients, gradient norms and losses (docs/accounting.md, docs/audit.md).
 
 Shared by DP training (``fl.dp``: per-record gradients to clip) and the membership-inference
 audit (per-record losses and gradient norms). The loss of a record is the cross-entropy of
@@ -258,7 +258,8 @@ def _model_device(model: nn.Module, fallback: torch.device) -> torch.device:
 def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 256) -> Tensor:
     """L2 norm of each record's gradient over ALL parameters jointly, shape ``(N,)``.
 
-    The white-box audit feature of SPEC section 4 (and the quantity DP clips, SPEC 1.1).
+    The white-box audit feature (docs/audit.md#features-and-attacks) and the quantity DP
+    clips (docs/accounting.md#sampled-gaussian-mechanism).
     Computed ``batch_size`` records at a time on the model's device; returned on ``x``'s.
     """
     if batch_size < 1:
@@ -277,7 +278,8 @@ def per_sample_grad_norms(model: nn.Module, x: Tensor, y: Tensor, batch_size: in
 
 
 def per_sample_losses(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 512) -> Tensor:
-    """Cross-entropy loss of each record, shape ``(N,)``, without gradients (SPEC section 4).
+    """Cross-entropy loss of each record, shape ``(N,)``, without gradients (the black-box
+    audit feature, docs/audit.md#features-and-attacks).
 
     Computed ``batch_size`` records at a time on the model's device, in the model's current
     mode (call ``model.eval()`` first where it matters); returned on ``x``'s device.

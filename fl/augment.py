@@ -1,4 +1,6 @@
-"""Differentiable Siamese Augmentation (DSA; Zhao & Bilen, ICML 2021), SPEC 2.1.
+"""Differentiable Siamese Augmentation (DSA; Zhao & Bilen, ICML 2021).
+
+See docs/algorithms.md#differentiable-siamese-augmentation.
 
 At every matching step ONE operation is drawn at random from the strategy
 (``color_crop_cutout_flip_scale_rotate`` by default), together with its random parameters,

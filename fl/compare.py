@@ -5,12 +5,14 @@ reports that epsilon after the run, with every other setting (split, model, roun
 shared:
 
 * record-level methods with a fixed T (FedLAP-DP, DP-FedAvg, DP-FedProx): sigma planned for
-  the rounds (Theorem 5.8, SPEC 1.3);
+  the rounds (Theorem 5.8, docs/accounting.md#theorem-58);
 * ALI-DPFL: the budget is its (epsilon, delta) and sigma is DP-FedAvg's planned sigma, so it
-  spends the same noise differently (tau per round, SPEC 3);
-* DP-NormFedAvg: sigma planned for the client-level SGM (SPEC 1.5) — a different notion;
+  spends the same noise differently (tau per round, docs/algorithms.md#other-methods);
+* DP-NormFedAvg: sigma planned for the client-level SGM (docs/accounting.md#client-level-dp)
+  — a different notion;
 * LDP-FL: per-weight epsilon per round = target / rounds, so the per-weight composition is
-  the target (SPEC 1.5) — a different, much weaker notion for the whole model;
+  the target (docs/accounting.md#local-dp) — a different, much weaker notion for the whole
+  model;
 * non-private methods run once per seed, as the reference column.
 
 Epsilons of different notions are not comparable; the table says which notion each row has.

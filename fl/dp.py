@@ -1,7 +1,9 @@
-"""Record-level DP mechanics: Poisson batches and the clipped, noised gradient (SPEC 1.1, 2.1).
+"""Record-level DP mechanics: Poisson batches and the clipped, noised gradient.
+
+See docs/accounting.md#sampled-gaussian-mechanism and docs/algorithms.md#fedlap-dp-client.
 
 Contract — exactly the sampled Gaussian mechanism (SGM) the accountant (``accountant/``,
-SPEC 1.1, 1.3) assumes:
+docs/accounting.md) assumes:
 
 * Sampling: Poisson sampling at rate ``q``: every record of the client's dataset enters the
   batch independently with probability ``q`` (:func:`poisson_sample`); the realised batch
@@ -91,7 +93,8 @@ def clip_factors(norms: Tensor, clip: float) -> Tensor:
 def poisson_sample(num_records: int, rate: float, generator: torch.Generator) -> Tensor:
     """Indices of a Poisson batch: each of ``num_records`` records independently w.p. ``rate``.
 
-    Returns a sorted int64 tensor on the generator's device, possibly empty (SPEC 2.4).
+    Returns a sorted int64 tensor on the generator's device, possibly empty
+    (docs/algorithms.md#batches).
     """
     if num_records < 0:
         raise ConfigError(f"num_records must be >= 0, got {num_records}")
@@ -124,7 +127,7 @@ def clip_and_noise(
     ``min(1, clip / (norm + 1e-6))``. Noise ``sigma * clip * N(0, I)`` is drawn from
     ``generator`` (on its device; the default generator when ``None``) per parameter in list
     order and skipped when ``sigma == 0``. Returns ``(sum + noise) / expected_batch_size``
-    (SPEC 1.1).
+    (docs/accounting.md#sampled-gaussian-mechanism).
     """
     _check(clip, sigma, expected_batch_size)
     if not per_sample:
@@ -179,7 +182,8 @@ def dp_gradient(
     *,
     chunk_size: int | None = None,
 ) -> list[Tensor]:
-    """The DP gradient of SPEC 2.1 on a Poisson batch ``(x, y)``: one SGM release.
+    """The DP gradient on a Poisson batch ``(x, y)``: one SGM release
+    (docs/algorithms.md#fedlap-dp-client).
 
     Per-record cross-entropy gradients (:func:`fedlap_privacy.per_sample.per_sample_grads`),
     then :func:`clip_and_noise`. One tensor per parameter, in ``model.parameters()`` order,

@@ -2,7 +2,8 @@
 
 Local training draws ``steps`` Poisson batches at rate B/N_k. DP variants release each
 step's gradient through :func:`fedlap_privacy.fl.dp.dp_gradient` (record-level DP-SGD,
-accounted with the same two-rate composition as FedLAP-DP, T = local steps; SPEC 3).
+accounted with the same two-rate composition as FedLAP-DP, T = local steps;
+docs/algorithms.md#dp-fedavg-and-dp-fedprox).
 FedProx adds the gradient mu (w - w_g) of (mu/2)||w - w_g||^2 to the local loss's, which does
 not touch data (post-processing). The server averages the clients' weights with weights
 N_k / N. :func:`local_training` is shared by SCAFFOLD (gradient correction), ALI-DPFL
@@ -46,7 +47,8 @@ def local_training(
     """Run ``steps`` local SGD steps from w_g; returns the trained copy and the accesses made.
 
     Each step samples a Poisson batch at rate ``batch_size / N_k`` (one access). With
-    ``dp = (clip, sigma)`` the step's gradient is the DP gradient (SPEC 1.1) — an empty batch
+    ``dp = (clip, sigma)`` the step's gradient is the DP gradient
+    (docs/accounting.md#sampled-gaussian-mechanism) — an empty batch
     still releases noise; without, an empty batch skips the step. The update is
     ``w -= lr (g + mu (w - w_g) + correction)`` (FedProx's proximal gradient, SCAFFOLD's
     c - c_k), both data-independent given g.

@@ -1,8 +1,10 @@
 """FedLAP and FedLAP-DP: client local approximation and server global optimisation.
 
-Client (paper Algorithm 3, SPEC 2.1): learn a small synthetic set S_k whose gradients match
+Client (paper Algorithm 3, docs/algorithms.md#fedlap-dp-client): learn a small synthetic set
+S_k whose gradients match
 the client's (DP) real-data gradients along trajectories that stay inside a trust region of
-radius r around the global weights. Server (Eq. 14/16, SPEC 2.2): train the global model on
+radius r around the global weights. Server (Eq. 14/16,
+docs/algorithms.md#server-global-optimisation): train the global model on
 the union of the synthetic sets, weighted by N_k/N, until the weights reach the radius.
 
 Privacy: in FedLAP-DP the only access to private data is :func:`fedlap_privacy.fl.dp.dp_gradient`
@@ -100,7 +102,8 @@ def _real_gradient(
 
 
 def structurally_zero(model: nn.Module) -> list[bool]:
-    """Per parameter: True where its gradient is zero for every input (SPEC 2.1 note).
+    """Per parameter: True where its gradient is zero for every input
+    (docs/algorithms.md#matching-distance).
 
     A conv bias followed by a GroupNorm with one channel per group is removed by the
     normalisation, so its true gradient is identically zero; with DP its released gradient
@@ -198,7 +201,8 @@ def suggest_radius(
     """Non-private FedLAP: the distance at which training on S_k gave the lowest real loss.
 
     Trains from w_g on the client's own synthetic set, evaluating the loss on (up to
-    ``max_eval``) real records after every step; capped at ``cfg.radius`` (SPEC 2.2).
+    ``max_eval``) real records after every step; capped at ``cfg.radius``
+    (docs/algorithms.md#radius-rules).
     """
     anchor = clone_params(global_model)
     model = copy.deepcopy(global_model)
@@ -264,7 +268,7 @@ def server_optimisation(
 
 
 def cosine_lr(lr0: float, round_: int, rounds: int) -> float:
-    """SPEC 2.2: max(lr0 (1 + cos(pi (m-1)/(M-1)))/2, 1e-6)."""
+    """docs/algorithms.md#server-global-optimisation: max(lr0 (1 + cos(pi (m-1)/(M-1)))/2, 1e-6)."""
     if rounds <= 1:
         return lr0
     return max(lr0 * (1 + math.cos(math.pi * (round_ - 1) / (rounds - 1))) / 2, 1e-6)
@@ -285,7 +289,8 @@ class FedLAP(Method):
     """FedLAP / FedLAP-DP: clients upload synthetic sets, the server trains on them.
 
     Node-local state: the client's synthetic set, refined across rounds (unless
-    ``reinit_each_round``). Differentiable siamese augmentation (SPEC 2.1) is on in all of
+    ``reinit_each_round``). Differentiable siamese augmentation
+    (docs/algorithms.md#differentiable-siamese-augmentation) is on in all of
     the authors' runs (``dsa``).
     """
 

@@ -1,4 +1,4 @@
-"""The gradient-matching distance L_dis of FedLAP-DP (SPEC 2.1, Eq. 9-10).
+"""The gradient-matching distance L_dis of FedLAP-DP (Eq. 9-10; docs/algorithms.md).
 
 For every parameter tensor (layer) l, the real and the synthetic gradient are reshaped to
 ``(out, rest)`` — a conv weight ``(out, in, kh, kw)`` to ``(out, in * kh * kw)``, a linear
@@ -32,7 +32,8 @@ _EPS = 1e-6
 
 
 def _rows(g: Tensor) -> Tensor:
-    """``(out, rest)`` view of a gradient; a 0-D or 1-D tensor is one row (SPEC 2.1)."""
+    """``(out, rest)`` view of a gradient; a 0-D or 1-D tensor is one row
+    (docs/algorithms.md#matching-distance)."""
     return g.reshape(1, -1) if g.dim() <= 1 else g.reshape(g.shape[0], -1)
 
 
@@ -128,7 +129,8 @@ def match_distance(
     *,
     include: Sequence[bool] | None = None,
 ) -> Tensor:
-    """L_dis of SPEC 2.1: sum of :func:`layer_distance` over layers, plus the MSE term.
+    """L_dis (docs/algorithms.md#matching-distance): sum of :func:`layer_distance` over layers,
+    plus the MSE term.
 
     Layers whose real gradient is identically zero are skipped (without a host sync: their
     term is weighted by zero, not branched on); ``include`` (one flag per layer) leaves out

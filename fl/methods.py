@@ -63,7 +63,7 @@ class Reply:
 
 
 def weights_of(replies: list[Reply]) -> list[float]:
-    """N_k / N over the replying clients (SPEC 3: FedAvg's weights)."""
+    """N_k / N over the replying clients (docs/algorithms.md#fedavg)."""
     total = sum(r.num_examples for r in replies)
     return [r.num_examples / total for r in replies]
 

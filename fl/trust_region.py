@@ -1,4 +1,4 @@
-"""Flattened-weight distances and the trust-region projection (SPEC 2.1-2.2)."""
+"""Flattened-weight distances and the trust-region projection (docs/algorithms.md)."""
 
 from __future__ import annotations
 
