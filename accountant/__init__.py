@@ -9,6 +9,12 @@ Gaussian noise N(0, sigma^2 C^2) added to the sum, add/remove-one neighbouring d
 10.18
 """
 
+from fedlap_privacy.accountant.accountants import (
+    Accountant,
+    PLDAccountant,
+    RDPAccountant,
+    get_accountant,
+)
 from fedlap_privacy.accountant.planning import (
     ACCOUNTANTS,
     composed_epsilon,
@@ -25,11 +31,15 @@ __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_ORDERS",
     "EXTENDED_ORDERS",
+    "Accountant",
     "FedLAPSchedule",
+    "PLDAccountant",
+    "RDPAccountant",
     "RoundRates",
     "composed_epsilon",
     "epsilon",
     "epsilon_curve",
+    "get_accountant",
     "plan_rounds",
     "plan_sigma",
     "rdp_epsilon",

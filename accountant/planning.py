@@ -7,21 +7,25 @@ Theorem 5.8:  eps(M) = min_alpha [ M * rho(alpha) + c(alpha) ], with rho the RDP
 largest admissible M come from ONE RDP evaluation per order. Planning sigma is a 1-D monotone
 root search (bisection whose upper end always meets the target). Results are conservative:
 the planned run never exceeds the target.
+
+Every function takes ``accountant``: a name (``"rdp"``, ``"pld"``) or an accountant object
+(:mod:`fedlap_privacy.accountant.accountants`); the functions are written once against
+that interface.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from fedlap_privacy.accountant.rdp import (
-    DEFAULT_ORDERS,
-    EXTENDED_ORDERS,
-    _as_orders,
-    _epsilon_per_order,
+from fedlap_privacy.accountant.accountants import (
+    ACCOUNTANTS,
+    Accountant,
+    Orders,
+    RDPAccountant,
+    get_accountant,
 )
 from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 from fedlap_privacy.errors import ConfigError
@@ -37,12 +41,11 @@ __all__ = [
     "rdp_epsilon",
 ]
 
-ACCOUNTANTS = ("rdp", "pld")
 #: plan_sigma searches this range of noise multipliers.
 SIGMA_RANGE = (0.05, 1e6)
 _SIGMA_RTOL = 1e-4
 
-Orders = Sequence[float] | np.ndarray | None
+AccountantLike = str | Accountant
 
 
 def _check(
@@ -51,8 +54,10 @@ def _check(
     rounds: int | None = None,
     eps: float | None = None,
     delta: float | None = None,
-    accountant: str = "rdp",
-) -> None:
+    accountant: AccountantLike = "rdp",
+    orders: Orders = None,
+) -> Accountant:
+    """Check the arguments; the accountant they name."""
     if sigma is not None and not (math.isfinite(sigma) and sigma > 0):
         raise ConfigError(f"sigma {sigma!r} must be a positive number")
     if rounds is not None and not (isinstance(rounds, int | np.integer) and rounds >= 1):
@@ -61,17 +66,7 @@ def _check(
         raise ConfigError(f"epsilon {eps!r} must be a positive number")
     if delta is not None and not (0.0 < delta < 1.0):
         raise ConfigError(f"delta {delta!r} must be in (0, 1)")
-    if accountant not in ACCOUNTANTS:
-        raise ConfigError(f"accountant {accountant!r} must be one of {', '.join(ACCOUNTANTS)}")
-
-
-def _orders(orders: Orders) -> np.ndarray:
-    if orders is None:
-        return DEFAULT_ORDERS
-    try:
-        return _as_orders(orders)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    return get_accountant(accountant, orders)
 
 
 def rdp_epsilon(
@@ -79,10 +74,7 @@ def rdp_epsilon(
 ) -> tuple[float, float]:
     """RDP epsilon after ``rounds`` rounds and the order alpha that attains it."""
     _check(sigma=sigma, rounds=rounds, delta=delta)
-    a = _orders(orders)
-    per_order = _epsilon_per_order(rounds * schedule.rdp_per_round(sigma, a), a, delta)
-    best = int(np.argmin(per_order))
-    return max(float(per_order[best]), 0.0), float(a[best])
+    return RDPAccountant(orders).best_order(schedule, sigma, rounds, delta)
 
 
 def epsilon(
@@ -90,23 +82,19 @@ def epsilon(
     sigma: float,
     rounds: int,
     delta: float,
-    accountant: str = "rdp",
+    accountant: AccountantLike = "rdp",
     orders: Orders = None,
 ) -> float:
     """Epsilon after ``rounds`` rounds of FedLAP-DP (Theorem 5.8; PLD with ``accountant="pld"``)."""
-    _check(sigma=sigma, rounds=rounds, delta=delta, accountant=accountant)
-    if accountant == "pld":
-        from fedlap_privacy.accountant.pld import pld_epsilon
-
-        return pld_epsilon(schedule, sigma, rounds, delta)
-    return rdp_epsilon(schedule, sigma, rounds, delta, orders)[0]
+    acc = _check(sigma=sigma, rounds=rounds, delta=delta, accountant=accountant, orders=orders)
+    return acc.epsilon(schedule, sigma, rounds, delta)
 
 
 def composed_epsilon(
     schedules: Sequence[FedLAPSchedule | RoundRates],
     sigma: float,
     delta: float,
-    accountant: str = "rdp",
+    accountant: AccountantLike = "rdp",
     orders: Orders = None,
 ) -> float:
     """Epsilon of rounds that differ in their schedule (one entry per round, any order).
@@ -115,22 +103,8 @@ def composed_epsilon(
     the per-round RDP of every round; PLD composes the rounds' PLDs. Equal schedules are
     grouped, so the cost grows with the number of DISTINCT schedules. An empty list is 0.
     """
-    _check(sigma=sigma, delta=delta, accountant=accountant)
-    counts = Counter(schedules)
-    if not counts:
-        return 0.0
-    if accountant == "pld":
-        from fedlap_privacy.accountant.pld import round_pld
-
-        total = None
-        for schedule, count in counts.items():
-            part = round_pld(schedule, sigma).self_compose(count)
-            total = part if total is None else total.compose(part)
-        assert total is not None
-        return max(float(total.get_epsilon_for_delta(delta)), 0.0)
-    a = _orders(orders)
-    rdp = sum(count * schedule.rdp_per_round(sigma, a) for schedule, count in counts.items())
-    return max(float(np.min(_epsilon_per_order(np.asarray(rdp), a, delta))), 0.0)
+    acc = _check(sigma=sigma, delta=delta, accountant=accountant, orders=orders)
+    return acc.composed_epsilon(schedules, sigma, delta)
 
 
 def epsilon_curve(
@@ -138,20 +112,12 @@ def epsilon_curve(
     sigma: float,
     rounds: int,
     delta: float,
-    accountant: str = "rdp",
+    accountant: AccountantLike = "rdp",
     orders: Orders = None,
 ) -> np.ndarray:
     """Epsilon after each round 1..rounds; RDP: one RDP evaluation for the whole curve."""
-    _check(sigma=sigma, rounds=rounds, delta=delta, accountant=accountant)
-    if accountant == "pld":
-        from fedlap_privacy.accountant.pld import pld_epsilon_curve
-
-        return np.asarray(pld_epsilon_curve(schedule, sigma, rounds, delta))
-    a = _orders(orders)
-    rho = schedule.rdp_per_round(sigma, a)
-    m = np.arange(1, rounds + 1, dtype=float)[:, None]
-    per_order = _epsilon_per_order(m * rho[None, :], a[None, :], delta)
-    return np.maximum(per_order.min(axis=1), 0.0)
+    acc = _check(sigma=sigma, rounds=rounds, delta=delta, accountant=accountant, orders=orders)
+    return acc.epsilon_curve(schedule, sigma, rounds, delta)
 
 
 def plan_sigma(
@@ -159,7 +125,7 @@ def plan_sigma(
     rounds: int,
     eps: float,
     delta: float,
-    accountant: str = "rdp",
+    accountant: AccountantLike = "rdp",
     orders: Orders = None,
 ) -> float:
     """Smallest sigma (to relative precision 1e-4) whose epsilon after ``rounds`` <= ``eps``.
@@ -167,24 +133,22 @@ def plan_sigma(
     Conservative: the returned sigma always meets the target. Searches ``SIGMA_RANGE``: a
     target that no sigma up to 1e6 meets is a ConfigError; one that 0.05 meets returns 0.05.
     """
-    _check(rounds=rounds, eps=eps, delta=delta, accountant=accountant)
-    a = _orders(orders)
+    acc = _check(rounds=rounds, eps=eps, delta=delta, accountant=accountant, orders=orders)
 
     def excess(log_sigma: float) -> float:
-        return epsilon(schedule, math.exp(log_sigma), rounds, delta, accountant, a) - eps
+        return acc.epsilon(schedule, math.exp(log_sigma), rounds, delta) - eps
 
-    # Bracket the root by geometric steps from a good start: sigma = 1 for RDP; for PLD the
-    # RDP answer, which PLD (tighter) meets already, so few costly PLD evaluations are needed.
-    start, factor = 0.0, math.log(4.0)
-    floor = float(np.min(_epsilon_per_order(np.zeros_like(a), a, delta)))
-    if accountant == "rdp" and eps <= floor:
+    floor = acc.floor(delta)
+    if eps <= floor:
+        orders_max = float(np.max(acc.orders)) if isinstance(acc, RDPAccountant) else math.nan
         raise ConfigError(
-            f"epsilon {eps} is out of reach: with orders up to {a.max():g} no sigma gets below "
-            f"{floor:.4f} at delta {delta:g} (pass a larger order grid)"
+            f"epsilon {eps} is out of reach: with orders up to {orders_max:g} no sigma gets "
+            f"below {floor:.4f} at delta {delta:g} (pass a larger order grid)"
         )
-    if accountant == "pld":  # PLD <= RDP, so the RDP answer is a near-tight upper start
-        upper = plan_sigma(schedule, rounds, eps, delta, "rdp", EXTENDED_ORDERS)
-        start, factor = math.log(upper), 0.2
+    # Bracket the root by geometric steps from a good start: sigma = 1, or the accountant's
+    # hint (PLD: the RDP answer, which PLD meets already), then bisect.
+    hint = acc.sigma_hint(schedule, rounds, eps, delta)
+    start, factor = (0.0, math.log(4.0)) if hint is None else (math.log(hint), 0.2)
     lo_limit, hi_limit = (math.log(s) for s in SIGMA_RANGE)
     lo = hi = start
     if excess(start) > 0:
@@ -212,44 +176,13 @@ def plan_rounds(
     sigma: float,
     eps: float,
     delta: float,
-    accountant: str = "rdp",
+    accountant: AccountantLike = "rdp",
     orders: Orders = None,
 ) -> int:
     """Largest number of rounds whose epsilon <= ``eps`` (0 if even one round exceeds it).
 
     RDP: order alpha certifies every M <= (eps - c(alpha)) / rho(alpha), so the answer is the
-    maximum of that bound over orders — one RDP evaluation, no search.
+    maximum of that bound over orders — one RDP evaluation, no search. PLD: a search.
     """
-    _check(sigma=sigma, eps=eps, delta=delta, accountant=accountant)
-    if accountant == "pld":
-        return _plan_rounds_by_search(schedule, sigma, eps, delta, accountant)
-    a = _orders(orders)
-    rho = schedule.rdp_per_round(sigma, a)
-    offset = _epsilon_per_order(np.zeros_like(a), a, delta)
-    with np.errstate(divide="ignore"):
-        bound = np.floor(np.max((eps - offset) / rho))
-    rounds = int(min(max(bound, 0.0), 10**12))
-    while rounds > 0 and rdp_epsilon(schedule, sigma, rounds, delta, a)[0] > eps:
-        rounds -= 1  # guard against rounding at the boundary
-    return rounds
-
-
-def _plan_rounds_by_search(
-    schedule: FedLAPSchedule, sigma: float, eps: float, delta: float, accountant: str
-) -> int:
-    """Largest M with epsilon(M) <= eps by doubling and bisection (epsilon grows with M)."""
-
-    def within(m: int) -> bool:
-        return epsilon(schedule, sigma, m, delta, accountant) <= eps
-
-    if not within(1):
-        return 0
-    good, bad = 1, 2
-    while within(bad):
-        good, bad = bad, bad * 2
-        if bad > 10**6:
-            raise ConfigError(f"more than {10**6} rounds fit in epsilon {eps}: plan with RDP")
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        good, bad = (mid, bad) if within(mid) else (good, mid)
-    return good
+    acc = _check(sigma=sigma, eps=eps, delta=delta, accountant=accountant, orders=orders)
+    return acc.max_rounds(schedule, sigma, eps, delta)
