@@ -1,4 +1,5 @@
-"""Shared test helpers: miniature dataset files and tiny training configurations."""
+"""Shared fixtures (applies to every folder below tests/); plain helpers such as the tiny
+training configuration ``TINY`` / ``tiny()`` live in helpers.py."""
 
 from __future__ import annotations
 
@@ -8,12 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-#: a FedLAP-DP / baseline configuration that trains in about a second on digits
-TINY = dict(
-    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
-    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3,
-)
 
 
 def write_mini_mnist(folder: Path, n_train: int = 200, n_test: int = 50, seed: int = 1) -> Path:

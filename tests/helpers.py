@@ -2,7 +2,35 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedlap_privacy.fl.config import TrainConfig
+
+#: a FedLAP-DP / baseline configuration that trains in about a second on digits
+TINY: dict[str, Any] = dict(
+    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
+    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3,
+)
+
+
+def tiny(**kw: Any) -> TrainConfig:
+    """The tiny configuration ``TINY`` with ``kw`` overriding (or adding to) its fields."""
+    from fedlap_privacy.fl.config import TrainConfig
+
+    return TrainConfig(**{**TINY, **kw})
+
+
+@cache
+def repo_root() -> Path:
+    """The repository root: the nearest folder above this file that holds pyproject.toml."""
+    here = Path(__file__).resolve()
+    for folder in here.parents:
+        if (folder / "pyproject.toml").is_file():
+            return folder
+    raise FileNotFoundError(f"no pyproject.toml above {here}")
 
 
 def save_run_files(

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from helpers import repo_root, tiny
 from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon
@@ -37,10 +37,6 @@ from fedlap_privacy.fl.simulation import resume, train
 from fedlap_privacy.ledger import PrivacyLedger
 
 runner = CliRunner()
-
-
-def tiny(**kw) -> TrainConfig:
-    return TrainConfig(**{**TINY, **kw})
 
 
 def _weights(model: torch.nn.Module) -> torch.Tensor:
@@ -301,5 +297,5 @@ def test_delta_not_below_one_over_n_warns(tmp_path: Path) -> None:
 
 
 def test_torch_floor_has_safe_weights_only_loading() -> None:
-    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    text = (repo_root() / "pyproject.toml").read_text()
     assert '"torch>=2.6"' in text  # CVE-2025-32434: weights_only bypass before 2.6

@@ -22,10 +22,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import repo_root
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = repo_root()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGES: list[str] = PYPROJECT["tool"]["setuptools"]["packages"]
 PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]

@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import tiny
 from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.compare import COMPARISON, budget_config, run_comparison
-from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.simulation import CHECKPOINT
 
-TINY = dict(width=8, rounds=2, local_steps=2, batch_size=32)
+#: this file's runs: the shared tiny configuration, narrower and with fewer local steps
+SMALL = dict(width=8, local_steps=2)
 
 
 def test_record_and_client_level_budgets_are_planned_to_the_target(tmp_path):
-    base = TrainConfig(**TINY)
+    base = tiny(**SMALL)
     for method in ("dp-fedavg", "dp-normfedavg"):
         cfg = budget_config(base, method, 3.0)
         assert cfg.sigma is None and cfg.target_eps == 3.0  # planned by the driver
@@ -31,17 +32,17 @@ def test_record_and_client_level_budgets_are_planned_to_the_target(tmp_path):
 
 
 def test_local_budget_is_split_over_rounds_and_non_private_has_none():
-    cfg = budget_config(TrainConfig(**TINY), "ldp-fl", 3.0)
+    cfg = budget_config(tiny(**SMALL), "ldp-fl", 3.0)
     assert cfg.ldp_epsilon == pytest.approx(1.5) and cfg.rounds * cfg.ldp_epsilon == 3.0
-    assert budget_config(TrainConfig(**TINY), "fedavg", None).notion == "none"
+    assert budget_config(tiny(**SMALL), "fedavg", None).notion == "none"
     with pytest.raises(ConfigError, match="not private"):
-        budget_config(TrainConfig(**TINY), "fedavg", 3.0)
+        budget_config(tiny(**SMALL), "fedavg", 3.0)
     with pytest.raises(ConfigError, match="target epsilon"):
-        budget_config(TrainConfig(**TINY), "dp-fedavg", None)
+        budget_config(tiny(**SMALL), "dp-fedavg", None)
 
 
 def test_comparison_report_table_and_resume(tmp_path):
-    base = TrainConfig(**TINY)
+    base = tiny(**SMALL)
     report = run_comparison(base, [2.0, 8.0], ["dp-fedavg", "fedavg"], 2, tmp_path, "cpu")
     saved = json.loads((tmp_path / COMPARISON).read_text())
     assert saved["methods"].keys() == {"dp-fedavg", "fedavg"}
@@ -71,7 +72,7 @@ def test_comparison_report_table_and_resume(tmp_path):
     assert numbers(again) == numbers(report)
     # ... but refuses a directory whose runs had other settings
     with pytest.raises(ConfigError, match="other settings"):
-        run_comparison(TrainConfig(**{**TINY, "local_steps": 3}), [2.0], ["dp-fedavg"], 1,
+        run_comparison(tiny(**{**SMALL, "local_steps": 3}), [2.0], ["dp-fedavg"], 1,
                        tmp_path, "cpu")
 
 

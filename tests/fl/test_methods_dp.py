@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny
 from torch import nn
 
 import fedlap_privacy.fl.fedavg as fedavg_module
@@ -23,12 +24,6 @@ from fedlap_privacy.fl.normfedavg import DPNormFedAvg, normalise_update
 from fedlap_privacy.fl.privacy import build_ledger
 from fedlap_privacy.fl.simulation import train
 from fedlap_privacy.models import ModelConfig, build_model
-
-TINY = dict(width=16, rounds=2, batch_size=32, local_steps=3)
-
-
-def tiny(**kw) -> TrainConfig:
-    return TrainConfig(**{**TINY, **kw})
 
 
 def _model(seed: int = 0) -> nn.Module:

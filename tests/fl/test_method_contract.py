@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY
-from helpers import METHOD_EXTRAS
+from helpers import METHOD_EXTRAS, tiny
 
 from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.method_table import METHOD_TABLE
 from fedlap_privacy.fl.methods import Method, build_method
 from fedlap_privacy.fl.privacy import build_ledger, with_planned_sigma
@@ -38,7 +36,7 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("name", sorted(METHOD_TABLE))
 def test_every_method_keeps_the_contract(name: str, tmp_path) -> None:
     spec = METHOD_TABLE[name]
-    cfg = TrainConfig(**{**TINY, "method": name, "rounds": 2, **METHOD_EXTRAS.get(name, {})})
+    cfg = tiny(**{"method": name, "rounds": 2, **METHOD_EXTRAS.get(name, {})})
     data = load_dataset(cfg.dataset)
     parts = client_parts(cfg, data)
     cfg = with_planned_sigma(cfg.validate(), [len(p) for p in parts])

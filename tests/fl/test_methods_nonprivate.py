@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import tiny
 from torch import nn
 
 from fedlap_privacy.fl.config import TrainConfig
@@ -203,12 +204,13 @@ def test_scaffold_corrects_client_drift():
     assert scaffold < 0.05 * fedavg  # measured: 1.3e-3 vs 0.19
 
 
-TINY = dict(width=16, batch_size=32, local_steps=10, lr_local=0.1, rounds=3)
+#: end-to-end runs that learn: the shared tiny configuration with more local steps and rounds
+LEARNS = dict(local_steps=10, lr_local=0.1, rounds=3)
 
 
 def test_scaffold_trains_on_digits_with_double_upload():
-    fedavg = train(TrainConfig(method="fedavg", **TINY), None, device="cpu")
-    scaffold = train(TrainConfig(method="scaffold", **TINY), None, device="cpu")
+    fedavg = train(tiny(method="fedavg", **LEARNS), None, device="cpu")
+    scaffold = train(tiny(method="scaffold", **LEARNS), None, device="cpu")
     assert scaffold.history[-1]["test_accuracy"] > 0.4  # chance is 0.1
     for a, b in zip(scaffold.history, fedavg.history, strict=True):
         assert a["upload_bytes"] == 2 * b["upload_bytes"] > 0
@@ -222,15 +224,15 @@ class _Stop(Exception):
 
 
 def test_scaffold_resume_restores_control_variates(tmp_path):
-    cfg = dict(TINY, method="scaffold")
-    full = train(TrainConfig(**cfg), tmp_path / "full", device="cpu")
+    cfg = dict(LEARNS, method="scaffold")
+    full = train(tiny(**cfg), tmp_path / "full", device="cpu")
 
     def stop(event, info):
         if event == "round_end" and info.get("round") == 2:
             raise _Stop
 
     with pytest.raises(_Stop):
-        train(TrainConfig(**cfg), tmp_path / "cut", device="cpu", callback=stop)
+        train(tiny(**cfg), tmp_path / "cut", device="cpu", callback=stop)
     assert not (tmp_path / "cut" / PENDING).exists()
     resumed = resume(tmp_path / "cut", device="cpu")
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
@@ -324,7 +326,7 @@ def test_fedprox_large_mu_keeps_client_near_global():
     [("fedprox", dict(prox_mu=0.01), 0.4), ("fedsgd", dict(rounds=30, lr_local=1.0), 0.6)],
 )
 def test_end_to_end_beats_chance(method, extra, floor):
-    result = train(TrainConfig(method=method, **{**TINY, **extra}), None, device="cpu")
+    result = train(tiny(method=method, **{**LEARNS, **extra}), None, device="cpu")
     assert result.history[-1]["test_accuracy"] > floor  # chance is 0.1
     assert result.summary["epsilon"] is None and result.ledger.notion == "none"
     model_bytes = _param_bytes(result.model)

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import tiny
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
@@ -29,15 +30,6 @@ from fedlap_privacy.fl.simulation import (
 )
 from fedlap_privacy.fl.trust_region import clone_params, distance
 from fedlap_privacy.models import ModelConfig, build_model
-
-TINY = dict(
-    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
-    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3,
-)
-
-
-def tiny(**kw) -> TrainConfig:
-    return TrainConfig(**{**TINY, **kw})
 
 
 def _model(seed: int = 0):

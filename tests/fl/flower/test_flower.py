@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ import torch
 
 flwr = pytest.importorskip("flwr")
 
+import helpers  # noqa: E402
 from flower_grid import FakeGrid, task_identity, write_policy  # noqa: E402, F401
 from helpers import METHOD_EXTRAS  # noqa: E402
 
@@ -41,15 +43,10 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
 from fedlap_privacy.fl.method_table import METHOD_TABLE  # noqa: E402
 from fedlap_privacy.fl.simulation import CHECKPOINT, PENDING, train  # noqa: E402
 
-TINY = dict(
-    width=16, rounds=2, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
-    local_model_steps=2, ipc=2, server_epochs=5, batch_size=32, local_steps=3, clients=2,
-    reproducible_noise=True,  # the driver's equality with the simulator is bit for bit
-)
-
-
-def tiny(**kw) -> TrainConfig:
-    return TrainConfig(**{**TINY, **kw})
+#: the shared tiny configuration runs here on two clients, with seeded noise: the driver's
+#: equality with the simulator is bit for bit
+FLOWER = dict(clients=2, reproducible_noise=True)
+tiny = partial(helpers.tiny, **FLOWER)
 
 
 def _driver(grid: FakeGrid, cfg: TrainConfig, **kw) -> FlowerClients:
@@ -117,7 +114,7 @@ def test_run_config_round_trip_and_app_is_a_valid_flower_app(tmp_path):
 
 
 # --------------------------------------------------------------------------- driver, in-process
-#: what some methods need beyond TINY (their own budgets, the non-private radius rule)
+#: what some methods need beyond tiny() (their own budgets, the non-private radius rule)
 @pytest.mark.parametrize("method", sorted(METHOD_TABLE))
 def test_flower_driver_equals_simulator(tmp_path, method):
     """Every method, same seed: the ServerApp's driver + the ClientApp give the simulator's
@@ -256,7 +253,8 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path):
 
     from fedlap_privacy.cli.main import app
 
-    sets = [f"--set={k}={v}" for k, v in TINY.items() if k not in ("rounds", "clients")]
+    sets = [f"--set={k}={v}" for k, v in {**helpers.TINY, **FLOWER}.items()
+            if k not in ("rounds", "clients")]
     policy = write_policy(tmp_path / "policy.toml", allow_reproducible_noise=True)
     args = ["train", "--engine", "flower", "--clients", "2", "--rounds", "2", "--device", "cpu",
             "--out", str(tmp_path / "flower"), "--json", "--node-policy", str(policy), *sets]
