@@ -48,12 +48,16 @@ from fedlap_privacy.audit.reference_attacks import (
     true_label_probability,
     tune_rmia_a,
 )
+from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 
 __all__ = [
+    "AttackResult",
+    "AuditReport",
     "CanaryClientEstimate",
     "MLPAttack",
     "MembershipSplit",
     "OneRunResult",
+    "PrivacyClaim",
     "RmiaTuning",
     "ThresholdAttack",
     "attack_metrics",

@@ -37,6 +37,7 @@ from torch import nn
 from fedlap_privacy.audit.features import FEATURES
 from fedlap_privacy.audit.reference_audit import ReferenceModel
 from fedlap_privacy.audit.report import AuditTarget, audit_target
+from fedlap_privacy.audit.results import AuditReport, PrivacyClaim
 from fedlap_privacy.checkpoint import load_checkpoint_data
 from fedlap_privacy.data import Dataset, load_records
 from fedlap_privacy.errors import CheckpointError, ConfigError
@@ -46,18 +47,15 @@ __all__ = ["audit_model", "audit_model_files", "claimed_privacy", "load_external
 Records = tuple[np.ndarray, np.ndarray]
 
 
-def claimed_privacy(epsilon: float | None, delta: float | None) -> dict[str, Any]:
+def claimed_privacy(epsilon: float | None, delta: float | None) -> PrivacyClaim:
     """The claim record of a model trained elsewhere: what its owner promises (or nothing)."""
     if epsilon is None:
-        return {"notion": "none", "epsilon": None, "delta": None, "accountant": None,
-                "epsilon_tested": None, "delta_tested": None,
-                "basis": "no claim given: nothing to test"}
+        return PrivacyClaim("none", None, None, "no claim given: nothing to test")
     d = 1e-5 if delta is None else delta
     if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= d < 1):
         raise ConfigError(f"claimed (epsilon, delta) = ({epsilon}, {d}) is not a DP claim")
-    return {"notion": "record-level", "epsilon": epsilon, "delta": d, "accountant": None,
-            "epsilon_tested": epsilon, "delta_tested": d,
-            "basis": "record-level DP claimed by the model's owner"}
+    return PrivacyClaim("record-level", epsilon, d,
+                        "record-level DP claimed by the model's owner", epsilon, d)
 
 
 def _is_torchscript(path: Path) -> bool:
@@ -148,7 +146,7 @@ def audit_model(
     out_dir: str | Path | None = None,
     reference_models: Sequence[ReferenceModel] = (),
     name: str = "external model",
-) -> dict[str, Any]:
+) -> AuditReport:
     """Membership-inference audit of ``model`` on the given members and non-members.
 
     Returns the report of :func:`fedlap_privacy.audit.report.run_audit` (``report.json`` and
@@ -176,7 +174,7 @@ def audit_model_files(
     factory: str | None = None,
     normalise: tuple[float, float] | None = None,
     **options: Any,
-) -> dict[str, Any]:
+) -> AuditReport:
     """:func:`audit_model` on files: the model (:func:`load_external_model`) and the
     records (:func:`fedlap_privacy.data.load_records`); ``options`` as for audit_model."""
     model = load_external_model(model_path, factory)

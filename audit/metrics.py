@@ -36,12 +36,12 @@ more likely a member"; a threshold ``t`` predicts *member* for ``score >= t``.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 from scipy.stats import beta
 from sklearn.metrics import roc_auc_score, roc_curve
 
+from fedlap_privacy.audit.results import AttackResult
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
@@ -168,22 +168,22 @@ def attack_metrics(
     delta: float = 0.0,
     confidence: float = 0.95,
     family_size: int = 1,
-) -> dict[str, Any]:
+) -> AttackResult:
     """All the metrics of one attack on one (audit) set, with compact ROC points."""
     labels, scores = _check(labels, scores)
     fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=False)
     roc_fpr, roc_tpr, _ = roc_curve(labels, scores, drop_intermediate=True)
     bound = epsilon_lower_bound(labels, scores, delta, confidence, family_size)
-    out: dict[str, Any] = {
-        "auc": float(roc_auc_score(labels, scores)),
-        **{f"tpr_at_fpr_{x:g}": tpr_at_fpr(fpr, tpr, x) for x in LOW_FPRS},
-        "balanced_accuracy": best_balanced_accuracy(fpr, tpr),
-        "eps_lb": bound["eps_lb"],
-        "eps_lb_detail": {k: v for k, v in bound.items() if k != "eps_lb"},
-        "n_members": int(labels.sum()),
-        "n_nonmembers": int((~labels).sum()),
-        "roc": {"fpr": roc_fpr.tolist(), "tpr": roc_tpr.tolist()},
-    }
-    if not math.isfinite(out["eps_lb_detail"]["threshold"]):
-        out["eps_lb_detail"]["threshold"] = None
-    return out
+    detail = {k: v for k, v in bound.items() if k != "eps_lb"}
+    if not math.isfinite(detail["threshold"]):
+        detail["threshold"] = None
+    return AttackResult(
+        auc=float(roc_auc_score(labels, scores)),
+        tpr_at_fpr={x: tpr_at_fpr(fpr, tpr, x) for x in LOW_FPRS},
+        balanced_accuracy=best_balanced_accuracy(fpr, tpr),
+        eps_lb=bound["eps_lb"],
+        eps_lb_detail=detail,
+        n_members=int(labels.sum()),
+        n_nonmembers=int((~labels).sum()),
+        roc={"fpr": roc_fpr.tolist(), "tpr": roc_tpr.tolist()},
+    )

@@ -28,6 +28,7 @@ black-box canary audit (``black-box/rmia``, ``black-box/lira``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -46,6 +47,7 @@ from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
+from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.data import DATASETS, Dataset, load_dataset
@@ -95,17 +97,13 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(out) else out
 
 
-def privacy_claim(
-    privacy: Any, ledger: Any = None, digest: str | None = None
-) -> dict[str, Any]:
+def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -> PrivacyClaim:
     """The promise the audit tests, RECOMPUTED from the run's ledger (module docstring).
 
     ``epsilon`` / ``delta`` / ``notion`` / ``threat_model`` come from composing the ledger's
     recorded rounds (:meth:`fedlap_privacy.ledger.PrivacyLedger.replay`, checked against the
     private state's ``digest`` when given); the checkpoint's stored ``privacy.epsilon`` is
-    only reported beside it (``stored_epsilon``, ``stored_matches``). ``epsilon_tested`` /
-    ``delta_tested`` are the record-level promise they imply (None: nothing to test) and
-    ``basis`` says why.
+    only reported beside it (``stored_epsilon``, ``stored_matches``).
     """
     privacy = privacy if isinstance(privacy, dict) else {}
     replayed = PrivacyLedger.replay(ledger if ledger is not None else [], digest)
@@ -114,47 +112,38 @@ def privacy_claim(
     epsilon = None if math.isinf(recomputed) else recomputed
     delta = replayed.delta
     stored = _number(privacy.get("epsilon"))
-    claim: dict[str, Any] = {
-        "notion": notion,
-        "epsilon": epsilon,
-        "delta": delta,
-        "accountant": replayed.accountant if notion in ("record-level", "client-level") else None,
-        "threat_model": replayed.threat_model,
-        "noise": replayed.noise,
-        "rounds": replayed.rounds_spent,
-        "stored_epsilon": stored,
-        "stored_matches": (stored is None and epsilon is None) or (
+    recorded = dict(
+        notion=notion, epsilon=epsilon, delta=delta,
+        accountant=replayed.accountant if notion in ("record-level", "client-level") else None,
+        threat_model=replayed.threat_model, noise=replayed.noise,
+        rounds=replayed.rounds_spent, stored_epsilon=stored,
+        stored_matches=(stored is None and epsilon is None) or (
             stored is not None and epsilon is not None
             and math.isclose(stored, epsilon, rel_tol=1e-6)),
-        "epsilon_tested": None,
-        "delta_tested": None,
-    }
+    )
+    return PrivacyClaim(**recorded, **_tested(notion, epsilon, delta))
+
+
+def _tested(notion: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:
+    """The record-level promise a claim implies, and why (docs/audit.md#what-is-tested)."""
     if notion in ("none", "local") or epsilon is None or not math.isfinite(epsilon):
-        claim["basis"] = {
+        basis = {
             "none": "non-private model: no promise to test",
             "local": "a per-weight local-DP epsilon bounds no record's membership in the model",
         }.get(notion, "no finite epsilon recorded: no promise to test")
-        return claim
+        return {"basis": basis}
     d = 0.0 if delta is None else delta
     if notion == "record-level":
         if d >= 1.0:
-            claim["basis"] = "delta >= 1 promises nothing: no promise to test"
-            return claim
-        claim.update(epsilon_tested=epsilon, delta_tested=d, basis="record-level DP, as promised")
-        return claim
+            return {"basis": "delta >= 1 promises nothing: no promise to test"}
+        return {"epsilon_tested": epsilon, "delta_tested": d,
+                "basis": "record-level DP, as promised"}
     group_delta = (1.0 + math.exp(min(epsilon, 700.0))) * d
     if group_delta >= 1.0:
-        claim["basis"] = (
-            "client-level DP: the group-privacy delta (1 + e^eps) delta >= 1 for a record, "
-            "so no record-level promise to test"
-        )
-        return claim
-    claim.update(
-        epsilon_tested=2.0 * epsilon,
-        delta_tested=group_delta,
-        basis="client-level DP -> a record by group privacy: (2 eps, (1 + e^eps) delta)",
-    )
-    return claim
+        return {"basis": "client-level DP: the group-privacy delta (1 + e^eps) delta >= 1 for "
+                         "a record, so no record-level promise to test"}
+    return {"epsilon_tested": 2.0 * epsilon, "delta_tested": group_delta,
+            "basis": "client-level DP -> a record by group privacy: (2 eps, (1 + e^eps) delta)"}
 
 
 def evaluate_attacks(
@@ -165,7 +154,7 @@ def evaluate_attacks(
     delta: float = 0.0,
     confidence: float = CONFIDENCE,
     direct_scores: dict[str, np.ndarray] | None = None,
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, AttackResult]]:
     """Fit every attack model on each feature's attack half, measure it on the audit half.
 
     Returns ``{feature: {"mlp": metrics, "threshold": metrics}}``, and ``{name: {"score":
@@ -176,7 +165,7 @@ def evaluate_attacks(
     is_member, is_audit = np.asarray(is_member, bool), np.asarray(is_audit, bool)
     direct = direct_scores or {}
     family = len(features) * len(ATTACK_MODELS) + len(direct)
-    results: dict[str, dict[str, dict[str, Any]]] = {}
+    results: dict[str, dict[str, AttackResult]] = {}
     for name, values in features.items():
         values = np.asarray(values, dtype=np.float64)
         results[name] = {}
@@ -185,23 +174,21 @@ def evaluate_attacks(
             attack.fit(values[~is_audit], is_member[~is_audit])  # never sees the audit half
             scores = attack.score(values[is_audit])
             metrics = attack_metrics(is_member[is_audit], scores, delta, confidence, family)
-            members = values[is_audit & is_member]
-            outsiders = values[is_audit & ~is_member]
-            metrics["feature_median"] = {
-                "members": float(np.median(members)),
-                "nonmembers": float(np.median(outsiders)),
-            }
-            results[name][kind] = metrics
+            results[name][kind] = dataclasses.replace(
+                metrics, medians=_medians(values, is_member, is_audit))
     for name, values in direct.items():
         values = np.asarray(values, dtype=np.float64)
         metrics = attack_metrics(is_member[is_audit], values[is_audit], delta, confidence,
                                  family)
-        metrics["score_median"] = {
-            "members": float(np.median(values[is_audit & is_member])),
-            "nonmembers": float(np.median(values[is_audit & ~is_member])),
-        }
-        results[name] = {"score": metrics}
+        results[name] = {"score": dataclasses.replace(
+            metrics, medians=_medians(values, is_member, is_audit), median_of="score")}
     return results
+
+
+def _medians(values: np.ndarray, is_member: np.ndarray, is_audit: np.ndarray) -> dict[str, float]:
+    """The audit half's members' and non-members' median of ``values``."""
+    return {"members": float(np.median(values[is_audit & is_member])),
+            "nonmembers": float(np.median(values[is_audit & ~is_member]))}
 
 
 def _load_private_state(checkpoint: Path) -> PrivateRunState:
@@ -276,8 +263,8 @@ def run_audit(
     max_per_half: int | None = None,
     device: str | None = None,
     reference_models: Sequence[ReferenceModel] = (),
-) -> dict[str, Any]:
-    """Audit one checkpoint; returns the report dict (and writes it when ``out_dir`` is set).
+) -> AuditReport:
+    """Audit one checkpoint; returns the report (and writes it when ``out_dir`` is set).
 
     ``attacks`` names the features (``"loss"``, ``"grad-norm"``); each is attacked by the
     MLP and by the threshold baseline. ``max_per_half`` caps each of the four record sets
@@ -297,7 +284,7 @@ def run_audit(
 
 def audit_target(
     target: AuditTarget,
-    claim: dict[str, Any],
+    claim: PrivacyClaim,
     source: str,
     attacks: str | Sequence[str] = FEATURES,
     seed: int = 0,
@@ -305,7 +292,7 @@ def audit_target(
     max_per_half: int | None = None,
     device: str | None = None,
     reference_models: Sequence[ReferenceModel] = (),
-) -> dict[str, Any]:
+) -> AuditReport:
     """The audit of :func:`run_audit` on a loaded target and its claim (``source`` names
     the model in the report); shared with :func:`fedlap_privacy.audit.external.audit_model`."""
     features_wanted = parse_attacks(attacks)
@@ -330,28 +317,28 @@ def audit_target(
         direct = scorer.score(x, y)
         feature_seconds += time.perf_counter() - start
 
-    delta = claim["delta_tested"] if claim["delta_tested"] is not None else 0.0
+    delta = claim.delta_tested if claim.delta_tested is not None else 0.0
     results = evaluate_attacks(features, is_member, is_audit, seed=seed, delta=delta,
                                direct_scores=direct)
     best_name, best = max(
-        ((f"{f}/{k}", r["eps_lb"]) for f, by in results.items() for k, r in by.items()),
+        ((f"{f}/{k}", r.eps_lb) for f, by in results.items() for k, r in by.items()),
         key=lambda item: item[1],
     )
-    tested = claim["epsilon_tested"]
+    tested = claim.epsilon_tested
     one_run = _canary_report(target, claim, scorer)
     canary_violation = one_run is not None and any(
         a["verdict"] == "violation" for a in one_run["audits"])
-    report: dict[str, Any] = {
-        "checkpoint": source,
-        "method": None if target.release is None else target.release.method,
-        "round": None if target.release is None else target.release.round,
-        "dataset": {
+    report = AuditReport(
+        source=source,
+        method=None if target.release is None else target.release.method,
+        round=None if target.release is None else target.release.round,
+        dataset={
             "name": dataset.name,
             "data_dir": used_dir,
             "n_train": len(dataset.y_train),
             "n_test": len(dataset.y_test),
         },
-        "sets": {
+        sets={
             "seed": seed,
             "members_total": len(members),
             "per_half": split.per_half,
@@ -359,9 +346,9 @@ def audit_target(
             "audit_half": {"members": split.per_half, "nonmembers": split.per_half},
             "member_classes": sorted(np.unique(dataset.y_train[members]).tolist()),
         },
-        "privacy": claim,
-        "confidence": CONFIDENCE,
-        "semantics": {
+        privacy=claim,
+        confidence=CONFIDENCE,
+        semantics={
             "metrics": "computed on the audit half only; attacks are fitted on the other half",
             "balanced_accuracy": "best threshold on the audit half (optimistic)",
             "tpr_at_fpr": "best TPR with empirical FPR <= target, no interpolation",
@@ -372,14 +359,14 @@ def audit_target(
                 f"(family-wise {CONFIDENCE:.0%}); delta = delta_tested"
             ),
         },
-        "attacks": results,
-        "max_eps_lb": best,
-        "max_eps_lb_attack": best_name,
-        "violation": bool(tested is not None and best > tested) or canary_violation,
-        "one_run": one_run,
-        "reference_models": None if scorer is None else scorer.describe(),
-        "feature_seconds": feature_seconds,
-    }
+        attacks=results,
+        max_eps_lb=best,
+        max_eps_lb_attack=best_name,
+        violation=bool(tested is not None and best > tested) or canary_violation,
+        one_run=one_run,
+        reference_models=None if scorer is None else scorer.describe(),
+        feature_seconds=feature_seconds,
+    )
     if out_dir is not None:
         write_report(report, out_dir)
     return report
@@ -431,7 +418,7 @@ def _reference_scorer(
     )
 
 
-def _canary_report(target: AuditTarget, claim: dict[str, Any],
+def _canary_report(target: AuditTarget, claim: PrivacyClaim,
                    scorer: ReferenceScorer | None = None) -> dict[str, Any] | None:
     """The one-run audits of the run's canaries (:mod:`.canary_audit`), or None without.
 
@@ -443,13 +430,13 @@ def _canary_report(target: AuditTarget, claim: dict[str, Any],
     if saved is None:
         return None
     state = CanaryState.from_state(saved)
-    delta = claim["delta"] if claim["delta"] is not None else _config_delta(target.private)
+    delta = claim.delta if claim.delta is not None else _config_delta(target.private)
     extra = None
     if scorer is not None and state.kind == "black-box":
         assert state.images is not None and state.labels is not None
         found = scorer.score(state.images.float().numpy(), state.labels.long().numpy())
         extra = {f"black-box/{name}": values for name, values in found.items()}
-    audits = run_canary_audits(state, target.model, claim["epsilon"], delta, CONFIDENCE,
+    audits = run_canary_audits(state, target.model, claim.epsilon, delta, CONFIDENCE,
                                extra_scores=extra)
     if not audits:
         return None
@@ -466,15 +453,16 @@ def _config_delta(private: PrivateRunState) -> float:
     return value if value is not None and 0 < value < 1 else 1e-5
 
 
-def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
     """Write ``report.json`` (non-finite numbers as null) and ``roc.png`` into ``out_dir``."""
     out = Path(out_dir)
+    data = report.to_json()
     try:
         out.mkdir(parents=True, exist_ok=True)
         json_path = out / "report.json"
-        write_text_atomic(json_path, json.dumps(json_safe(report), indent=2))
+        write_text_atomic(json_path, json.dumps(json_safe(data), indent=2))
         png_path = out / "roc.png"
-        plot_roc(report, png_path)
+        plot_roc(data, png_path)
     except OSError as exc:
         raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
     return {"json": json_path, "png": png_path}

@@ -94,7 +94,8 @@ def runs(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 report = run_audit(out / "ckpt.pt", attacks="loss", device="cpu")
                 audited = time.perf_counter() - start
-                one_run = report["one_run"]
+                one_run = report.one_run
+                assert one_run is not None
                 cells = [f"{audited:.1f}", f"{one_run['epsilon_lower_bound']:.2f}",
                          f"{one_run['ceiling']:.2f}", one_run["verdict"]]
             print(f"| {m} canaries | {100 * summary['test_accuracy']:.2f} | "

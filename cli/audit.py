@@ -10,12 +10,15 @@ them to the audit (RMIA and LiRA scores).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from fedlap_privacy.cli.common import console, fail, guarded, print_json
+
+if TYPE_CHECKING:
+    from fedlap_privacy.audit.results import AuditReport
 
 __all__ = ["audit", "render_report"]
 
@@ -190,7 +193,7 @@ def audit(
 
     external = members is not None or nonmembers is not None
 
-    def run_external() -> dict[str, Any]:
+    def run_external() -> AuditReport:
         from fedlap_privacy.audit.external import audit_model_files
         from fedlap_privacy.audit.report import parse_attacks
 
@@ -203,7 +206,7 @@ def audit(
             seed=seed, max_per_half=max_per_half, out_dir=out,
         )
 
-    def run() -> dict[str, Any]:
+    def run() -> AuditReport:
         from fedlap_privacy.audit.reference_audit import ReferenceModel
         from fedlap_privacy.audit.report import audited_records, parse_attacks, run_audit
 
@@ -237,13 +240,13 @@ def audit(
         )
 
     if json_output:
-        report = guarded(run)
+        report = guarded(run).to_json()
         print_json(report)
     else:
         doing = (f"training or loading {reference_models} reference model(s), then auditing"
                  if reference_models else "auditing (per-record losses and gradient norms)")
         with console.status(f"{doing}..."):
-            report = guarded(run)
+            report = guarded(run).to_json()
         render_report(report)
         if out is not None:
             console.print(f"wrote {out / 'report.json'} and {out / 'roc.png'}", highlight=False)

@@ -405,3 +405,23 @@ def test_bad_orders_are_config_errors() -> None:
 def test_numpy_integers_are_accepted() -> None:
     s = FedLAPSchedule(batch_size=256, client_size=np.int64(10000), local_steps=np.int32(200))
     assert epsilon(s, 1.0, np.int64(15), DELTA) == epsilon(REFERENCE, 1.0, 15, DELTA)
+
+
+def test_planning_takes_accountant_objects() -> None:
+    """One interface: a name and the accountant object it names give the same answers."""
+    from fedlap_privacy.accountant import (
+        EXTENDED_ORDERS,
+        Accountant,
+        PLDAccountant,
+        RDPAccountant,
+        get_accountant,
+    )
+
+    s = FedLAPSchedule(batch_size=256, client_size=10000, local_steps=200)
+    rdp = RDPAccountant(EXTENDED_ORDERS)
+    assert isinstance(rdp, Accountant) and isinstance(PLDAccountant(), Accountant)
+    assert plan_sigma(s, 30, 10.0, 1e-5, rdp) == plan_sigma(s, 30, 10.0, 1e-5, "rdp",
+                                                             EXTENDED_ORDERS)
+    assert epsilon(s, 1.0, 15, 1e-5, get_accountant("pld")) == epsilon(s, 1.0, 15, 1e-5, "pld")
+    with pytest.raises(ConfigError, match="accountant 'moments'"):
+        get_accountant("moments")

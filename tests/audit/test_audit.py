@@ -104,7 +104,7 @@ def overfit_features(overfit, digits):
 
 def test_overfit_model_is_attackable(overfit, tmp_path) -> None:
     path, _, _ = overfit
-    report = run_audit(path, out_dir=tmp_path / "out")
+    report = run_audit(path, out_dir=tmp_path / "out").to_json()
     aucs = {(f, k): m["auc"] for f, by in report["attacks"].items() for k, m in by.items()}
     # Measured: loss/mlp 0.83, loss/threshold 0.84, grad-norm/mlp 0.83, /threshold 0.85.
     assert all(auc >= 0.75 for auc in aucs.values()), aucs
@@ -120,7 +120,7 @@ def test_overfit_model_is_attackable(overfit, tmp_path) -> None:
     png = (tmp_path / "out" / "roc.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     # Same seed, same numbers.
-    again = run_audit(path, attacks="loss")
+    again = run_audit(path, attacks="loss").to_json()
     assert again["attacks"]["loss"]["mlp"]["auc"] == report["attacks"]["loss"]["mlp"]["auc"]
 
 
@@ -130,11 +130,11 @@ def test_swapped_labels_invert_the_attack(overfit_features) -> None:
         audit_x, audit_y = values[is_audit], is_member[is_audit]
         train_x, train_y = values[~is_audit], is_member[~is_audit]
         # Training-free attack scored against swapped labels: AUC mirrored below 0.5.
-        swapped = attack_metrics(~audit_y, ThresholdAttack().score(audit_x))["auc"]
+        swapped = attack_metrics(~audit_y, ThresholdAttack().score(audit_x)).auc
         assert swapped <= 0.25, (name, swapped)  # measured 0.15 (loss), 0.16 (grad-norm)
         # The MLP trained on swapped labels learns "low loss = non-member" (measured 0.17).
         mlp = MLPAttack(seed=0).fit(train_x, ~train_y)
-        assert attack_metrics(audit_y, mlp.score(audit_x))["auc"] <= 0.25, name
+        assert attack_metrics(audit_y, mlp.score(audit_x)).auc <= 0.25, name
 
 
 def test_shuffled_labels_give_chance(overfit_features) -> None:
@@ -147,8 +147,8 @@ def test_shuffled_labels_give_chance(overfit_features) -> None:
     for name, by in results.items():
         for kind, m in by.items():
             # 140 + 140 audit records: AUC under the null has sd ~0.035 (measured 0.48-0.56).
-            assert abs(m["auc"] - 0.5) < 0.12, (name, kind, m["auc"])
-            assert m["eps_lb"] == 0.0
+            assert abs(m.auc - 0.5) < 0.12, (name, kind, m.auc)
+            assert m.eps_lb == 0.0
 
 
 def test_untrained_model_sits_at_chance(digits, tmp_path) -> None:
@@ -158,7 +158,7 @@ def test_untrained_model_sits_at_chance(digits, tmp_path) -> None:
     privacy = {"notion": "record-level", "epsilon": 1.0, "delta": 1e-5, "accountant": "rdp"}
     path = tmp_path / "ckpt.pt"
     _save(path, model, members, privacy)
-    report = run_audit(path, seed=0)
+    report = run_audit(path, seed=0).to_json()
     assert report["sets"]["per_half"] == 179  # limited by the 359 test records
     for by in report["attacks"].values():
         for m in by.values():
@@ -173,7 +173,7 @@ def test_violation_is_flagged(overfit, tmp_path) -> None:
     claim = {"notion": "record-level", "epsilon": 0.2, "delta": 1e-5, "accountant": "rdp"}
     path = tmp_path / "lying.pt"
     _save(path, model, members, claim)
-    report = run_audit(path, attacks="grad-norm")
+    report = run_audit(path, attacks="grad-norm").to_json()
     assert report["max_eps_lb"] > report["privacy"]["epsilon"] == pytest.approx(0.2, rel=1e-3)
     assert report["violation"] is True
     assert report["privacy"]["delta_tested"] == 1e-5

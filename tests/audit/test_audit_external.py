@@ -53,11 +53,11 @@ def overfit():
 
 def test_python_api_finds_the_memorised_records(overfit) -> None:
     model, members, nonmembers = overfit
-    report = audit_model(model, members, nonmembers, claimed_epsilon=0.5, attacks="loss")
+    report = audit_model(model, members, nonmembers, claimed_epsilon=0.5, attacks="loss").to_json()
     m = report["attacks"]["loss"]["threshold"]
     assert m["auc"] > 0.9  # memorised
     assert report["violation"] is True and report["max_eps_lb"] > 0.5
-    clean = audit_model(model, members, nonmembers, attacks="loss")
+    clean = audit_model(model, members, nonmembers, attacks="loss").to_json()
     assert clean["privacy"]["notion"] == "none" and clean["violation"] is False
 
 

@@ -115,7 +115,7 @@ def test_tpr_at_low_fpr_constructed() -> None:
     outsiders = np.arange(1000, dtype=float)
     members = np.r_[np.full(10, 2000.0), np.full(90, 998.5)]
     labels = np.r_[np.ones(100), np.zeros(1000)]
-    m = attack_metrics(labels, np.r_[members, outsiders])
+    m = attack_metrics(labels, np.r_[members, outsiders]).to_json()
     assert m["tpr_at_fpr_0.001"] == 1.0  # one false positive is FPR 0.001 exactly: allowed
     from sklearn.metrics import roc_curve
 
@@ -136,9 +136,9 @@ def test_attack_models_direction() -> None:
         attack.fit(x, y)
         proba = attack.predict_proba(x)
         assert proba.shape == (600, 2) and np.allclose(proba.sum(1), 1)
-        assert attack_metrics(y, attack.score(x))["auc"] > 0.8
+        assert attack_metrics(y, attack.score(x)).auc > 0.8
     # The MLP follows its labels: trained on swapped labels it calls members non-members.
-    assert attack_metrics(y, MLPAttack(seed=0).fit(x, ~y).score(x))["auc"] < 0.2
+    assert attack_metrics(y, MLPAttack(seed=0).fit(x, ~y).score(x)).auc < 0.2
 
 
 # ----------------------------------------------------------- member / non-member sets
@@ -214,15 +214,15 @@ def test_privacy_claim_is_recomputed_from_the_ledger() -> None:
     from fedlap_privacy.ledger import PrivacyLedger
 
     rec = privacy_claim({"epsilon": 0.01}, ledger_claiming(2.0))  # a hand-edited claim
-    assert rec["epsilon_tested"] == pytest.approx(2.0, rel=1e-3) and rec["delta_tested"] == 1e-5
-    assert rec["stored_epsilon"] == 0.01 and rec["stored_matches"] is False
+    assert rec.epsilon_tested == pytest.approx(2.0, rel=1e-3) and rec.delta_tested == 1e-5
+    assert rec.stored_epsilon == 0.01 and rec.stored_matches is False
     cli = privacy_claim(None, _client_level_ledger(1.0))
-    assert cli["epsilon_tested"] == pytest.approx(2 * cli["epsilon"])
-    assert cli["delta_tested"] == pytest.approx((1 + math.exp(cli["epsilon"])) * 1e-5)
-    assert privacy_claim(None, _client_level_ledger(12.0))["epsilon_tested"] is None
+    assert cli.epsilon is not None and cli.epsilon_tested == pytest.approx(2 * cli.epsilon)
+    assert cli.delta_tested == pytest.approx((1 + math.exp(cli.epsilon)) * 1e-5)
+    assert privacy_claim(None, _client_level_ledger(12.0)).epsilon_tested is None
     local = PrivacyLedger("local", round_epsilon=3.0, clients=1)
     local.record(1, 1, [0])
     for ledger in ([], local.to_list()):
-        assert privacy_claim(None, ledger)["epsilon_tested"] is None
+        assert privacy_claim(None, ledger).epsilon_tested is None
     with pytest.raises(CheckpointError):
         privacy_claim(None, [{"notion": "weird", "epsilon": 1.0}])

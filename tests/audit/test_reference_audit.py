@@ -78,7 +78,7 @@ def test_rmia_beats_the_loss_attack_on_an_overfit_model(tmp_path: Path) -> None:
     assert (run / "reference" / "0" / "private.pt").is_file()  # an ordinary run, own ledger
     report = run_audit(run / CHECKPOINT, attacks="loss", device="cpu",
                        reference_models=[ReferenceModel(r.model, r.trained_on, str(r.path))
-                                         for r in refs])
+                                         for r in refs]).to_json()
     attacks = report["attacks"]
     loss_auc = max(m["auc"] for m in attacks["loss"].values())
     loss_tpr = max(m["tpr_at_fpr_0.01"] for m in attacks["loss"].values())

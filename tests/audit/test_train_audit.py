@@ -17,7 +17,7 @@ def test_strong_dp_model_is_not_attackable(tmp_path):
     result = train(cfg, tmp_path, device="cpu")
     eps = result.ledger.epsilon
     assert eps <= 1.0
-    report = run_audit(tmp_path / CHECKPOINT, seed=0)
+    report = run_audit(tmp_path / CHECKPOINT, seed=0).to_json()
     assert report["privacy"]["epsilon"] == pytest.approx(eps)
     for feature in ("loss", "grad-norm"):
         for attack in report["attacks"][feature].values():

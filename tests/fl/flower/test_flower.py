@@ -245,11 +245,14 @@ def _revive(dep: LocalDeployment) -> None:
 
 
 @pytest.mark.flower
-def test_train_engine_flower_two_rounds_equal_simulator(tmp_path):
+def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     """``train --engine flower --clients 2``: SuperLink + 2 SuperNodes on 127.0.0.1, two
     FedLAP-DP rounds on digits; model and ledger are the in-process simulator's with the
-    same seed, bit for bit (the same CPU arithmetic), and everything is torn down."""
+    same seed, bit for bit (the same CPU arithmetic: one torch thread everywhere, as a
+    different thread count reorders float sums), and everything is torn down."""
     from typer.testing import CliRunner
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the nodes, the server app and this process
 
     from fedlap_privacy.cli.main import app
 
