@@ -12,25 +12,36 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
-__all__ = ["write_atomic", "write_figure", "write_text_atomic"]
+__all__ = ["atomic_file", "write_atomic", "write_figure", "write_text_atomic"]
 
 
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (parent folders are created)."""
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[IO[bytes]]:
+    """A binary file that replaces ``path`` when the block ends without an exception (and
+    is removed, leaving ``path`` as it was, when it raises). Parent folders are created."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically."""
+    with atomic_file(path) as f:
+        f.write(data)
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -26,11 +26,9 @@ import gzip
 import hashlib
 import http.client
 import math
-import os
 import pickle
 import struct
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 import zlib
@@ -40,6 +38,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from fedlap_privacy.atomic import atomic_file
 from fedlap_privacy.errors import ConfigError, DataError
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
@@ -445,26 +444,17 @@ def _download(url: str, target: Path, md5: str) -> None:
 
 
 def _save_atomic(source: IO[bytes], target: Path, md5: str | None = None) -> None:
-    """Copy a stream to ``target`` via a temp file + ``os.replace`` (checking MD5 first)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
-    try:
-        digest = hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "wb") as out:
-            while chunk := source.read(_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+    """Copy a stream to ``target`` atomically, refusing it (nothing saved) on an MD5 mismatch."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with atomic_file(target) as out:
+        while chunk := source.read(_CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
         if md5 is not None and digest.hexdigest() != md5:
             raise DataError(
                 f"checksum mismatch for {target.name}: MD5 {digest.hexdigest()}, "
                 f"expected {md5}; the file was not saved"
             )
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ------------------------------------------------------------------------------ splits
