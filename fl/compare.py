@@ -45,6 +45,7 @@ __all__ = [
     "budget_config",
     "plan_jobs",
     "plot_comparison",
+    "plot_rounds",
     "run_comparison",
 ]
 
@@ -169,6 +170,10 @@ def run_comparison(
             "stopped": summary["stopped"],
             "seconds": time.perf_counter() - started,
             "out": summary["out"],
+            # per round: how accuracy grows while the run spends its budget (a run planned
+            # for R rounds spends less than its target before round R)
+            "accuracy_by_round": [h["test_accuracy"] for h in history],
+            "epsilon_by_round": [h["epsilon"] for h in history],
         }
         row = rows[method]
         uploads = [h["upload_bytes"] for h in history if h.get("clients")]
@@ -178,6 +183,7 @@ def run_comparison(
         cell["runs"].append(run)
         accs = [r["test_accuracy"] for r in cell["runs"]]
         cell["mean"], cell["std"] = float(np.mean(accs)), float(np.std(accs))
+        cell["mean_by_round"] = _mean_by_round([r["accuracy_by_round"] for r in cell["runs"]])
         callback("run_end", {"method": method, "eps": eps, "seed": seed, **run})
     report = {
         "dataset": base.dataset,
@@ -192,7 +198,43 @@ def run_comparison(
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / COMPARISON, json.dumps(json_safe(report), indent=2) + "\n")
     plot_comparison(report, out / "accuracy_vs_epsilon.png")
+    plot_rounds(report, out / "accuracy_vs_round.png")
     return report
+
+
+def _mean_by_round(curves: list[list[float]]) -> list[float]:
+    """Mean accuracy after each round over the runs that reached it."""
+    longest = max((len(c) for c in curves), default=0)
+    return [float(np.mean([c[i] for c in curves if len(c) > i])) for i in range(longest)]
+
+
+def plot_rounds(report: dict[str, Any], path: Path) -> Path:
+    """Accuracy after each round (mean over seeds), one panel per target epsilon."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = [f"{e:g}" for e in report["eps"]]
+    fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.6), squeeze=False)
+    for ax, column in zip(axes[0], columns, strict=True):
+        for method, row in report["methods"].items():
+            cell = row["results"].get(column) or row["results"].get(NO_DP)
+            if not cell or not cell.get("mean_by_round"):
+                continue
+            curve = [100 * a for a in cell["mean_by_round"]]
+            style = "--" if column not in row["results"] else "-"
+            ax.plot(range(1, len(curve) + 1), curve, style, marker=".",
+                    label=f"{method}" + (" (no DP)" if style == "--" else ""))
+        ax.set_title(f"target epsilon {column} (reached at the last round)", fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    write_figure(fig, path)
+    plt.close(fig)
+    return path
 
 
 def _history(run_dir: Path) -> list[dict[str, Any]]:

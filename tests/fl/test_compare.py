@@ -55,11 +55,17 @@ def test_comparison_report_table_and_resume(tmp_path):
         assert all(r["epsilon"] <= float(target) + 1e-9 for r in runs)
         accs = [r["test_accuracy"] for r in runs]
         assert cell["mean"] == pytest.approx(sum(accs) / 2)
+        for r in runs:  # the per-round record ends where the run ended
+            assert len(r["accuracy_by_round"]) == r["rounds_run"] == 2
+            assert r["accuracy_by_round"][-1] == r["test_accuracy"]
+            assert r["epsilon_by_round"][-1] == pytest.approx(r["epsilon"])
+        assert cell["mean_by_round"][-1] == pytest.approx(cell["mean"])
         assert cell["std"] == pytest.approx(abs(accs[0] - accs[1]) / 2)
     assert set(saved["methods"]["fedavg"]["results"]) == {"non-private"}
     # the upload of weight-uploading methods is the model: the same for both
     assert dp["upload_bytes"] == saved["methods"]["fedavg"]["upload_bytes"] > 0
     assert (tmp_path / "accuracy_vs_epsilon.png").stat().st_size > 0
+    assert (tmp_path / "accuracy_vs_round.png").stat().st_size > 0
     # a second call finds finished runs and resumes them without training again
     ckpt = tmp_path / "runs" / "dp-fedavg-eps2-seed0" / CHECKPOINT
     stamp = ckpt.stat().st_mtime_ns
