@@ -72,12 +72,9 @@ def canary_scores(state: CanaryState, model: nn.Module | None) -> dict[str, np.n
         model.eval()
         losses = per_sample_losses(model, state.images.float(), state.labels.long())
         return {"black-box/loss": -losses.double().cpu().numpy()}
-    assert state.directions is not None
     if state.total_delta is None or not state.cosines:
         return {}
-    delta = state.total_delta.double()
-    norm = float(delta.norm())
-    final = state.directions.double() @ delta / norm if norm > 0 else torch.zeros(state.size)
+    final = state.cosines_with(state.total_delta)
     every = torch.stack([c.double() for c in state.cosines]).max(0).values
     return {"clients/final": final.numpy(), "clients/all-iterates": every.numpy()}
 
@@ -100,8 +97,8 @@ def run_canary_audits(
     for name, values in scores.items():
         result = one_run_audit(values, included, delta, confidence=1.0 - level)
         estimate = None
-        if state.kind == "clients" and state.directions is not None:
-            d = int(state.directions.shape[1])
+        if state.kind == "clients" and state.dimension is not None:
+            d = state.dimension
             if name == "clients/final":
                 estimate = canary_client_epsilon(values[included], d, delta)
             else:

@@ -10,8 +10,10 @@ each field, per kind of canary (``fedlap_privacy.fl.canaries`` inserts them, the
   sum, over every release of its client, of the released noisy sum on that coordinate, in
   units of the clipping bound C;
 * ``black-box``: ``images`` / ``labels`` — the canary records;
-* ``clients``: ``directions`` — each canary client's unit update direction; ``cosines`` —
-  per round, the cosine of every direction with that round's model change;
+* ``clients``: ``direction_seed`` and ``dimension`` — each canary client's unit update
+  direction is derived from them (:meth:`CanaryState.direction`: public, so only the seed is
+  kept, not an m x d matrix); ``cosines`` — per round, the cosine of every direction with
+  that round's model change;
   ``total_delta`` — the model's change over all rounds (the final-model statistic).
 """
 
@@ -41,13 +43,33 @@ class CanaryState:
     scores: Tensor | None = None
     images: Tensor | None = None
     labels: Tensor | None = None
-    directions: Tensor | None = None
+    direction_seed: int | None = None
+    dimension: int | None = None
     cosines: list[Tensor] = field(default_factory=list)
     total_delta: Tensor | None = None
 
     @property
     def size(self) -> int:
         return len(self.included)
+
+    def direction(self, j: int) -> Tensor:
+        """Canary client j's unit direction in R^dimension (float64), from its own seed."""
+        import torch
+
+        assert self.direction_seed is not None and self.dimension is not None
+        gen = torch.Generator().manual_seed((self.direction_seed + j) % 2**63)
+        z = torch.randn(self.dimension, generator=gen, dtype=torch.float64)
+        return z / z.norm()
+
+    def cosines_with(self, vector: Tensor) -> Tensor:
+        """The cosine of every canary client's direction with ``vector`` (0 for a zero one)."""
+        import torch
+
+        v = vector.detach().double().cpu()
+        norm = float(v.norm())
+        if norm == 0:
+            return torch.zeros(self.size, dtype=torch.float64)
+        return torch.stack([self.direction(j) @ v for j in range(self.size)]) / norm
 
     def to_state(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -72,7 +94,8 @@ class CanaryState:
             and isinstance(out.client, Tensor) and out.client.shape == out.included.shape
             and (out.kind != "white-box" or out.scores is not None)
             and (out.kind != "black-box" or (out.images is not None and out.labels is not None))
-            and (out.kind != "clients" or out.directions is not None)
+            and (out.kind != "clients"
+                 or (out.direction_seed is not None and out.dimension is not None))
         )
         if not ok:
             raise CheckpointError("the run's canary state is malformed")

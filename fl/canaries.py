@@ -74,8 +74,8 @@ class CanarySet(CanaryState):
             out.labels = torch.stack([
                 p[int(torch.randint(len(p), (), generator=gen))] for p in picks])
         else:
-            directions = torch.randn((m, d), generator=gen, dtype=torch.float64)
-            out.directions = (directions / directions.norm(dim=1, keepdim=True)).float()
+            out.direction_seed = int(torch.randint(2**62, (), generator=gen))
+            out.dimension = d
         return out
 
     # ------------------------------------------------------------------ during training
@@ -105,13 +105,12 @@ class CanarySet(CanaryState):
     def canary_replies(self, cfg: TrainConfig, model: nn.Module, round_: int) -> list[Reply]:
         """The canary clients taking part in this round (included, sampled at the client
         fraction), each uploading its direction normalised to C."""
-        assert self.directions is not None
         gen = dp_generator(cfg, torch.device("cpu"), round_, 0, _CANARY_KEY)
         taking_part = (torch.rand(self.size, generator=gen) < cfg.client_fraction) & self.included
         names = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
         replies = []
         for j in torch.nonzero(taking_part).flatten().tolist():
-            flat = self.directions[j] * cfg.clip
+            flat = (self.direction(j) * cfg.clip).float()
             pieces = flat.split([numel for _, _, numel in names])
             payload = {n: t.view(shape) for (n, shape, _), t in zip(names, pieces, strict=True)}
             replies.append(Reply(payload, 0, 0))
@@ -119,12 +118,9 @@ class CanarySet(CanaryState):
 
     def observe_round(self, before: Tensor, after: Tensor) -> None:
         """Canary clients: cosine of every direction with this round's model change."""
-        assert self.directions is not None
         delta = (after - before).double().cpu()
         self.total_delta = delta if self.total_delta is None else self.total_delta + delta
-        norm = float(delta.norm())
-        cos = self.directions.double() @ delta / norm if norm > 0 else torch.zeros(self.size)
-        self.cosines.append(cos.cpu())
+        self.cosines.append(self.cosines_with(delta))
 
 
 def _dirac_coordinates(model: nn.Module, m: int, generator: torch.Generator) -> Tensor:
