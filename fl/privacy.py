@@ -13,7 +13,7 @@ from typing import Any
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.ledger import Notion, PrivacyLedger
+from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion, PrivacyLedger
 
 __all__ = [
     "build_ledger", "privacy_block", "privacy_warnings", "run_schedule", "with_planned_sigma",
@@ -81,12 +81,12 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     releases without noise.
     """
     gaussian = cfg.private
-    by_threat = None
-    if ledger.notion == "record-level":
-        by_threat = {t: ledger.epsilon_under(t) for t in ("server", "hidden-selection")}
+    allowed = NOTION_THREAT_MODELS[ledger.notion]
+    by_threat = {t: ledger.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
+    eps = by_threat[ledger.threat_model] if by_threat and ledger.threat_model else ledger.epsilon
     return {
         "notion": ledger.notion,
-        "epsilon": _finite(ledger.epsilon),
+        "epsilon": _finite(eps),
         "threat_model": ledger.threat_model,
         "epsilon_by_threat_model": by_threat,
         "delta": cfg.delta if gaussian else None,

@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.data import Dataset, content_hash, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
@@ -270,7 +269,7 @@ class _Run:
         saved = private.canaries
         if (saved is None) != (self.canaries is None):
             raise CheckpointError("the run's canaries are missing from its private state")
-        self.canaries = None if saved is None else CanarySet(**vars(CanaryState.from_state(saved)))
+        self.canaries = None if saved is None else CanarySet.from_state(saved)
 
     def save(self) -> None:
         if self.out is None:
