@@ -1,7 +1,10 @@
-"""``fedlap-privacy compare``: every method at matched privacy budgets, as a table and a plot."""
+"""``fedlap-privacy compare``: every method at matched privacy budgets, as a table and plots;
+with several ``--rounds``, accuracy against the round count at matched epsilon
+(:mod:`fedlap_privacy.fl.compare`)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +22,31 @@ def _floats(text: str) -> list[float]:
         fail(f"--eps {text!r}: expected comma-separated numbers, e.g. 3,10")
 
 
+def _round_counts(text: str) -> list[int]:
+    """``--rounds``: comma-separated whole numbers >= 1 (empty items are skipped, duplicates
+    dropped); ascending. Anything else: one line and exit 2."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    if not items or any(not re.fullmatch(r"[0-9]+", v) or int(v) < 1 for v in items):
+        fail(f"--rounds {text!r}: expected comma-separated whole numbers >= 1, e.g. 1,3,10")
+    return sorted({int(v) for v in items})
+
+
+def _accuracy(cell: dict[str, Any], seeds: int) -> str:
+    """Mean test accuracy in %, with the standard deviation over seeds when there are several."""
+    if seeds > 1:
+        return f"{100 * cell['mean']:.2f} ± {100 * cell['std']:.2f}"
+    return f"{100 * cell['mean']:.2f}"
+
+
 def compare(
     dataset: str = typer.Option("digits", "--dataset"),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
     eps: str = typer.Option("3,10", "--eps", help="Target epsilons, comma-separated."),
     delta: float = typer.Option(1e-5, "--delta"),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated; default: all."),
-    rounds: int | None = typer.Option(None, "--rounds", help="Default: train's (10)."),
+    rounds: str | None = typer.Option(None, "--rounds", help="Round count(s), comma-separated, "
+        "e.g. 1,3,10; each gets its own budget (target spent after that many rounds). "
+        "Default: train's (10)."),
     seeds: int = typer.Option(1, "--seeds", help="Repeats with seeds seed..seed+N-1."),
     seed: int = typer.Option(0, "--seed"),
     settings: list[str] = typer.Option([], "--set", help="Any configuration key, KEY=VALUE."),
@@ -35,19 +56,26 @@ def compare(
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
 ) -> None:
-    """Train each method at each target epsilon; writes comparison.json and a plot into --out."""
+    """Train each method at each target epsilon (and round count); writes comparison.json and
+    plots into --out."""
     from fedlap_privacy.threads import apply_thread_policy
 
     guarded(lambda: apply_thread_policy(threads))
-    from fedlap_privacy.fl.compare import NO_DP, plan_jobs, run_comparison
+    from fedlap_privacy.fl.compare import plan_jobs, run_comparison
     from fedlap_privacy.fl.config import METHODS, resolve_config
 
     targets = _floats(eps)
+    counts = None if rounds is None else _round_counts(rounds)
+    several = counts is not None and len(counts) > 1
+    if several and any(s.split("=", 1)[0].strip() == "rounds" for s in settings):
+        fail("--set rounds=... with several --rounds: give the round counts with --rounds only")
     chosen = METHODS if methods is None else [m.strip() for m in methods.split(",")]
-    flags = {"dataset": dataset, "delta": delta, "seed": seed, "rounds": rounds,
+    flags = {"dataset": dataset, "delta": delta, "seed": seed,
+             "rounds": None if counts is None else counts[-1],
              "data_dir": None if data_dir is None else str(data_dir)}
     base = guarded(lambda: resolve_config(None, flags, settings, plan_sigma_for_target=False))
-    jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds))
+    # one count: base.rounds (after --set), exactly as a single --rounds always did
+    jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None))
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -61,7 +89,8 @@ def compare(
             progress.update(task, total=info["runs"])
         elif event == "run_start":
             budget = "no DP" if info["eps"] is None else f"eps {info['eps']:g}"
-            progress.update(task, info=f"{info['method']} {budget} seed {info['seed']}")
+            count = f" {info['rounds']} rounds" if several else ""
+            progress.update(task, info=f"{info['method']} {budget}{count} seed {info['seed']}")
         elif event == "run_end":
             progress.advance(task)
 
@@ -72,6 +101,21 @@ def compare(
     if json_output:
         print_json(report)
         return
+    if several:
+        _print_by_rounds(report)
+    else:
+        _print_by_epsilon(report)
+    console.print(
+        "Epsilons of different notions do not compare: record-level protects one record, "
+        "client-level a client's whole dataset, local each uploaded weight per round. "
+        f"{report['seconds']:.0f} s. Output: {out}"
+    )
+
+
+def _print_by_epsilon(report: dict[str, Any]) -> None:
+    """One round count: a row per method, a column per target epsilon (the paper's Table 2)."""
+    from fedlap_privacy.fl.compare import NO_DP
+
     columns = [f"{e:g}" for e in report["eps"]] + [NO_DP]
     table = Table(title=f"Test accuracy (%) on {report['dataset']}, {report['rounds']} rounds, "
                         f"delta {report['delta']:g}, {report['seeds']} seed(s)")
@@ -84,18 +128,47 @@ def compare(
         cells = []
         for c in columns:
             cell = row["results"].get(c)
-            if cell is None:
-                cells.append("-")
-            elif report["seeds"] > 1:
-                cells.append(f"{100 * cell['mean']:.2f} ± {100 * cell['std']:.2f}")
-            else:
-                cells.append(f"{100 * cell['mean']:.2f}")
+            cells.append("-" if cell is None else _accuracy(cell, report["seeds"]))
         upload = row["upload_bytes"]
         table.add_row(method, row["notion"], "-" if upload is None else human_bytes(upload),
                       *cells)
     console.print(table)
-    console.print(
-        "Epsilons of different notions do not compare: record-level protects one record, "
-        "client-level a client's whole dataset, local each uploaded weight per round. "
-        f"{report['seconds']:.0f} s. Output: {out}"
-    )
+
+
+def _print_by_rounds(report: dict[str, Any]) -> None:
+    """Several round counts: a row per method and budget, a column per round count with the
+    final accuracy and the epsilon the run reports (each count planned for its own budget)."""
+    from fedlap_privacy.fl.compare import NO_DP
+
+    counts: list[int] = report["round_counts"]
+    table = Table(title=f"Test accuracy (%) and epsilon spent after R rounds at matched "
+                        f"target epsilon, {report['dataset']}, delta {report['delta']:g}, "
+                        f"{report['seeds']} seed(s)")
+    table.add_column("method")
+    table.add_column("privacy notion")
+    table.add_column("upload / client-round", justify="right")
+    table.add_column("target")
+    for r in counts:
+        table.add_column(f"{r} round" + ("" if r == 1 else "s"), justify="right")
+    for method, row in report["methods"].items():
+        upload = row["upload_bytes"]
+        cells = list(row["results"].items())
+        for i, (column, cell) in enumerate(cells):
+            by_rounds = {p["rounds"]: p for p in cell.get("by_rounds", [])}
+            values = []
+            for r in counts:
+                point = by_rounds.get(r)
+                if point is None:
+                    values.append("-")
+                    continue
+                spent = point["epsilon_mean"]
+                values.append(_accuracy(point, report["seeds"])
+                              + ("" if spent is None else f"\neps {spent:.2f}"))
+            first = i == 0
+            table.add_row(
+                method if first else "", row["notion"] if first else "",
+                "" if not first else "-" if upload is None else human_bytes(upload),
+                column if column == NO_DP else f"eps {column}", *values,
+                end_section=i == len(cells) - 1,
+            )
+    console.print(table)

@@ -1,23 +1,36 @@
-"""Methods side by side at matched privacy budgets: the shape of the paper's Table 2.
+"""Methods side by side at matched privacy budgets: the shape of the paper's Table 2, and
+accuracy against the number of rounds at matched epsilon (the paper's round-efficiency claim:
+FedLAP-DP ahead of DP-FedAvg after 1 and 3 rounds at the same epsilon;
+docs/algorithms.md#published-results).
 
-For every target epsilon (at one delta) each method is configured so that its accountant
-reports that epsilon after the run, with every other setting (split, model, rounds, seed)
-shared:
+For every target epsilon (at one delta) and every round count R each method is configured so
+that its accountant reports that epsilon after R rounds, with every other setting (split,
+model, seed) shared; each R gets its own budget (a 1-round run at epsilon 3 has a much
+smaller sigma than a 10-round run at epsilon 3):
 
 * record-level methods with a fixed T (FedLAP-DP, DP-FedAvg, DP-FedProx): sigma planned for
-  the rounds (Theorem 5.8, docs/accounting.md#theorem-58);
+  the R rounds (Theorem 5.8, docs/accounting.md#theorem-58);
 * ALI-DPFL: the budget is its (epsilon, delta) and sigma is DP-FedAvg's planned sigma, so it
   spends the same noise differently (tau per round, docs/algorithms.md#other-methods);
 * DP-NormFedAvg: sigma planned for the client-level SGM (docs/accounting.md#client-level-dp)
   — a different notion;
-* LDP-FL: per-weight epsilon per round = target / rounds, so the per-weight composition is
+* LDP-FL: per-weight epsilon per round = target / R, so the per-weight composition is
   the target (docs/accounting.md#local-dp) — a different, much weaker notion for the whole
   model;
-* non-private methods run once per seed, as the reference column.
+* non-private methods run once per seed and round count, as the reference column.
 
 Epsilons of different notions are not comparable; the table says which notion each row has.
 Every run is a normal ``train`` output directory under ``OUT/runs`` (checkpoint, metrics,
 ledger), so any of them can be audited; a comparison re-run resumes runs already there.
+With one round count a run is ``OUT/runs/METHOD-BUDGET-seedS`` (the layout of earlier
+comparisons, which keep resuming); with several it is ``OUT/runs/METHOD-BUDGET-roundsR-seedS``,
+so going from one count to several in the same ``OUT`` trains the runs again.
+
+``comparison.json`` (:func:`run_comparison`): ``rounds`` is the largest round count (the only
+one, usually) and ``round_counts`` all of them, ascending. Each cell (method, budget) of
+``methods[m]["results"]`` holds ``runs`` (every run, each with its planned ``rounds``),
+``mean`` / ``std`` / ``mean_by_round`` of the runs planned for ``rounds``, and ``by_rounds``:
+one :class:`RoundsResult` per round count.
 """
 
 from __future__ import annotations
@@ -26,7 +39,8 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +56,14 @@ from fedlap_privacy.jsonsafe import json_safe
 
 __all__ = [
     "COMPARISON",
+    "Job",
+    "RoundsResult",
     "budget_config",
     "plan_jobs",
     "plot_comparison",
+    "plot_round_counts",
     "plot_rounds",
+    "round_counts",
     "run_comparison",
 ]
 
@@ -64,8 +82,9 @@ def _client_sizes(cfg: TrainConfig) -> list[int]:
 
 
 def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainConfig:
-    """The configuration of ``method`` that spends ``eps`` (None: the non-private run), by
-    the method table's :class:`~fedlap_privacy.fl.method_table.Budget` rule."""
+    """The configuration of ``method`` that spends ``eps`` (None: the non-private run) in
+    ``base.rounds`` rounds, by the method table's
+    :class:`~fedlap_privacy.fl.method_table.Budget` rule (the module docstring)."""
     budget = method_spec(method).budget
     cfg = dataclasses.replace(base, method=method, target_eps=None, ldp_epsilon=None)
     if budget == Budget.NONE:
@@ -87,9 +106,35 @@ def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainCon
     return cfg.validate()
 
 
-def _run_dir(out: Path, method: str, eps: float | None, seed: int) -> Path:
-    budget = "nodp" if eps is None else f"eps{eps:g}"
-    return out / "runs" / f"{method}-{budget}-seed{seed}"
+def round_counts(rounds: Sequence[int]) -> list[int]:
+    """The distinct round counts of ``rounds``, ascending (duplicates are dropped); each must
+    be an integer >= 1 and there must be at least one."""
+    if not rounds:
+        raise ConfigError("give one or more round counts, e.g. --rounds 1,3,10")
+    bad = [r for r in rounds if isinstance(r, bool) or not isinstance(r, int) or r < 1]
+    if bad:
+        raise ConfigError(f"round counts {bad} must be integers >= 1, e.g. --rounds 1,3,10")
+    return sorted(set(rounds))
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a comparison: ``method`` at target ``eps`` (None: non-private) planned for
+    ``rounds`` rounds, with ``seed``; ``config`` is :func:`budget_config`'s for that."""
+
+    method: str
+    eps: float | None
+    rounds: int
+    seed: int
+    config: TrainConfig
+
+
+def _run_dir(out: Path, job: Job, several_counts: bool) -> Path:
+    """``OUT/runs/METHOD-BUDGET[-roundsR]-seedS``: the round count only with several counts,
+    so a one-count comparison keeps the layout (and resumes the runs) of earlier versions."""
+    budget = "nodp" if job.eps is None else f"eps{job.eps:g}"
+    rounds = f"-rounds{job.rounds}" if several_counts else ""
+    return out / "runs" / f"{job.method}-{budget}{rounds}-seed{job.seed}"
 
 
 def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str) -> dict[str, Any]:
@@ -105,16 +150,18 @@ def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str) -> dict[str, 
     return resume(run_dir, device=device).summary
 
 
-Job = tuple[str, float | None, int, TrainConfig]
-
-
 def plan_jobs(
     base: TrainConfig,
     eps_values: list[float],
     methods: list[str] | tuple[str, ...] = METHODS,
     seeds: int = 1,
+    rounds: Sequence[int] | None = None,
 ) -> list[Job]:
-    """(method, target epsilon or None, seed, configuration) of every run; checks the request."""
+    """Every run, ordered by method, target epsilon, round count and seed; checks the request.
+
+    ``rounds``: the round counts (None: ``base.rounds`` alone). Each job's configuration has
+    ``rounds = R`` and its budget planned for R rounds by :func:`budget_config`.
+    """
     unknown = [m for m in methods if m not in METHOD_TABLE]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}: choose from {METHODS}")
@@ -122,13 +169,65 @@ def plan_jobs(
         raise ConfigError("give one or more positive target epsilons, e.g. --eps 3,10")
     if seeds < 1:
         raise ConfigError(f"seeds {seeds} must be >= 1")
+    counts = round_counts([base.rounds] if rounds is None else list(rounds))
     jobs = []
     for method in methods:
         for eps in [None] if METHOD_TABLE[method].budget == Budget.NONE else eps_values:
-            for seed in range(base.seed, base.seed + seeds):
-                cfg = budget_config(dataclasses.replace(base, seed=seed), method, eps)
-                jobs.append((method, eps, seed, cfg))
+            for r in counts:
+                for seed in range(base.seed, base.seed + seeds):
+                    cfg = budget_config(dataclasses.replace(base, seed=seed, rounds=r), method, eps)
+                    jobs.append(Job(method, eps, r, seed, cfg))
     return jobs
+
+
+@dataclass(frozen=True)
+class RoundsResult:
+    """One cell (method, budget) of a comparison at one round count: the final test accuracy
+    and the reported epsilon of its runs, mean and standard deviation over seeds (population
+    sd, as the cell's ``std``). ``epsilon_*`` / ``sigma_mean`` are None where a run has none
+    (non-private; sigma: methods without Gaussian noise)."""
+
+    rounds: int
+    seeds: list[int]
+    mean: float
+    std: float
+    epsilon_mean: float | None
+    epsilon_std: float | None
+    sigma_mean: float | None
+    #: mean accuracy after each round (over the runs that reached it)
+    mean_by_round: list[float]
+
+    @classmethod
+    def of(cls, rounds: int, runs: list[dict[str, Any]]) -> RoundsResult:
+        """The summary of ``runs``, the run records (:func:`run_comparison`) planned for
+        ``rounds``."""
+        accs = [r["test_accuracy"] for r in runs]
+        eps = [r["epsilon"] for r in runs]
+        sigmas = [r["sigma"] for r in runs]
+        known = None not in eps
+        return cls(
+            rounds=rounds,
+            seeds=[r["seed"] for r in runs],
+            mean=float(np.mean(accs)),
+            std=float(np.std(accs)),
+            epsilon_mean=float(np.mean(eps)) if known else None,
+            epsilon_std=float(np.std(eps)) if known else None,
+            sigma_mean=float(np.mean(sigmas)) if None not in sigmas else None,
+            mean_by_round=_mean_by_round([r["accuracy_by_round"] for r in runs]),
+        )
+
+
+def _summarise(cell: dict[str, Any], last: int) -> None:
+    """Set ``cell``'s ``by_rounds`` and its ``mean`` / ``std`` / ``mean_by_round`` (those of
+    the runs planned for ``last`` rounds) from its ``runs``."""
+    by_count: dict[int, list[dict[str, Any]]] = {}
+    for run in cell["runs"]:
+        by_count.setdefault(run["rounds"], []).append(run)
+    results = {r: RoundsResult.of(r, runs) for r, runs in sorted(by_count.items())}
+    cell["by_rounds"] = [dataclasses.asdict(r) for r in results.values()]
+    final = results.get(last) or list(results.values())[-1]
+    cell["mean"], cell["std"] = final.mean, final.std
+    cell["mean_by_round"] = final.mean_by_round
 
 
 def run_comparison(
@@ -140,27 +239,35 @@ def run_comparison(
     device: str = "auto",
     callback: Callback | None = None,
     jobs: list[Job] | None = None,
+    rounds: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Train every method at every budget and seed; write and return ``comparison.json``.
+    """Train every method at every budget, round count and seed; write and return
+    ``comparison.json`` (its fields: the module docstring) and the plots
+    ``accuracy_vs_epsilon.png``, ``accuracy_vs_round.png`` and ``accuracy_vs_rounds.png``.
 
-    ``jobs`` (from :func:`plan_jobs` with the same arguments) skips planning them again.
+    ``rounds``: the round counts (None: ``base.rounds`` alone). ``jobs`` (from
+    :func:`plan_jobs` with the same arguments) skips planning them again.
     """
-    jobs = jobs if jobs is not None else plan_jobs(base, eps_values, methods, seeds)
+    jobs = jobs if jobs is not None else plan_jobs(base, eps_values, methods, seeds, rounds)
+    counts = sorted({job.rounds for job in jobs}) or [base.rounds]
     out = Path(out_dir)
     callback = callback or (lambda event, info: None)
-    callback("start", {"runs": len(jobs)})
+    callback("start", {"runs": len(jobs), "round_counts": counts})
     t0 = time.perf_counter()
     rows: dict[str, dict[str, Any]] = {
         m: {"notion": METHOD_TABLE[m].notion.value, "upload_bytes": None, "results": {}}
         for m in methods
     }
-    for method, eps, seed, cfg in jobs:
-        callback("run_start", {"method": method, "eps": eps, "seed": seed})
+    for job in jobs:
+        method, eps, seed = job.method, job.eps, job.seed
+        callback("run_start", {"method": method, "eps": eps, "rounds": job.rounds, "seed": seed})
         started = time.perf_counter()
-        summary = _train_or_resume(cfg, _run_dir(out, method, eps, seed), device)
-        history = _history(_run_dir(out, method, eps, seed))
+        run_dir = _run_dir(out, job, len(counts) > 1)
+        summary = _train_or_resume(job.config, run_dir, device)
+        history = _history(run_dir)
         run = {
             "seed": seed,
+            "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
             "test_accuracy": summary["test_accuracy"],
             "epsilon": summary["epsilon"],
             "delta": summary["delta"],
@@ -181,17 +288,16 @@ def run_comparison(
             row["upload_bytes"] = float(np.mean(uploads))
         cell = row["results"].setdefault(NO_DP if eps is None else f"{eps:g}", {"runs": []})
         cell["runs"].append(run)
-        accs = [r["test_accuracy"] for r in cell["runs"]]
-        cell["mean"], cell["std"] = float(np.mean(accs)), float(np.std(accs))
-        cell["mean_by_round"] = _mean_by_round([r["accuracy_by_round"] for r in cell["runs"]])
-        callback("run_end", {"method": method, "eps": eps, "seed": seed, **run})
+        _summarise(cell, counts[-1])
+        callback("run_end", {"method": method, "eps": eps, **run})
     report = {
         "dataset": base.dataset,
-        "rounds": base.rounds,
+        "rounds": counts[-1],
+        "round_counts": counts,
         "delta": base.delta,
         "eps": [float(e) for e in eps_values],
         "seeds": seeds,
-        "config": base.to_dict(),
+        "config": dataclasses.replace(base, rounds=counts[-1]).to_dict(),
         "methods": rows,
         "seconds": time.perf_counter() - t0,
     }
@@ -199,6 +305,7 @@ def run_comparison(
     write_text_atomic(out / COMPARISON, json.dumps(json_safe(report), indent=2) + "\n")
     plot_comparison(report, out / "accuracy_vs_epsilon.png")
     plot_rounds(report, out / "accuracy_vs_round.png")
+    plot_round_counts(report, out / "accuracy_vs_rounds.png")
     return report
 
 
@@ -272,7 +379,55 @@ def plot_comparison(report: dict[str, Any], path: Path) -> Path:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel(f"target epsilon (delta {report['delta']:g}; notion in the legend)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{report['dataset']}, {report['rounds']} rounds")
+    counts = report.get("round_counts") or [report["rounds"]]
+    several = f" (the largest of {', '.join(map(str, counts))})" if len(counts) > 1 else ""
+    ax.set_title(f"{report['dataset']}, {report['rounds']} rounds{several}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    write_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_round_counts(report: dict[str, Any], path: Path) -> Path:
+    """Final test accuracy (mean +- std over seeds) against the round count the runs were
+    planned for, one line per method and target epsilon (each point its own budget: the
+    target spent after that many rounds); non-private methods dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    counts = report.get("round_counts") or [report["rounds"]]
+    colours = plt.get_cmap("tab20").colors
+    markers, lines = "os^Dvp*h", ["-", "-.", ":", (0, (5, 1))]
+    column_style = {f"{e:g}": (markers[j % len(markers)], lines[j % len(lines)])
+                    for j, e in enumerate(report["eps"])}
+    for i, (method, row) in enumerate(report["methods"].items()):
+        colour = colours[(2 * i) % 20 + (2 * i) // 20]
+        for column, cell in row["results"].items():
+            points = cell.get("by_rounds") or []
+            if not points:
+                continue
+            xs = [p["rounds"] for p in points]
+            means = [100 * p["mean"] for p in points]
+            stds = [100 * p["std"] for p in points]
+            private = column != NO_DP
+            label = (f"{method} ({row['notion']}), eps {column}" if private
+                     else f"{method} (no DP)")
+            marker, line = column_style.get(column, (".", "--"))
+            ax.errorbar(xs, means, yerr=stds, capsize=3, color=colour, ls=line,
+                        lw=1.5 if private else 1, marker=marker, label=label)
+    if max(counts) > 3 * min(counts):
+        ax.set_xscale("log")
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("rounds R (each run's budget planned to spend its target epsilon in R)")
+    ax.set_ylabel("test accuracy (%) after the last round")
+    ax.set_title(f"{report['dataset']}, delta {report['delta']:g}, "
+                 f"{report['seeds']} seed(s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
