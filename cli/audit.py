@@ -187,9 +187,9 @@ def audit(
     A checkpoint written by train is audited with its run's members and ledger (and
     canaries); any other model with --members / --nonmembers."""
 
-    from fedlap_privacy.threads import apply_thread_policy
+    from fedlap_privacy.threads import apply_cpu_policy
 
-    guarded(lambda: apply_thread_policy(threads))
+    guarded(lambda: apply_cpu_policy(threads))
 
     external = members is not None or nonmembers is not None
 

@@ -58,9 +58,9 @@ def compare(
 ) -> None:
     """Train each method at each target epsilon (and round count); writes comparison.json and
     plots into --out."""
-    from fedlap_privacy.threads import apply_thread_policy
+    from fedlap_privacy.threads import apply_cpu_policy
 
-    guarded(lambda: apply_thread_policy(threads))
+    guarded(lambda: apply_cpu_policy(threads))
     from fedlap_privacy.fl.compare import plan_jobs, run_comparison
     from fedlap_privacy.fl.config import METHODS, resolve_config
 

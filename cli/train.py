@@ -104,9 +104,9 @@ def train(
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
-    from fedlap_privacy.threads import apply_thread_policy
+    from fedlap_privacy.threads import apply_cpu_policy
 
-    guarded(lambda: apply_thread_policy(threads))
+    guarded(lambda: apply_cpu_policy(threads))
     from fedlap_privacy.fl.config import resolve_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training

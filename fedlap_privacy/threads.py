@@ -17,6 +17,9 @@ Worker processes (e.g. one Flower SuperNode per client on one machine) call
 ``apply_thread_policy(workers=n)`` (or ``torch.set_num_threads(threads_for(n))``) before
 their first torch operation, or inherit ``FEDLAP_WORKERS=n`` from the process that starts
 them. The thread count changes speed only, never results beyond floating-point rounding.
+
+Entry points call :func:`apply_cpu_policy`, which also keeps freed tensor memory in the
+process (:mod:`fedlap_privacy.allocator`).
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+from fedlap_privacy.allocator import AllocatorSetting, tune_allocator
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
     "CGROUP_CPU_MAX",
     "WORKERS_ENV",
+    "CpuPolicy",
+    "apply_cpu_policy",
     "apply_thread_policy",
     "cgroup_cpu_limit",
     "explicit_threads",
@@ -126,3 +133,22 @@ def apply_thread_policy(requested: int | None = None, workers: int | None = None
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads
+
+
+@dataclass(frozen=True)
+class CpuPolicy:
+    """What :func:`apply_cpu_policy` set: torch's intra-op threads and the C allocator."""
+
+    threads: int
+    allocator: AllocatorSetting
+
+
+def apply_cpu_policy(requested: int | None = None, workers: int | None = None) -> CpuPolicy:
+    """The process-wide CPU settings of every entry point (CLI commands, Flower nodes):
+    :func:`apply_thread_policy` and :func:`fedlap_privacy.allocator.tune_allocator`."""
+    threads = apply_thread_policy(requested, workers)
+    try:
+        allocator = tune_allocator()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return CpuPolicy(threads, allocator)

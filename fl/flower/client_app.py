@@ -41,7 +41,7 @@ from fedlap_privacy.fl.methods import RoundInfo, build_method
 from fedlap_privacy.fl.randomness import dp_generator
 from fedlap_privacy.fl.simulation import default_model_config, resolve_device
 from fedlap_privacy.models import build_model
-from fedlap_privacy.threads import apply_thread_policy
+from fedlap_privacy.threads import apply_cpu_policy
 
 __all__ = ["client_app"]
 
@@ -153,11 +153,11 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, content: Reco
 def _train(msg: Message, context: Context) -> Message:
     """One client round (Method.client, docs/algorithms.md), or a refusal (module docstring).
 
-    torch's threads follow :func:`fedlap_privacy.threads.apply_thread_policy`: the node's
+    torch's threads follow :func:`fedlap_privacy.threads.apply_cpu_policy`: the node's
     ``OMP_NUM_THREADS`` if set, else its CPUs shared by ``FEDLAP_WORKERS`` co-located nodes."""
-    apply_thread_policy()
     device = _device(context)
     try:
+        apply_cpu_policy()
         cfg, info, data, steps = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
