@@ -47,6 +47,7 @@ class TrainConfig:
     split: str = "noniid"
     dirichlet_alpha: float = 0.5
     clients: int = 5
+    client_records: int | None = None  # at most this many records per client (a random subset)
     client_fraction: float = 1.0
     rounds: int = 10
     seed: int = 0
@@ -160,6 +161,8 @@ class TrainConfig:
             (self.radius_rule in RADIUS_RULES, f"radius rule {self.radius_rule!r} is unknown"),
             (self.init in ("noise", "real"), f"init {self.init!r} must be noise or real"),
             (self.clients >= 1, f"clients {self.clients} must be >= 1"),
+            (self.client_records is None or self.client_records >= 1,
+             f"client records {self.client_records} must be >= 1"),
             (0 < self.client_fraction <= 1, f"client fraction {self.client_fraction} not in (0,1]"),
             (self.rounds >= 1, f"rounds {self.rounds} must be >= 1"),
             (self.batch_size >= 1, f"batch size {self.batch_size} must be >= 1"),

@@ -37,7 +37,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.data import Dataset, content_hash, load_dataset, split_clients
+from fedlap_privacy.data import (
+    Dataset,
+    content_hash,
+    load_dataset,
+    split_clients,
+    subsample_parts,
+)
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.config import TrainConfig
@@ -118,12 +124,14 @@ def _to(state: Any, device: torch.device | str) -> Any:
 
 
 def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
-    """The run's split of the training records over its clients (docs/algorithms.md#splits):
-    the same in
-    every driver, on every node."""
-    return split_clients(
+    """The run's split of the training records over its clients (docs/algorithms.md#splits),
+    each cut to ``client_records`` records when set: the same in every driver, on every node."""
+    parts = split_clients(
         data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed, data.num_classes
     )
+    if cfg.client_records is None:
+        return parts
+    return subsample_parts(parts, cfg.client_records, cfg.seed)
 
 
 def select_clients(cfg: TrainConfig, round_: int) -> list[int]:

@@ -529,3 +529,21 @@ def test_shared_fashion_mnist(no_network: list[str]) -> None:
     assert [len(p) for p in parts] == [12000] * 5
     _assert_partition(parts, 60000)
     assert no_network == []
+
+
+def test_subsample_parts_caps_each_client_reproducibly():
+    from fedlap_privacy.data import subsample_parts
+
+    y = np.repeat(np.arange(10), 100)
+    parts = split_clients(y, 5, "noniid")
+    small = subsample_parts(parts, 60, seed=0)
+    assert [len(p) for p in small] == [60] * 5
+    for full, cut in zip(parts, small, strict=True):
+        assert np.isin(cut, full).all() and np.all(np.diff(cut) > 0)
+        assert len(np.unique(y[cut])) == 2  # the client's two classes, both kept
+    again = subsample_parts(parts, 60, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(small, again, strict=True))
+    assert not np.array_equal(subsample_parts(parts, 60, seed=1)[0], small[0])
+    assert subsample_parts(parts, 10_000, seed=0)[0] is parts[0]  # smaller parts untouched
+    with pytest.raises(ConfigError):
+        subsample_parts(parts, 0, seed=0)

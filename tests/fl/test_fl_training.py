@@ -12,6 +12,7 @@ from helpers import tiny
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
+from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.fedavg import average_weights
 from fedlap_privacy.fl.fedlap import (
@@ -231,3 +232,14 @@ def test_non_private_fedlap_suggests_radii(tmp_path):
     h = result.history[0]
     assert h["epsilon"] is None and result.ledger.notion == "none"
     assert 0 < h["radius"] <= 10.0
+
+
+def test_client_records_caps_clients_and_sets_the_rate():
+    full = train(tiny(method="dp-fedavg", rounds=1), None, device="cpu")
+    cut = train(tiny(method="dp-fedavg", rounds=1, client_records=100), None, device="cpu")
+    # the sampling rate is B over the smallest client: 32/100 once every client holds 100
+    assert cut.ledger.entries[0].q2 == pytest.approx(32 / 100)
+    assert full.ledger.entries[0].q2 < 32 / 100
+    assert cut.ledger.epsilon > full.ledger.epsilon  # same sigma and T, higher rate
+    with pytest.raises(ConfigError, match="client records"):
+        tiny(client_records=0).validate()
