@@ -162,7 +162,7 @@ def train(
             return run_flower(
                 None if resume else cfg, out, None, device, on_event,
                 allow_client_failures=allow_client_failures, resume_run=resume, rounds=rounds,
-                node_policy=node_policy,
+                node_policy=node_policy, threads=threads,
             )
         if resume:
             return resume_training(out, rounds, device, on_event)

@@ -47,13 +47,16 @@ class Secure:
 
 
 class LocalDeployment:
-    """A SuperLink and N SuperNodes (partition-id k of N) on 127.0.0.1, torn down on exit."""
+    """A SuperLink and N SuperNodes (partition-id k of N) on 127.0.0.1, torn down on exit.
+
+    Each node's torch threads: ``threads`` when given, else its share of the CPUs
+    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.threads`)."""
 
     CONNECTION = "fedlap-local"
 
     def __init__(self, clients: int, workdir: str | Path, device: str = "auto",
                  data_dir: str | None = None, policy_file: str | Path | None = None,
-                 secure: Secure | None = None) -> None:
+                 secure: Secure | None = None, threads: int | None = None) -> None:
         self.clients, self.device, self.data_dir = clients, device, data_dir
         self.policy_file = None if policy_file is None else Path(policy_file).resolve()
         self.secure = secure
@@ -70,6 +73,8 @@ class LocalDeployment:
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
             WORKERS_ENV: str(clients),  # the nodes share this machine's CPUs (threads.py)
         }
+        if threads is not None:  # an explicit count wins over the share (threads.py)
+            self.env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
 
     def exe(self, name: str) -> str:
         """The path of a Flower command (beside this Python first)."""

@@ -127,6 +127,7 @@ def run_flower(
     resume_run: bool = False,
     rounds: int | None = None,
     node_policy: str | Path | None = None,
+    threads: int | None = None,
 ) -> FlowerResult:
     """Train on a local Flower deployment (``fedlap-privacy train --engine flower``).
 
@@ -136,7 +137,9 @@ def run_flower(
     :mod:`.policy`), reports progress to ``callback`` from metrics.jsonl (the
     simulator's events ``start`` and ``round_end``) and tears everything down, also on
     errors and Ctrl-C. Raises :class:`FlowerError` with the server's one-line message when
-    the run fails; the checkpoint in ``out_dir`` has the simulator's format.
+    the run fails; the checkpoint in ``out_dir`` has the simulator's format. ``threads``
+    (``--threads``) sets every SuperNode's torch threads; by default each takes its share
+    of the machine's CPUs (:mod:`fedlap_privacy.threads`).
     """
     out = Path(out_dir).expanduser().resolve()
     cfg = _prepare(cfg, out, resume_run)
@@ -146,7 +149,8 @@ def run_flower(
     if n != cfg.clients:
         raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
     with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
-        with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy) as deployment:
+        with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
+                             threads=threads) as deployment:
             return run_on(
                 deployment, None if resume_run else cfg, out, device, callback,
                 allow_client_failures=allow_client_failures, round_timeout=round_timeout,

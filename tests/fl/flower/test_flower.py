@@ -340,3 +340,18 @@ def test_killed_supernode(deployment, tmp_path, allow):
     local = train(tiny(rounds=1), None, "cpu")
     assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
     assert json.loads((out / STATUS).read_text())["status"] == ("completed" if allow else "failed")
+
+
+def test_local_nodes_threads(tmp_path, monkeypatch):
+    """``train --engine flower --threads N`` gives every SuperNode N torch threads; without
+    it, each node takes its share of the CPUs (FEDLAP_WORKERS = number of nodes)."""
+    from fedlap_privacy.fl.flower.deployment import LocalDeployment
+    from fedlap_privacy.threads import threads_for
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    shared = LocalDeployment(4, tmp_path / "a").env
+    assert shared["FEDLAP_WORKERS"] == "4" and "OMP_NUM_THREADS" not in shared
+    pinned = LocalDeployment(4, tmp_path / "b", threads=3).env
+    assert threads_for(env=pinned) == 3
+    assert threads_for(env=shared) == threads_for(4, env={})
