@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's digits comparison tables: every method at epsilon 3 and 10 (3 seeds), then the
-# same methods with 20 IID clients. Prints each table and its wall time; results land in
+# same methods with 20 IID clients, then FedLAP-DP, DP-FedAvg and DP-FedProx after 1, 3 and 10
+# rounds at matched epsilon. Prints each table and its wall time; results land in
 # runs/compare-digits*/comparison.json (the README's copies are in docs/results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,3 +10,6 @@ time "$BIN" compare --dataset digits --eps 3,10 --seeds 3 --out runs/compare-dig
 time "$BIN" compare --dataset digits --eps 3,10 \
     --methods fedavg,dp-fedavg,ali-dpfl,dp-normfedavg,ldp-fl \
     --set clients=20 --set split=iid --set batch_size=32 --out runs/compare-digits-20iid
+# accuracy against rounds at matched epsilon: each round count gets its own planned sigma
+time "$BIN" compare --dataset digits --eps 3,10 --rounds 1,3,10 --seeds 3 \
+    --methods fedlap-dp,dp-fedavg,dp-fedprox --out runs/compare-digits-rounds

@@ -10,12 +10,21 @@ One client round of FedLAP-DP (paper Algorithm 3; Wang et al., PoPETs 2024) spli
 * server optimisation (Eq. 14/16) on five clients' synthetic sets;
 
 each also as a ratio to a plain forward+backward of a 64-record batch of the same model.
-"before" is the reference implementation kept verbatim in this file (the package's code
-when this benchmark was written); "after" is the package's :func:`client_approximation` and
-:func:`server_optimisation`, whose phases are timed by wrapping ``fl.fedlap._real_gradient``
-and ``fl.fedlap._model_steps``. Both run in ONE process, interleaved, from the same seeds,
-so that they see the same machine load; the script prints how far their synthetic sets
-end apart (floating-point rounding, amplified by lr_img = 100 over the round).
+
+Three variants, each in its own process (the C allocator is process-wide), interleaved
+repeat by repeat so that they see the same machine load, with the same seeds:
+
+* "before": the reference implementation kept verbatim in this file (the package's code
+  when this benchmark was written) with glibc's default allocator;
+* "after": the package's :func:`client_approximation` and :func:`server_optimisation`
+  (phases timed by wrapping ``fl.fedlap._real_gradient`` and ``fl.fedlap._model_steps``)
+  with the allocator every ``fedlap-privacy`` command sets
+  (:mod:`fedlap_privacy.allocator`);
+* "after, system allocator": the package's code with glibc's defaults, which splits the
+  speed-up between the code and the allocator.
+
+The script prints how far the before/after synthetic sets end apart (floating-point
+rounding, amplified by lr_img = 100 over the round).
 
 Configurations: ``digits`` (the default ``fedlap-privacy train`` configuration, client 0
 of the paper's non-IID split) and ``paper-dp`` (the ``paper-dp`` preset on 28x28 images,
@@ -39,9 +48,13 @@ import copy
 import dataclasses
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import fedlap_privacy.fl.fedlap as fedlap
+from fedlap_privacy.allocator import ALLOCATOR_ENV, AllocatorState, tune_allocator
 from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.augment import DSA
@@ -313,6 +327,80 @@ def run_round(s: Setup, which: str) -> tuple[dict[str, float], SyntheticSet]:
     return times, learned
 
 
+VARIANTS = {  # name: (code, C allocator)
+    "before": ("before", "system"),
+    "after": ("after", "tuned"),
+    "after, system allocator": ("after", "system"),
+}
+
+
+def child(args: argparse.Namespace) -> None:
+    """One variant in this process: warm up, time one round, save the times and S_k."""
+    code, allocator = VARIANTS[args.child]
+    if allocator == "tuned":
+        setting = tune_allocator({})
+        if setting.state is not AllocatorState.TUNED:
+            raise SystemExit(f"allocator not tuned here: {setting.reason}")
+    s = make_setup(args.config, args)
+    c = s.cfg
+    warm = Setup(s.name, dataclasses.replace(c, max_loops=1, real_batches=1, server_epochs=1),
+                 s.model, s.x, s.y, s.scale)
+    run_round(warm, code)  # warm-up (allocator, kernels), not timed
+    unit = plain_step_time(s.model, s.x)
+    times, learned = run_round(s, code)
+    torch.save({"times": times, "unit": unit, "images": learned.images}, args.save)
+
+
+def run_child(args: argparse.Namespace, config: str, variant: str, path: Path) -> dict[str, Any]:
+    """Run :func:`child` in a fresh process (the allocator is process-wide) and load its file."""
+    cmd = [sys.executable, __file__, "--config", config, "--child", variant, "--save", str(path),
+           "--threads", str(args.threads), "--records", str(args.records), "--fraction-loops",
+           str(args.fraction_loops), "--server-epochs", str(args.server_epochs), "--clock",
+           args.clock]
+    if args.data_dir:
+        cmd += ["--data-dir", args.data_dir]
+    if args.full:
+        cmd.append("--full")
+    env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
+    subprocess.run(cmd, check=True, env=env)
+    return torch.load(path)
+
+
+def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
+    """Print the phase table of one configuration: median over repeats per variant."""
+    s = make_setup(name, args)
+    c = s.cfg
+    print(f"\n== {name}: {tuple(s.x.shape)} client records, B={c.batch_size}, "
+          f"R_i/L_max/R_b/R_s/R_l = {c.reinits}/{c.max_loops}/{c.real_batches}/"
+          f"{c.syn_steps}/{c.local_model_steps}, ipc {c.ipc}, server epochs "
+          f"{c.server_epochs}; threads {args.threads}, {args.clock} clock, load average "
+          f"{os.getloadavg()[0]:.2f}, {args.repeats} repeat(s)")
+    units = {v: statistics.median(r["unit"] for r in results[v]) for v in VARIANTS}
+    print(f"   plain forward+backward of 64 records: {units['before'] * 1e3:.1f} ms with the "
+          f"system allocator, {units['after'] * 1e3:.1f} ms tuned")
+    before, after = results["before"][-1]["images"], results["after"][-1]["images"]
+    print(f"   synthetic sets before/after: max abs difference "
+          f"{(before - after).abs().max().item():.2e} (of max |pixel| "
+          f"{before.abs().max().item():.2e})")
+    labels = list(VARIANTS)
+    print(f"   {'phase':14s} " + " ".join(f"{v:>24s}" for v in labels)
+          + f" {'speed-up':>9s} {'after/fb':>9s}")
+    totals = dict.fromkeys(labels, 0.0)
+    full = dict.fromkeys(labels, 0.0)
+    for phase in PHASES:
+        med = {v: statistics.median(r["times"][phase] for r in results[v]) for v in labels}
+        for v in labels:
+            totals[v] += med[v]
+            full[v] += med[v] * s.scale[phase]
+        print(f"   {phase:14s} " + " ".join(f"{med[v]:24.2f}" for v in labels)
+              + f" {med['before'] / med['after']:8.2f}x {med['after'] / units['after']:9.0f}")
+    print(f"   {'total':14s} " + " ".join(f"{totals[v]:24.2f}" for v in labels)
+          + f" {totals['before'] / totals['after']:8.2f}x")
+    if any(v != 1.0 for v in s.scale.values()):
+        print(f"   full {name} round (extrapolated from the measured fraction): "
+              + ", ".join(f"{v} {full[v]:.0f} s" for v in labels))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=("digits", "paper-dp", "both"), default="both")
@@ -327,53 +415,23 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="paper-dp: the whole round")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
                         help="cpu: process CPU time (default), wall: elapsed time")
+    parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--save", help=argparse.SUPPRESS)
     args = parser.parse_args()
     _CLOCK[0] = args.clock
     torch.set_num_threads(args.threads)
+    if args.child:
+        child(args)
+        return
     names = ("digits", "paper-dp") if args.config == "both" else (args.config,)
-    for name in names:
-        s = make_setup(name, args)
-        c = s.cfg
-        unit = plain_step_time(s.model, s.x)
-        print(f"\n== {name}: {tuple(s.x.shape)} client records, B={c.batch_size}, "
-              f"R_i/L_max/R_b/R_s/R_l = {c.reinits}/{c.max_loops}/{c.real_batches}/"
-              f"{c.syn_steps}/{c.local_model_steps}, ipc {c.ipc}, server epochs "
-              f"{c.server_epochs}; threads {torch.get_num_threads()}, {args.clock} clock, "
-              f"load average "
-              f"{os.getloadavg()[0]:.2f}")
-        print(f"   plain forward+backward of 64 records: {unit * 1e3:.1f} ms")
-        warm = Setup(name, dataclasses.replace(c, max_loops=1, real_batches=1, server_epochs=1),
-                     s.model, s.x, s.y, s.scale)
-        for which in ("before", "after"):  # warm-up (allocator, kernels), not timed
-            run_round(warm, which)
-        runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
-        learned: dict[str, SyntheticSet] = {}
-        for _ in range(args.repeats):
-            for which in ("before", "after"):
-                times, learned[which] = run_round(s, which)
-                runs[which].append(times)
-        diff = (learned["before"].images - learned["after"].images).abs().max().item()
-        size = learned["before"].images.abs().max().item()
-        print(f"   synthetic sets before/after: max abs difference {diff:.2e} "
-              f"(of max |pixel| {size:.2e})")
-        print(f"   {'phase':14s} {'before s':>10s} {'after s':>10s} {'speed-up':>9s} "
-              f"{'before/fb':>10s} {'after/fb':>9s}")
-        totals = {"before": 0.0, "after": 0.0}
-        full_totals = {"before": 0.0, "after": 0.0}
-        for phase in PHASES:
-            b = statistics.median(t[phase] for t in runs["before"])
-            a = statistics.median(t[phase] for t in runs["after"])
-            totals["before"] += b
-            totals["after"] += a
-            full_totals["before"] += b * s.scale[phase]
-            full_totals["after"] += a * s.scale[phase]
-            print(f"   {phase:14s} {b:10.2f} {a:10.2f} {b / a:8.2f}x {b / unit:10.0f} "
-                  f"{a / unit:9.0f}")
-        print(f"   {'total':14s} {totals['before']:10.2f} {totals['after']:10.2f} "
-              f"{totals['before'] / totals['after']:8.2f}x")
-        if any(v != 1.0 for v in s.scale.values()):
-            print(f"   full {name} round (extrapolated from the measured fraction): "
-                  f"before {full_totals['before']:.0f} s, after {full_totals['after']:.0f} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+            for repeat in range(args.repeats):
+                for variant in VARIANTS:  # interleaved: every variant sees the same load
+                    path = Path(tmp) / f"{name}-{repeat}-{len(results[variant])}.pt"
+                    results[variant].append(run_child(args, name, variant, path))
+            report(name, args, results)
 
 
 if __name__ == "__main__":
