@@ -382,6 +382,13 @@ def plot_comparison(report: dict[str, Any], path: Path) -> Path:
     counts = report.get("round_counts") or [report["rounds"]]
     several = f" (the largest of {', '.join(map(str, counts))})" if len(counts) > 1 else ""
     ax.set_title(f"{report['dataset']}, {report['rounds']} rounds{several}")
+    return _finish(fig, ax, path)
+
+
+def _finish(fig: Any, ax: Any, path: Path) -> Path:
+    """Grid, legend beside the axes, written atomically to ``path``; the figure is closed."""
+    import matplotlib.pyplot as plt
+
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
@@ -428,9 +435,4 @@ def plot_round_counts(report: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("test accuracy (%) after the last round")
     ax.set_title(f"{report['dataset']}, delta {report['delta']:g}, "
                  f"{report['seeds']} seed(s)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    write_figure(fig, path)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path)
