@@ -4,7 +4,6 @@ with several ``--rounds``, accuracy against the round count at matched epsilon
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,15 @@ def _floats(text: str) -> list[float]:
 
 
 def _round_counts(text: str) -> list[int]:
-    """``--rounds``: comma-separated whole numbers >= 1 (empty items are skipped, duplicates
-    dropped); ascending. Anything else: one line and exit 2."""
-    items = [v.strip() for v in text.split(",") if v.strip()]
-    if not items or any(not re.fullmatch(r"[0-9]+", v) or int(v) < 1 for v in items):
+    """``--rounds``: comma-separated whole numbers >= 1 (empty items are skipped), checked by
+    :func:`fedlap_privacy.fl.compare.round_counts`; anything else: one line and exit 2."""
+    from fedlap_privacy.fl.compare import round_counts
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
         fail(f"--rounds {text!r}: expected comma-separated whole numbers >= 1, e.g. 1,3,10")
-    return sorted({int(v) for v in items})
+    return guarded(lambda: round_counts(values))
 
 
 def _accuracy(cell: dict[str, Any], seeds: int) -> str:

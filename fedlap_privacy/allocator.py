@@ -31,6 +31,8 @@ import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fedlap_privacy.errors import ConfigError
+
 __all__ = ["ALLOCATOR_ENV", "AllocatorSetting", "AllocatorState", "tune_allocator"]
 
 #: ``system`` leaves the C allocator as it is; ``tuned`` (the default) applies this module
@@ -61,13 +63,8 @@ class AllocatorSetting:
     trim_threshold: int | None = None
 
 
-def _user_choice(env: Mapping[str, str]) -> str | None:
-    """Why the allocator is the user's business here, or None."""
-    choice = env.get(ALLOCATOR_ENV, "tuned").strip().lower()
-    if choice == "system":
-        return f"{ALLOCATOR_ENV}=system"
-    if choice != "tuned":
-        return None  # validated by the caller
+def _user_tuned(env: Mapping[str, str]) -> str | None:
+    """Why the user has already chosen the allocator (a preload or glibc tunables), or None."""
     if "malloc" in env.get("LD_PRELOAD", ""):
         return "an allocator is preloaded (LD_PRELOAD)"
     tunables = sorted(k for k in env if k.startswith("MALLOC_") or k == "GLIBC_TUNABLES")
@@ -80,13 +77,13 @@ def tune_allocator(env: Mapping[str, str] | None = None) -> AllocatorSetting:
     """Apply the thresholds of the module docstring to glibc's malloc, once per process.
 
     Idempotent; never raises for an unsupported platform (returns ``UNSUPPORTED``). A
-    ``FEDLAP_ALLOCATOR`` other than ``tuned``/``system`` raises ``ValueError``.
+    ``FEDLAP_ALLOCATOR`` other than ``tuned``/``system`` raises :class:`ConfigError`.
     """
     env = os.environ if env is None else env
     choice = env.get(ALLOCATOR_ENV, "tuned").strip().lower()
     if choice not in ("tuned", "system"):
-        raise ValueError(f"{ALLOCATOR_ENV} must be 'tuned' or 'system', got {choice!r}")
-    reason = _user_choice(env)
+        raise ConfigError(f"{ALLOCATOR_ENV} must be 'tuned' or 'system', got {choice!r}")
+    reason = f"{ALLOCATOR_ENV}=system" if choice == "system" else _user_tuned(env)
     if reason is not None:
         return AllocatorSetting(AllocatorState.SYSTEM, reason)
     libc_name, _ = platform.libc_ver()

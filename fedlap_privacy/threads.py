@@ -146,9 +146,4 @@ class CpuPolicy:
 def apply_cpu_policy(requested: int | None = None, workers: int | None = None) -> CpuPolicy:
     """The process-wide CPU settings of every entry point (CLI commands, Flower nodes):
     :func:`apply_thread_policy` and :func:`fedlap_privacy.allocator.tune_allocator`."""
-    threads = apply_thread_policy(requested, workers)
-    try:
-        allocator = tune_allocator()
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return CpuPolicy(threads, allocator)
+    return CpuPolicy(apply_thread_policy(requested, workers), tune_allocator())

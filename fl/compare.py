@@ -288,8 +288,10 @@ def run_comparison(
             row["upload_bytes"] = float(np.mean(uploads))
         cell = row["results"].setdefault(NO_DP if eps is None else f"{eps:g}", {"runs": []})
         cell["runs"].append(run)
-        _summarise(cell, counts[-1])
         callback("run_end", {"method": method, "eps": eps, **run})
+    for row in rows.values():
+        for cell in row["results"].values():
+            _summarise(cell, counts[-1])
     report = {
         "dataset": base.dataset,
         "rounds": counts[-1],
