@@ -460,6 +460,16 @@ def _save_atomic(source: IO[bytes], target: Path, md5: str | None = None) -> Non
 # ------------------------------------------------------------------------------ splits
 
 
+def holdout_indices(num_records: int, records: int, seed: int) -> np.ndarray:
+    """A uniformly random, sorted set of ``records`` of ``num_records`` training indices,
+    drawn from ``seed``: a validation split carved from the training data."""
+    if not 1 <= records < num_records:
+        raise ConfigError(f"a validation split of {records} records needs 1 <= records < "
+                          f"{num_records} (the training records)")
+    rng = np.random.default_rng([seed, num_records, records])
+    return np.sort(rng.choice(num_records, records, replace=False)).astype(np.int64)
+
+
 def subsample_parts(parts: list[np.ndarray], records: int, seed: int) -> list[np.ndarray]:
     """Each part cut to at most ``records`` indices, a uniformly random subset (sorted) drawn
     from ``seed``: smaller clients with the split's class mix (e.g. FashionMNIST's non-IID

@@ -196,6 +196,8 @@ class RoundsResult:
     sigma_mean: float | None
     #: mean accuracy after each round (over the runs that reached it)
     mean_by_round: list[float]
+    #: mean accuracy on the runs' validation split (None without ``validation_records``)
+    validation_mean: float | None = None
 
     @classmethod
     def of(cls, rounds: int, runs: list[dict[str, Any]]) -> RoundsResult:
@@ -204,6 +206,7 @@ class RoundsResult:
         accs = [r["test_accuracy"] for r in runs]
         eps = [r["epsilon"] for r in runs]
         sigmas = [r["sigma"] for r in runs]
+        validation = [r.get("validation_accuracy") for r in runs]
         known = None not in eps
         return cls(
             rounds=rounds,
@@ -214,6 +217,7 @@ class RoundsResult:
             epsilon_std=float(np.std(eps)) if known else None,
             sigma_mean=float(np.mean(sigmas)) if None not in sigmas else None,
             mean_by_round=_mean_by_round([r["accuracy_by_round"] for r in runs]),
+            validation_mean=float(np.mean(validation)) if None not in validation else None,
         )
 
 
@@ -269,6 +273,8 @@ def run_comparison(
             "seed": seed,
             "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
             "test_accuracy": summary["test_accuracy"],
+            # with --set validation_records=N: accuracy on the held-out training records
+            "validation_accuracy": summary.get("validation_accuracy"),
             "epsilon": summary["epsilon"],
             "delta": summary["delta"],
             "sigma": summary["sigma"],

@@ -48,6 +48,7 @@ class TrainConfig:
     dirichlet_alpha: float = 0.5
     clients: int = 5
     client_records: int | None = None  # at most this many records per client (a random subset)
+    validation_records: int = 0  # training records held out of every client, for tuning
     client_fraction: float = 1.0
     rounds: int = 10
     seed: int = 0
@@ -163,6 +164,8 @@ class TrainConfig:
             (self.clients >= 1, f"clients {self.clients} must be >= 1"),
             (self.client_records is None or self.client_records >= 1,
              f"client records {self.client_records} must be >= 1"),
+            (self.validation_records >= 0,
+             f"validation records {self.validation_records} must be >= 0"),
             (0 < self.client_fraction <= 1, f"client fraction {self.client_fraction} not in (0,1]"),
             (self.rounds >= 1, f"rounds {self.rounds} must be >= 1"),
             (self.batch_size >= 1, f"batch size {self.batch_size} must be >= 1"),

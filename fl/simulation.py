@@ -40,6 +40,7 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.data import (
     Dataset,
     content_hash,
+    holdout_indices,
     load_dataset,
     split_clients,
     subsample_parts,
@@ -123,12 +124,23 @@ def _to(state: Any, device: torch.device | str) -> Any:
     return state
 
 
+def validation_indices(cfg: TrainConfig, data: Dataset) -> np.ndarray:
+    """The training records held out as the run's validation split (``validation_records``
+    of them, drawn from the seed; none when 0). No client holds them."""
+    if cfg.validation_records == 0:
+        return np.empty(0, dtype=np.int64)
+    return holdout_indices(len(data.y_train), cfg.validation_records, cfg.seed)
+
+
 def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
-    """The run's split of the training records over its clients (docs/algorithms.md#splits),
-    each cut to ``client_records`` records when set: the same in every driver, on every node."""
-    parts = split_clients(
-        data.y_train, cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed, data.num_classes
-    )
+    """The run's split of the training records over its clients (docs/algorithms.md#splits):
+    the records left after the validation split, each client cut to ``client_records`` when
+    set; the same in every driver, on every node."""
+    keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data))
+    parts = [keep[p] for p in split_clients(
+        data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
+        data.num_classes,
+    )]
     if cfg.client_records is None:
         return parts
     return subsample_parts(parts, cfg.client_records, cfg.seed)
@@ -185,6 +197,9 @@ class _Run:
         self.ledger = build_ledger(cfg, self.sizes)
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
+        held = torch.from_numpy(validation_indices(cfg, self.data))
+        self.x_val = torch.from_numpy(self.data.x_train)[held].to(device)
+        self.y_val = torch.from_numpy(self.data.y_train)[held].to(device)
         self.model_config = default_model_config(cfg, self.data)
         torch.manual_seed(cfg.seed)
         self.model = build_model(self.model_config).to(device)
@@ -331,9 +346,13 @@ class _Run:
         accesses = max((r.accesses for r in replies), default=0)
         entry = self.ledger.record(m, accesses, chosen, local_steps=local_steps)
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
+        validation = {}
+        if len(self.y_val):
+            val_acc, val_loss = evaluate(self.model, self.x_val, self.y_val)
+            validation = {"validation_accuracy": val_acc, "validation_loss": val_loss}
         upload = [r.upload_bytes for r in replies]
         return {
-            "round": m, "test_accuracy": acc, "test_loss": loss,
+            "round": m, "test_accuracy": acc, "test_loss": loss, **validation,
             "epsilon": entry.epsilon, "delta": entry.delta, "rounds_spent": entry.rounds_spent,
             "accesses": accesses, "local_steps": entry.local_steps, "clients": len(chosen),
             "replies": len(replies),
@@ -440,6 +459,8 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         "dataset": cfg.dataset,
         "rounds_run": run.round,
         "test_accuracy": last.get("test_accuracy"),
+        **({"validation_accuracy": last.get("validation_accuracy")}
+           if cfg.validation_records else {}),
         **privacy_block(cfg, run.ledger),
         "sigma_planned": run.sigma_planned,
         "upload_bytes_mean": total / replies if replies else None,

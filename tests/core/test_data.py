@@ -547,3 +547,15 @@ def test_subsample_parts_caps_each_client_reproducibly():
     assert subsample_parts(parts, 10_000, seed=0)[0] is parts[0]  # smaller parts untouched
     with pytest.raises(ConfigError):
         subsample_parts(parts, 0, seed=0)
+
+
+def test_holdout_indices_are_a_seeded_subset():
+    from fedlap_privacy.data import holdout_indices
+
+    held = holdout_indices(1000, 100, seed=3)
+    assert len(np.unique(held)) == 100 and held.min() >= 0 and held.max() < 1000
+    assert np.array_equal(held, holdout_indices(1000, 100, seed=3))
+    assert not np.array_equal(held, holdout_indices(1000, 100, seed=4))
+    for bad in (0, 1000):
+        with pytest.raises(ConfigError, match="validation split"):
+            holdout_indices(1000, bad, seed=0)
