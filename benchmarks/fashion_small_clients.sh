@@ -25,8 +25,11 @@ time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 3 --rounds 
     --set client_records=1600 --methods fedlap-dp --set real_batches=10 \
     --out runs/fashion1600-fedlap-T50
 # the ablations of the table: larger batches (B 256), and FedLAP without DP
-time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 3 --rounds 1 --seeds 3 \
+time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 3 --rounds 1 --seeds 6 \
     --set client_records=1600 --methods fedlap-dp --set batch_size=256 \
     --out runs/fashion1600-fedlap-B256
+time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 3 --rounds 1 --seed 3 \
+    --seeds 3 --set client_records=1600 --methods fedlap-dp \
+    --out runs/fashion1600-fedlap-B64-seeds3-5
 time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --rounds 1 --seeds 3 \
     --set client_records=1600 --methods fedlap --out runs/fashion1600-fedlap-nodp
