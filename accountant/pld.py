@@ -12,19 +12,41 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
+from fedlap_privacy.errors import ConfigError
 
 if TYPE_CHECKING:
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-__all__ = ["pld_epsilon", "pld_epsilon_curve", "round_pld"]
+__all__ = ["MAX_BUCKETS", "pld_buckets", "pld_epsilon", "pld_epsilon_curve", "round_pld"]
 
 #: Discretisation of the privacy-loss values (dp-accounting's default).
 VALUE_INTERVAL = 1e-4
+#: Most privacy-loss buckets one Gaussian PLD may span (a few seconds and ~1 GB at this size;
+#: sigma 0.05 spans about 8e6 and takes minutes and gigabytes).
+MAX_BUCKETS = 5_000_000
+
+
+def pld_buckets(sigma: float) -> float:
+    """Buckets a Gaussian PLD at ``sigma`` spans, an over-estimate: the privacy loss of
+    N(0, sigma^2) against N(1, sigma^2) is (1 - 2x) / (2 sigma^2), and dp-accounting keeps x
+    within about 10 sigma of both means, a span of (1 + 20 sigma) / sigma^2."""
+    return (1.0 + 20.0 * sigma) / sigma**2 / VALUE_INTERVAL
 
 
 def round_pld(schedule: FedLAPSchedule | RoundRates, sigma: float) -> PrivacyLossDistribution:
-    """PLD of one round: SGM(q1) composed with (T - 1) x SGM(q2)."""
+    """PLD of one round: SGM(q1) composed with (T - 1) x SGM(q2).
+
+    A sigma whose privacy losses need more than :data:`MAX_BUCKETS` buckets is a ConfigError
+    (dp-accounting would allocate tens of gigabytes); RDP handles any sigma.
+    """
     from dp_accounting.pld import privacy_loss_distribution as pld
+
+    if pld_buckets(sigma) > MAX_BUCKETS:
+        raise ConfigError(
+            f"the PLD accountant cannot discretise sigma {sigma:g}: its privacy losses span "
+            f"{pld_buckets(sigma):.1e} buckets of {VALUE_INTERVAL:g} (at most {MAX_BUCKETS:.0e}); "
+            "use the RDP accountant"
+        )
 
     def sgm(q: float) -> PrivacyLossDistribution:
         return pld.from_gaussian_mechanism(

@@ -16,8 +16,9 @@ How it is computed, exactly and for all orders at once:
   term positive, summed in log space, so ``log A`` keeps full relative precision even when
   it is ~1e-12 (large sigma, small q);
 * fractional orders: the expectation above as an integral, evaluated by the trapezoidal rule
-  on a uniform grid. The integrand is analytic in a strip around the real axis and decays
-  like a Gaussian, so the rule converges exponentially (to ~1e-15 here). Its integrand is
+  on a uniform grid (below sigma 0.01, on two windows around the integrand's two bumps). The
+  integrand is analytic in a strip around the real axis and decays like a Gaussian, so the
+  rule converges exponentially (to ~1e-15 here). Its integrand is
   ``(1+u)^alpha - 1 - alpha u`` with ``u = q (L - 1)``, ``E[L] = 1`` — non-negative, so
   nothing cancels. This replaces the signed two-sided erfc series, whose alternating tail
   decays only polynomially and which older implementations cut off with an absolute
@@ -98,6 +99,10 @@ def _logsumexp_rows(x: np.ndarray) -> np.ndarray:
         return (top + np.log(np.sum(np.exp(x - top), axis=1, keepdims=True)))[:, 0]
 
 
+#: below this sigma the fractional-order integrand is two narrow bumps (see _two_bump_grid)
+_NARROW_SIGMA = 0.01
+
+
 def _log_a_minus_1_fractional(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
     """log(A_alpha - 1) for any orders by trapezoidal quadrature of Mironov et al. Eq. 4.
 
@@ -105,21 +110,52 @@ def _log_a_minus_1_fractional(q: float, sigma: float, orders: np.ndarray) -> np.
     is analytic for |Im z| < pi sigma^2. Its logarithm rises for z < 0 and falls for z > alpha
     at least as fast as a Gaussian of width sigma, so on [-10 sigma, alpha + 10 sigma] with step
     min(sigma/2, 0.4 sigma^2) the truncation, Gaussian-discretisation and strip errors are all
-    below exp(-40) relative.
+    below exp(-40) relative. That grid has ~alpha / sigma^2 points; below ``_NARROW_SIGMA`` the
+    two-bump grid of :func:`_two_bump_grid` replaces it (a few hundred points per order).
     """
+    if sigma < _NARROW_SIGMA:
+        z, step = _two_bump_grid(sigma, orders)
+        return _log_integral(orders[:, None], *_z_terms(q, sigma, z)) + np.log(step)
     step = min(0.5 * sigma, 0.4 * sigma**2)
     z = np.arange(-10.0 * sigma, max(float(np.max(orders)), 0.0) + 10.0 * sigma + step, step)
+    terms = _z_terms(q, sigma, z)
+    chunk = max(1, _MAX_CELLS // z.size)  # bound the memory of the (orders x grid) arrays
+    return np.concatenate([
+        _log_integral(orders[i : i + chunk, None], *terms) + np.log(step)
+        for i in range(0, orders.size, chunk)
+    ])
+
+
+def _two_bump_grid(sigma: float, orders: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per order, the points z of [-20 sigma, 20 sigma] and [alpha - 20 sigma, alpha + 20 sigma]
+    with step sigma/4: shape (orders, points), and the step.
+
+    For sigma < 0.01 the integrand is below (1 + alpha q) phi(z) + phi(z - alpha)
+    exp(alpha (alpha - 1) / (2 sigma^2)), since 1 + u = (1 - q) + q L <= max(1, L): two
+    Gaussian bumps of width sigma at 0 and at alpha >= 1 + 1/10. Outside the two windows it is
+    below exp(-200) of their mass. Both windows lie at least 0.3 from z ~ 1/2, where the
+    singularity of (1 + u)^alpha sits (Im z = pi sigma^2), so on each window the integrand is
+    analytic in a disc of radius 0.3 > 30 sigma, and the trapezoidal rule with step h on a bump
+    of width sigma errs by about exp(-2 pi^2 sigma^2 / h^2) = exp(-316) relative.
+    """
+    step = sigma / 4.0
+    offsets = np.arange(-80, 81) * step
+    z = np.concatenate([np.broadcast_to(offsets, (orders.size, offsets.size)),
+                        orders[:, None] + offsets[None, :]], axis=1)
+    return z, step
+
+
+def _z_terms(
+    q: float, sigma: float, z: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """u, log(1 + u), log(u) (where u > 0) and log phi(z) at the quadrature points ``z``."""
     x = (2.0 * z - 1.0) / (2.0 * sigma**2)  # log of the likelihood ratio L
     u = q * np.expm1(np.minimum(x, 700.0))  # u = q (L - 1); where x > 700 only "big" is used
     log1p_u = np.where(x > 30.0, np.logaddexp(np.log(q) + x, np.log1p(-q)), np.log1p(u))
     log_phi = -0.5 * (z / sigma) ** 2 - 0.5 * np.log(2.0 * np.pi * sigma**2)
     with np.errstate(divide="ignore"):
         log_u = np.log(q) + _log_expm1(np.maximum(x, 1e-300))  # used only where u > 0
-    chunk = max(1, _MAX_CELLS // z.size)  # bound the memory of the (orders x grid) arrays
-    return np.concatenate([
-        _log_integral(orders[i : i + chunk, None], u, log1p_u, log_u, log_phi) + np.log(step)
-        for i in range(0, orders.size, chunk)
-    ])
+    return u, log1p_u, log_u, log_phi
 
 
 def _log_integral(

@@ -34,6 +34,7 @@ from fedlap_privacy.accountant import (
     rdp_epsilon,
     sgm_rdp,
 )
+from fedlap_privacy.errors import ConfigError
 
 DELTA = 1e-5
 #: ours vs mpmath. The acceptance threshold is 1e-6; the implementation is exact to ~1e-13
@@ -176,6 +177,28 @@ def test_special_cases_match_the_limits() -> None:
     # continuity towards q -> 1: the mpmath value at q = 1 - 1e-9 is within 1e-6 of alpha/2s^2
     for a in (2.0, 10.9):
         assert mp_rdp(1 - 1e-9, 3.0, a) == pytest.approx(a / 18.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("sigma", [1e-3, 3e-3, 0.0099])
+def test_tiny_sigma_matches_mpmath(sigma: float) -> None:
+    """Below sigma 0.01 the fractional orders take the two-bump grid (a uniform grid would
+    need ~alpha / sigma^2 points: minutes and gigabytes at sigma 0.001)."""
+    points = [(q, sigma, a) for q in (1e-4, 0.04, 0.9) for a in (1.1, 2.5, 10.9)]
+    assert _check_against_mpmath(points) <= RTOL_MPMATH
+
+
+def test_two_bump_grid_equals_the_uniform_grid_where_both_run() -> None:
+    """At sigma 0.0099, just below the switch, the uniform grid is still affordable."""
+    from fedlap_privacy.accountant import rdp
+
+    orders = np.array([1.1, 2.5, 10.9])
+    two_bump = rdp._log_a_minus_1_fractional(0.04, 0.0099, orders)
+    try:
+        rdp._NARROW_SIGMA = 0.001
+        uniform = rdp._log_a_minus_1_fractional(0.04, 0.0099, orders)
+    finally:
+        rdp._NARROW_SIGMA = 0.01
+    np.testing.assert_allclose(two_bump, uniform, rtol=1e-13)
 
 
 # --------------------------------------------------------------------------- Opacus
@@ -335,6 +358,14 @@ def test_pld_matches_dp_accounting_pld_and_is_below_rdp(schedule, sigma, rounds)
     theirs = accountant.get_epsilon(DELTA)
     assert ours == pytest.approx(theirs, rel=0.01)
     assert ours <= epsilon(schedule, sigma, rounds, DELTA)
+
+
+def test_pld_refuses_a_sigma_it_cannot_discretise() -> None:
+    """dp-accounting would try to allocate ~40 GB at sigma 0.001; RDP answers in milliseconds."""
+    schedule = FedLAPSchedule(batch_size=64, client_size=1600, local_steps=10)
+    with pytest.raises(ConfigError, match=r"cannot discretise sigma 0\.001"):
+        pld_epsilon(schedule, 0.001, 1)
+    assert math.isfinite(epsilon(schedule, 0.001, 1, DELTA))
 
 
 def test_pld_is_about_eight_percent_tighter_on_the_reference() -> None:

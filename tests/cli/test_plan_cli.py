@@ -131,6 +131,7 @@ def test_table_output() -> None:
         (["--local-steps", "0"], "local steps 0"),
         (["--eps", "0.01", "--rounds", "30"], "epsilon 0.01"),  # below the order-grid floor
         (["--eps", "0.5", "--sigma", "0.5"], "epsilon 0.5"),  # one round already exceeds
+        (["--sigma", "0.001", "--accountant", "pld"], "cannot discretise sigma 0.001"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(args: list[str], needle: str) -> None:
