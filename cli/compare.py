@@ -63,14 +63,13 @@ def compare(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.compare import plan_jobs, run_comparison
+    from fedlap_privacy.fl.compare import check_overrides, plan_jobs, run_comparison
     from fedlap_privacy.fl.config import METHODS, resolve_config
 
     targets = _floats(eps)
     counts = None if rounds is None else _round_counts(rounds)
     several = counts is not None and len(counts) > 1
-    if several and any(s.split("=", 1)[0].strip() == "rounds" for s in settings):
-        fail("--set rounds=... with several --rounds: give the round counts with --rounds only")
+    guarded(lambda: check_overrides(settings, several))
     chosen = METHODS if methods is None else [m.strip() for m in methods.split(",")]
     flags = {"dataset": dataset, "delta": delta, "seed": seed,
              "rounds": None if counts is None else counts[-1],

@@ -49,7 +49,7 @@ import numpy as np
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import METHODS, TrainConfig
+from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
 from fedlap_privacy.fl.run_files import load_run_config
 from fedlap_privacy.jsonsafe import json_safe
@@ -59,6 +59,7 @@ __all__ = [
     "Job",
     "RoundsResult",
     "budget_config",
+    "check_overrides",
     "plan_jobs",
     "plot_comparison",
     "plot_round_counts",
@@ -104,6 +105,27 @@ def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainCon
     else:
         cfg = dataclasses.replace(cfg, sigma=None, target_eps=eps)  # planned by the driver
     return cfg.validate()
+
+
+#: the keys each cell's budget sets (budget_config): a --set of one would be overwritten
+BUDGET_KEYS = ("sigma", "target_eps", "ldp_epsilon")
+
+
+def check_overrides(settings: Sequence[str], several_counts: bool) -> None:
+    """Refuse ``--set`` values that compare would overwrite rather than silently drop: the
+    budget keys (each cell plans its own from its target epsilon) and, with several round
+    counts, ``rounds``."""
+    keys = set(parse_overrides(settings))
+    budget = sorted(keys.intersection(BUDGET_KEYS))
+    if budget:
+        raise ConfigError(
+            f"--set {budget[0]}: compare sets the noise of every run from its target epsilon "
+            "(--eps); for a fixed sigma use train --sigma"
+        )
+    if several_counts and "rounds" in keys:
+        raise ConfigError(
+            "--set rounds=... with several --rounds: give the round counts with --rounds only"
+        )
 
 
 def round_counts(rounds: Sequence[int]) -> list[int]:

@@ -33,6 +33,17 @@ def test_bad_round_counts_are_one_line_and_exit_2(tmp_path, args):
     assert not (tmp_path / COMPARISON).exists()
 
 
+@pytest.mark.parametrize("key", ["sigma=0.5", "target_eps=1", "ldp_epsilon=2"])
+def test_a_budget_setting_is_refused_not_dropped(tmp_path, key):
+    """compare plans each cell's noise from --eps; a --set sigma used to be ignored silently."""
+    bad = CliRunner().invoke(app, ["compare", "--methods", "dp-fedavg", "--eps", "1", "--set",
+                                   key, "--out", str(tmp_path)])
+    assert bad.exit_code == 2, bad.output
+    lines = bad.output.strip().splitlines()
+    assert len(lines) == 1 and key.split("=")[0] in lines[0] and "train --sigma" in lines[0]
+    assert not (tmp_path / COMPARISON).exists()
+
+
 def test_several_round_counts_table_one_column_each(tmp_path):
     ok = CliRunner().invoke(
         app, ["compare", "--methods", "dp-fedavg,fedavg", "--eps", "5", "--rounds", "2,1,2",
