@@ -132,7 +132,7 @@ def _two_bump_grid(sigma: float, orders: np.ndarray) -> tuple[np.ndarray, float]
 
     For sigma < 0.01 the integrand is below (1 + alpha q) phi(z) + phi(z - alpha)
     exp(alpha (alpha - 1) / (2 sigma^2)), since 1 + u = (1 - q) + q L <= max(1, L): two
-    Gaussian bumps of width sigma at 0 and at alpha >= 1 + 1/10. Outside the two windows it is
+    Gaussian bumps of width sigma at 0 and at alpha > 1. Outside the two windows it is
     below exp(-200) of their mass. Both windows lie at least 0.3 from z ~ 1/2, where the
     singularity of (1 + u)^alpha sits (Im z = pi sigma^2), so on each window the integrand is
     analytic in a disc of radius 0.3 > 30 sigma, and the trapezoidal rule with step h on a bump
