@@ -41,10 +41,11 @@ def round_pld(schedule: FedLAPSchedule | RoundRates, sigma: float) -> PrivacyLos
     """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
-    if pld_buckets(sigma) > MAX_BUCKETS:
+    buckets = pld_buckets(sigma)
+    if buckets > MAX_BUCKETS:
         raise ConfigError(
             f"the PLD accountant cannot discretise sigma {sigma:g}: its privacy losses span "
-            f"{pld_buckets(sigma):.1e} buckets of {VALUE_INTERVAL:g} (at most {MAX_BUCKETS:.0e}); "
+            f"{buckets:.1e} buckets of {VALUE_INTERVAL:g} (at most {MAX_BUCKETS:.0e}); "
             "use the RDP accountant"
         )
 
