@@ -2,7 +2,8 @@
 # FedLAP-DP against DP-FedAvg by client size at matched epsilon: FashionMNIST non-IID
 # (5 clients x 2 classes), the full split (12,000 records per client) and the cut to 1,600
 # (--set client_records=1600), epsilon 3 and 10, after 1 and after 3 rounds (each count its
-# own sigma), seeds 0-2, train's defaults. Two compare runs at a time, one thread each;
+# own sigma), seeds 0-2, FedLAP-DP with the small schedule (--schedule small: B 64, T = 10,
+# train's defaults for digits-sized clients). Two compare runs at a time, one thread each;
 # about two and a half CPU hours on the 2-core machine. The 1,600-record cells at epsilon 3
 # are also in benchmarks/fashion_small_clients.sh. Writes runs/by-size/<size>-<method>-eps<e>/.
 set -euo pipefail
@@ -21,6 +22,7 @@ for size in $SIZES; do
   done
 done
 printf '%s\n' "${jobs[@]}" | xargs -P 2 -L 1 sh -c '
+  small=$([ "$2" = fedlap-dp ] && echo "--schedule small")
   "$0" compare --dataset fashion-mnist --data-dir "'"$DATA"'" --methods "$2" --eps "$3" \
-    --rounds 1,3 --seeds 3 --set client_records="$1" --threads 1 \
+    --rounds 1,3 --seeds 3 --set client_records="$1" --threads 1 $small \
     --out "'"$OUT"'/$1-$2-eps$3" > /dev/null' "$BIN"

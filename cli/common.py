@@ -5,17 +5,26 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 
 from fedlap_privacy.errors import FedlapError
+from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
 from fedlap_privacy.jsonsafe import json_safe
 
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
+ScheduleChoice = StrEnum("ScheduleChoice", {s: s for s in SCHEDULE_CHOICES})  # type: ignore[misc]
+#: --schedule's help (train, compare)
+SCHEDULE_HELP = (
+    "FedLAP-DP's client schedule. auto: large (the authors': B 256, T = 200) when clients "
+    f"hold >= {LARGE_MIN_RECORDS:,} records on average, else small (train's defaults: B 64, "
+    "T = 10; about 20x cheaper per round). Keys you set win."
+)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -11,7 +11,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedlap_privacy.cli.common import console, fail, guarded, human_bytes, print_json
+from fedlap_privacy.cli.common import (
+    SCHEDULE_HELP,
+    ScheduleChoice,
+    console,
+    fail,
+    guarded,
+    human_bytes,
+    print_json,
+)
 
 
 def _floats(text: str) -> list[float]:
@@ -52,6 +60,7 @@ def compare(
     seeds: int = typer.Option(1, "--seeds", help="Repeats with seeds seed..seed+N-1."),
     seed: int = typer.Option(0, "--seed"),
     settings: list[str] = typer.Option([], "--set", help="Any configuration key, KEY=VALUE."),
+    schedule: ScheduleChoice = typer.Option("auto", "--schedule", help=SCHEDULE_HELP),  # type: ignore[valid-type]
     device: str = typer.Option("auto", "--device"),
     out: Path = typer.Option(Path("runs/compare"), "--out", help="Output directory."),
     json_output: bool = typer.Option(False, "--json", help="Print comparison.json's content."),
@@ -63,8 +72,8 @@ def compare(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.compare import check_overrides, plan_jobs, run_comparison
-    from fedlap_privacy.fl.config import METHODS, resolve_config
+    from fedlap_privacy.fl.compare import check_overrides, method_bases, plan_jobs, run_comparison
+    from fedlap_privacy.fl.config import METHODS, fedlap_schedule
 
     targets = _floats(eps)
     counts = None if rounds is None else _round_counts(rounds)
@@ -74,7 +83,11 @@ def compare(
     flags = {"dataset": dataset, "delta": delta, "seed": seed,
              "rounds": None if counts is None else counts[-1],
              "data_dir": None if data_dir is None else str(data_dir)}
-    base = guarded(lambda: resolve_config(None, flags, settings, plan_sigma_for_target=False))
+    base = guarded(lambda: method_bases(flags, settings, chosen, schedule.value))
+    fedlap = base.get("fedlap-dp")
+    if fedlap is not None and not json_output:
+        console.print(fedlap_schedule(schedule.value, fedlap.to_dict()).describe(),  # type: ignore[union-attr]
+                      highlight=False)
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None))
 

@@ -11,6 +11,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedlap_privacy.cli.common import (
+    SCHEDULE_HELP,
+    ScheduleChoice,
     console,
     err_console,
     fail,
@@ -62,6 +64,7 @@ def train(
     ldp_epsilon: float | None = typer.Option(None, "--ldp-epsilon", help="LDP-FL: epsilon of "
                                              "each weight per round."),
     preset: Preset | None = typer.Option(None, "--preset", help="The authors' values."),
+    schedule: ScheduleChoice = typer.Option("auto", "--schedule", help=SCHEDULE_HELP),  # type: ignore[valid-type]
     settings: list[str] = typer.Option([], "--set", help="Any configuration key, KEY=VALUE "
                                        "(repeatable), e.g. --set lr_local=0.1."),
     threat_model: ThreatModel | None = typer.Option(
@@ -107,7 +110,7 @@ def train(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.config import resolve_config
+    from fedlap_privacy.fl.config import fedlap_schedule, resolve_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
 
@@ -123,7 +126,10 @@ def train(
         "canaries": canaries or None,
     }
     cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
-                                         settings))
+                                         settings, schedule=schedule.value))
+    chosen = fedlap_schedule(schedule.value, cfg.to_dict())
+    if chosen is not None and preset is None and not resume and not json_output:
+        console.print(chosen.describe(), highlight=False)
 
     if download:
         from fedlap_privacy.data import load_dataset

@@ -42,6 +42,8 @@ from fedlap_privacy.atomic import atomic_file
 from fedlap_privacy.errors import ConfigError, DataError
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
+#: the standard training-set sizes (digits: the fixed 80% split of _load_digits below)
+TRAIN_RECORDS = {"digits": 1438, "mnist": 60_000, "fashion-mnist": 60_000, "cifar10": 50_000}
 SPLITS = ("noniid", "iid", "dirichlet")
 PAPER_CLASS_ORDER = (5, 6, 1, 2, 0, 8, 9, 3, 4, 7)
 NUM_CLASSES = 10

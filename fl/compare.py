@@ -26,8 +26,13 @@ With one round count a run is ``OUT/runs/METHOD-BUDGET-seedS`` (the layout of ea
 comparisons, which keep resuming); with several it is ``OUT/runs/METHOD-BUDGET-roundsR-seedS``,
 so going from one count to several in the same ``OUT`` trains the runs again.
 
-``comparison.json`` (:func:`run_comparison`): ``rounds`` is the largest round count (the only
-one, usually) and ``round_counts`` all of them, ascending. Each cell (method, budget) of
+Each method starts from its own base configuration, resolved as ``train`` resolves it
+(:func:`method_bases`): FedLAP-DP gets its schedule by client size
+(:mod:`~fedlap_privacy.fl.schedule`), the baselines keep their defaults.
+
+``comparison.json`` (:func:`run_comparison`): ``configs`` holds each method's base
+configuration; ``rounds`` is the largest round count (the only one, usually) and
+``round_counts`` all of them, ascending. Each cell (method, budget) of
 ``methods[m]["results"]`` holds ``runs`` (every run, each with its planned ``rounds``),
 ``mean`` / ``std`` / ``mean_by_round`` of the runs planned for ``rounds``, and ``by_rounds``:
 one :class:`RoundsResult` per round count.
@@ -39,7 +44,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +54,7 @@ import numpy as np
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides
+from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, resolve_config
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
 from fedlap_privacy.fl.run_files import load_run_config
 from fedlap_privacy.jsonsafe import json_safe
@@ -60,6 +65,7 @@ __all__ = [
     "RoundsResult",
     "budget_config",
     "check_overrides",
+    "method_bases",
     "plan_jobs",
     "plot_comparison",
     "plot_round_counts",
@@ -73,6 +79,8 @@ COMPARISON = "comparison.json"
 NO_DP = "non-private"
 
 Callback = Callable[[str, dict[str, Any]], None]
+#: the base configuration of a comparison: one for every method, or one per method
+Bases = TrainConfig | Mapping[str, TrainConfig]
 
 
 def _client_sizes(cfg: TrainConfig) -> list[int]:
@@ -113,9 +121,11 @@ BUDGET_KEYS = ("sigma", "target_eps", "ldp_epsilon")
 
 def check_overrides(settings: Sequence[str], several_counts: bool) -> None:
     """Refuse ``--set`` values that compare would overwrite rather than silently drop: the
-    budget keys (each cell plans its own from its target epsilon) and, with several round
-    counts, ``rounds``."""
+    budget keys (each cell plans its own from its target epsilon), ``method`` and, with
+    several round counts, ``rounds``."""
     keys = set(parse_overrides(settings))
+    if "method" in keys:
+        raise ConfigError("--set method=...: compare runs the methods given by --methods")
     budget = sorted(keys.intersection(BUDGET_KEYS))
     if budget:
         raise ConfigError(
@@ -126,6 +136,29 @@ def check_overrides(settings: Sequence[str], several_counts: bool) -> None:
         raise ConfigError(
             "--set rounds=... with several --rounds: give the round counts with --rounds only"
         )
+
+
+def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequence[str],
+                 schedule: str = "auto") -> dict[str, TrainConfig]:
+    """Each method's base configuration, resolved as ``train`` resolves it
+    (:func:`~fedlap_privacy.fl.config.resolve_config`): FedLAP-DP gets its ``schedule``
+    (by default picked from the client size), and no other method gets its keys."""
+    _check_methods(methods)
+    if schedule != "auto" and "fedlap-dp" not in methods:
+        raise ConfigError(f"--schedule {schedule} is FedLAP-DP's, which --methods leaves out")
+    return {m: resolve_config(None, {**flags, "method": m}, settings, plan_sigma_for_target=False,
+                              schedule=schedule if m == "fedlap-dp" else "auto")
+            for m in dict.fromkeys(methods)}
+
+
+def _check_methods(methods: Sequence[str]) -> None:
+    unknown = [m for m in methods if m not in METHOD_TABLE]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {', '.join(unknown)}: choose from {METHODS}")
+
+
+def _base_for(base: Bases, method: str) -> TrainConfig:
+    return base[method] if isinstance(base, Mapping) else base
 
 
 def round_counts(rounds: Sequence[int]) -> list[int]:
@@ -173,7 +206,7 @@ def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str) -> dict[str, 
 
 
 def plan_jobs(
-    base: TrainConfig,
+    base: Bases,
     eps_values: list[float],
     methods: list[str] | tuple[str, ...] = METHODS,
     seeds: int = 1,
@@ -181,23 +214,23 @@ def plan_jobs(
 ) -> list[Job]:
     """Every run, ordered by method, target epsilon, round count and seed; checks the request.
 
-    ``rounds``: the round counts (None: ``base.rounds`` alone). Each job's configuration has
+    ``base``: one configuration, or one per method (:func:`method_bases`). ``rounds``: the
+    round counts (None: the base's ``rounds`` alone). Each job's configuration has
     ``rounds = R`` and its budget planned for R rounds by :func:`budget_config`.
     """
-    unknown = [m for m in methods if m not in METHOD_TABLE]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {', '.join(unknown)}: choose from {METHODS}")
+    _check_methods(methods)
     if not eps_values or any(not (math.isfinite(e) and e > 0) for e in eps_values):
         raise ConfigError("give one or more positive target epsilons, e.g. --eps 3,10")
     if seeds < 1:
         raise ConfigError(f"seeds {seeds} must be >= 1")
-    counts = round_counts([base.rounds] if rounds is None else list(rounds))
     jobs = []
     for method in methods:
+        own = _base_for(base, method)
+        counts = round_counts([own.rounds] if rounds is None else list(rounds))
         for eps in [None] if METHOD_TABLE[method].budget == Budget.NONE else eps_values:
             for r in counts:
-                for seed in range(base.seed, base.seed + seeds):
-                    cfg = budget_config(dataclasses.replace(base, seed=seed, rounds=r), method, eps)
+                for seed in range(own.seed, own.seed + seeds):
+                    cfg = budget_config(dataclasses.replace(own, seed=seed, rounds=r), method, eps)
                     jobs.append(Job(method, eps, r, seed, cfg))
     return jobs
 
@@ -257,7 +290,7 @@ def _summarise(cell: dict[str, Any], last: int) -> None:
 
 
 def run_comparison(
-    base: TrainConfig,
+    base: Bases,
     eps_values: list[float],
     methods: list[str] | tuple[str, ...] = METHODS,
     seeds: int = 1,
@@ -271,11 +304,13 @@ def run_comparison(
     ``comparison.json`` (its fields: the module docstring) and the plots
     ``accuracy_vs_epsilon.png``, ``accuracy_vs_round.png`` and ``accuracy_vs_rounds.png``.
 
-    ``rounds``: the round counts (None: ``base.rounds`` alone). ``jobs`` (from
-    :func:`plan_jobs` with the same arguments) skips planning them again.
+    ``base``: one configuration, or one per method (:func:`method_bases`). ``rounds``: the
+    round counts (None: the base's ``rounds`` alone). ``jobs`` (from :func:`plan_jobs` with
+    the same arguments) skips planning them again.
     """
     jobs = jobs if jobs is not None else plan_jobs(base, eps_values, methods, seeds, rounds)
-    counts = sorted({job.rounds for job in jobs}) or [base.rounds]
+    first = _base_for(base, methods[0])
+    counts = sorted({job.rounds for job in jobs}) or [first.rounds]
     out = Path(out_dir)
     callback = callback or (lambda event, info: None)
     callback("start", {"runs": len(jobs), "round_counts": counts})
@@ -321,13 +356,15 @@ def run_comparison(
         for cell in row["results"].values():
             _summarise(cell, counts[-1])
     report = {
-        "dataset": base.dataset,
+        "dataset": first.dataset,
         "rounds": counts[-1],
         "round_counts": counts,
-        "delta": base.delta,
+        "delta": first.delta,
         "eps": [float(e) for e in eps_values],
         "seeds": seeds,
-        "config": dataclasses.replace(base, rounds=counts[-1]).to_dict(),
+        # each method's base (FedLAP-DP's schedule keys are its own); a run's is in its folder
+        "configs": {m: dataclasses.replace(_base_for(base, m), rounds=counts[-1]).to_dict()
+                    for m in methods},
         "methods": rows,
         "seconds": time.perf_counter() - t0,
     }

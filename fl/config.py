@@ -15,11 +15,12 @@ from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
+from fedlap_privacy.fl.schedule import SCHEDULES, ClientSchedule, choose_schedule
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
 __all__ = [
-    "METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "config_value", "field_types",
-    "parse_overrides", "resolve_config", "typed_value",
+    "METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "config_value", "fedlap_schedule",
+    "field_types", "parse_overrides", "resolve_config", "typed_value",
 ]
 
 METHODS = tuple(METHOD_TABLE)
@@ -31,7 +32,9 @@ class TrainConfig:
     """A run's configuration. Defaults: FedLAP-DP on ``digits``, tuned for epsilon <= 10.
 
     The digits defaults (10 rounds, sigma 1.5, B 64, T = 1 x 5 x 2 = 10 accesses per round,
-    lr_net 0.05) spend epsilon 9.55 at delta 1e-5 on the paper's non-IID split. 8x8 inputs
+    lr_net 0.05) spend epsilon 9.55 at delta 1e-5 on the paper's non-IID split. They are
+    FedLAP-DP's ``small`` schedule: :func:`resolve_config` lays the ``large`` one over them
+    for clients of 1,024 records or more (:mod:`~fedlap_privacy.fl.schedule`). 8x8 inputs
     get a narrower, shallower ConvNet (32 channels, 2 blocks): with 3 blocks the last
     GroupNorm sees 2x2 maps and training stalls, and fewer weights mean less DP noise.
 
@@ -310,11 +313,13 @@ def resolve_config(
     flags: dict[str, Any] | None = None,
     settings: Sequence[str] = (),
     plan_sigma_for_target: bool = True,
+    schedule: str = "auto",
 ) -> TrainConfig:
     """The one way from what a user typed to a validated configuration.
 
-    Layers, each over the previous: the defaults, ``preset`` (:data:`PRESETS`), ``flags``
-    (None: not given) and ``settings`` (``--set KEY=VALUE``). Then, with
+    Layers, each over the previous: the defaults, FedLAP-DP's ``schedule`` (``auto``: picked
+    from the client size, :mod:`~fedlap_privacy.fl.schedule`), ``preset`` (:data:`PRESETS`),
+    ``flags`` (None: not given) and ``settings`` (``--set KEY=VALUE``). Then, with
     ``plan_sigma_for_target``, a target epsilon given without a sigma (neither as a flag nor
     as a setting) plans sigma for the rounds, except for methods whose budget rule keeps a
     fixed sigma (ALI-DPFL).
@@ -324,6 +329,9 @@ def resolve_config(
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     given.update(parse_overrides(settings))
     values = {**(PRESETS[preset] if preset else {}), **given}
+    chosen = fedlap_schedule(schedule, values)
+    if chosen is not None:
+        values = {**chosen.values, **values}
     if plan_sigma_for_target and given.get("target_eps") is not None and "sigma" not in given:
         from fedlap_privacy.fl.method_table import Budget
 
@@ -332,15 +340,27 @@ def resolve_config(
     return TrainConfig.from_dict(values).validate()
 
 
+def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | None:
+    """The schedule :func:`resolve_config` lays under ``values`` (configuration keys, the
+    defaults where absent); None for a method other than FedLAP-DP, which ``requested``
+    must then leave at ``auto``."""
+    default = TrainConfig()
+    method = values.get("method", default.method)
+    if method != "fedlap-dp":
+        if requested != "auto":
+            raise ConfigError(f"--schedule {requested}: schedules are FedLAP-DP's, not {method}'s")
+        return None
+    return choose_schedule(
+        requested, *(values.get(key, getattr(default, key)) for key in
+                     ("dataset", "clients", "client_records", "validation_records")),
+    )
+
+
 #: the authors' configurations, DP run / non-private (docs/algorithms.md#default-configurations)
 PRESETS: dict[str, dict[str, Any]] = {
     "paper-dp": dict(
-        method="fedlap-dp", rounds=30, reinits=4, max_loops=5, real_batches=10, syn_steps=5,
-        local_model_steps=2, ipc=10, init="noise", reinit_each_round=False, mse_weight=0.0,
-        lr_img=100.0, lr_net=0.002, radius=1.5, radius_rule="fixed", server_epochs=100,
-        server_batch=512, server_momentum=0.0, sigma=1.0, clip=1.0, delta=1e-5, clients=5,
-        client_fraction=1.0,
-        batch_size=256, local_steps=200, lr_local=0.1,
+        method="fedlap-dp", rounds=30, **SCHEDULES["large"], sigma=1.0, clip=1.0, delta=1e-5,
+        clients=5, client_fraction=1.0, local_steps=200, lr_local=0.1,
     ),
     "paper": dict(
         method="fedlap", rounds=200, reinits=1, max_loops=5, real_batches=40, syn_steps=5,

@@ -33,7 +33,8 @@ def run_schedule(cfg: TrainConfig, client_sizes: list[int]) -> FedLAPSchedule | 
     if cfg.batch_size > min(client_sizes):
         raise ConfigError(
             f"batch size {cfg.batch_size} is larger than the smallest client "
-            f"({min(client_sizes)} records)"
+            f"({min(client_sizes)} records): lower --batch-size"
+            + (" or use --schedule small" if cfg.is_fedlap else "")
         )
     return FedLAPSchedule(
         batch_size=cfg.batch_size, client_size=min(client_sizes),

@@ -143,7 +143,8 @@ def test_comparison_tables_final_accuracy_per_round_count(tmp_path):
     report = run_comparison(base, [3.0], ["dp-fedavg", "fedavg"], 2, tmp_path, "cpu",
                             rounds=[3, 1])
     saved = json.loads((tmp_path / COMPARISON).read_text())
-    assert saved["round_counts"] == [1, 3] and saved["rounds"] == saved["config"]["rounds"] == 3
+    assert saved["round_counts"] == [1, 3]
+    assert saved["rounds"] == saved["configs"]["dp-fedavg"]["rounds"] == 3
     cell = saved["methods"]["dp-fedavg"]["results"]["3"]
     runs = {(r["rounds"], r["seed"]): r for r in cell["runs"]}
     assert sorted(runs) == [(1, 0), (1, 1), (3, 0), (3, 1)]

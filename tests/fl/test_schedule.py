@@ -1,0 +1,118 @@
+"""FedLAP-DP's client schedule by client size (fl/schedule.py).
+
+The rule picks the authors' schedule (B 256, T = 200) when clients hold at least 1,024
+records on average, train's cheap defaults below; a key the user sets always wins, the
+preset's values are the large schedule's, no other method gets the schedule's keys, and the
+decision needs no data (so compare and the Flower run config carry explicit values).
+"""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from fedlap_privacy.cli.main import app
+from fedlap_privacy.data import TRAIN_RECORDS, load_dataset
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.compare import method_bases, plan_jobs
+from fedlap_privacy.fl.config import PRESETS, TrainConfig, fedlap_schedule, resolve_config
+from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULES
+
+SMALL_T, LARGE_T = 1 * 5 * 2, 4 * 5 * 10
+
+
+def test_digits_keeps_the_cheap_defaults():
+    cfg = resolve_config(None, {}, [])
+    assert cfg == TrainConfig().validate()
+    assert (cfg.batch_size, cfg.accesses_per_round, cfg.lr_net) == (64, SMALL_T, 0.05)
+    chosen = fedlap_schedule("auto", cfg.to_dict())
+    assert chosen is not None and chosen.name == "small"
+    assert chosen.records == TRAIN_RECORDS["digits"] // 5 == 287
+
+
+def test_the_digits_size_is_the_loaders():
+    assert len(load_dataset("digits").y_train) == TRAIN_RECORDS["digits"]
+
+
+@pytest.mark.parametrize(("settings", "name", "records"), [
+    ([], "large", 12_000),  # FashionMNIST's non-IID split: 2 classes x 6,000 per client
+    (["client_records=1600"], "large", 1_600),
+    ([f"client_records={LARGE_MIN_RECORDS}"], "large", 1_024),
+    ([f"client_records={LARGE_MIN_RECORDS - 1}"], "small", 1_023),
+    (["clients=58"], "large", 1_034),
+    (["clients=59"], "small", 1_016),
+    (["validation_records=54880"], "large", 1_024),
+    (["validation_records=54885"], "small", 1_023),
+])
+def test_the_rule_follows_the_mean_client_size(settings, name, records):
+    cfg = resolve_config(None, {"dataset": "fashion-mnist"}, settings)
+    chosen = fedlap_schedule("auto", cfg.to_dict())
+    assert chosen is not None and (chosen.name, chosen.records) == (name, records)
+    expected = (256, LARGE_T, 0.002, 0.0) if name == "large" else (64, SMALL_T, 0.05, 0.5)
+    assert (cfg.batch_size, cfg.accesses_per_round, cfg.lr_net, cfg.server_momentum) == expected
+
+
+def test_keys_the_user_sets_win_over_the_schedule():
+    cfg = resolve_config(None, {"dataset": "mnist", "batch_size": 128}, ["real_batches=1"])
+    assert (cfg.batch_size, cfg.real_batches, cfg.reinits, cfg.lr_net) == (128, 1, 4, 0.002)
+
+
+def test_a_named_schedule_overrides_the_rule():
+    small = resolve_config(None, {"dataset": "cifar10"}, [], schedule="small")
+    assert (small.batch_size, small.accesses_per_round) == (64, SMALL_T)
+    large = resolve_config(None, {}, [], schedule="large")  # digits
+    assert (large.batch_size, large.accesses_per_round) == (256, LARGE_T)
+    with pytest.raises(ConfigError, match="schedule 'huge' must be one of auto, small, large"):
+        resolve_config(None, {}, [], schedule="huge")
+
+
+def test_the_preset_is_the_large_schedule_and_wins():
+    assert SCHEDULES["large"].items() <= PRESETS["paper-dp"].items()
+    for schedule in ("auto", "small"):
+        cfg = resolve_config("paper-dp", {}, [], schedule=schedule)
+        assert (cfg.batch_size, cfg.accesses_per_round, cfg.rounds) == (256, LARGE_T, 30)
+
+
+def test_other_methods_never_get_the_schedule():
+    cfg = resolve_config(None, {"dataset": "fashion-mnist", "method": "dp-fedavg"}, [])
+    assert (cfg.batch_size, cfg.lr_net) == (64, 0.05)
+    with pytest.raises(ConfigError, match="schedules are FedLAP-DP's, not dp-fedavg's"):
+        resolve_config(None, {"method": "dp-fedavg"}, [], schedule="large")
+
+
+def test_compare_gives_the_schedule_to_fedlap_dp_only():
+    """One base per method: DP-FedAvg's cells keep B 64 beside FedLAP-DP's B 256."""
+    flags = {"dataset": "fashion-mnist", "rounds": 1}
+    bases = method_bases(flags, [], ["fedlap-dp", "dp-fedavg"])
+    jobs = plan_jobs(bases, [3.0], ["fedlap-dp", "dp-fedavg"])
+    sizes = {j.method: (j.config.batch_size, j.config.accesses_per_round) for j in jobs}
+    assert sizes == {"fedlap-dp": (256, LARGE_T), "dp-fedavg": (64, 10)}
+    with pytest.raises(ConfigError, match="--methods leaves out"):
+        method_bases(flags, [], ["dp-fedavg"], "large")
+
+
+@pytest.mark.parametrize("args", [
+    ["train", "--method", "dp-fedavg", "--schedule", "large"],
+    ["train", "--schedule", "medium"],
+    ["compare", "--methods", "dp-fedavg", "--schedule", "small"],
+    ["compare", "--methods", "dp-fedavg", "--set", "method=fedlap-dp"],
+])
+def test_bad_schedule_requests_are_one_line(tmp_path, args):
+    bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert bad.exit_code == 2, bad.output
+    assert "Traceback" not in bad.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_files_smaller_than_the_standard_size_get_a_clear_hint(tmp_path, mini_mnist):
+    """The rule reads no data: a miniature MNIST (200 records per client) gets the large
+    schedule, whose B 256 does not fit; the error says what to do, and --schedule small runs."""
+    data = mini_mnist(n_train=1000)
+    args = ["train", "--dataset", "mnist", "--data-dir", str(data), "--rounds", "1",
+            "--set", "width=8", "--json"]
+    bad = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "large")])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert "batch size 256 is larger than the smallest client" in bad.output
+    assert "--schedule small" in bad.output
+    good = CliRunner().invoke(app, [*args, "--schedule", "small", "--out", str(tmp_path / "s")])
+    assert good.exit_code == 0, good.output
