@@ -86,8 +86,9 @@ def compare(
     base = guarded(lambda: method_bases(flags, settings, chosen, schedule.value))
     fedlap = base.get("fedlap-dp")
     if fedlap is not None and not json_output:
-        console.print(fedlap_schedule(schedule.value, fedlap.to_dict()).describe(),  # type: ignore[union-attr]
-                      highlight=False)
+        chosen_schedule = fedlap_schedule(schedule.value, fedlap.to_dict())
+        console.print(chosen_schedule.describe(  # type: ignore[union-attr]
+            fedlap.batch_size, fedlap.accesses_per_round), highlight=False)
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None))
 

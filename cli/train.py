@@ -129,7 +129,7 @@ def train(
                                          settings, schedule=schedule.value))
     chosen = fedlap_schedule(schedule.value, cfg.to_dict())
     if chosen is not None and preset is None and not resume and not json_output:
-        console.print(chosen.describe(), highlight=False)
+        console.print(chosen.describe(cfg.batch_size, cfg.accesses_per_round), highlight=False)
 
     if download:
         from fedlap_privacy.data import load_dataset

@@ -63,18 +63,17 @@ class ClientSchedule:
     def values(self) -> dict[str, Any]:
         return SCHEDULES[self.name]
 
-    def describe(self) -> str:
-        """One line for the console."""
-        what = {"small": "train's defaults, B 64, T = 10 accesses per client-round",
-                "large": "the authors' client schedule, B 256, T = 200 accesses per "
-                         "client-round"}[self.name]
+    def describe(self, batch_size: int, accesses: int) -> str:
+        """One line for the console, with the run's resolved B and T (keys a user set win
+        over the schedule's)."""
+        what = {"small": "train's defaults", "large": "the authors'"}[self.name]
+        head = f"FedLAP-DP schedule: {self.name} ({what}; this run: B {batch_size}, T = {accesses})"
         if self.records is None:
-            return f"FedLAP-DP schedule: {self.name} ({what}), as asked"
+            return f"{head}, as asked"
         side = ">=" if self.name == "large" else "<"
         other = "small" if self.name == "large" else "large"
-        return (f"FedLAP-DP schedule: {self.name} ({what}): clients hold {self.records:,} "
-                f"records on average ({side} {LARGE_MIN_RECORDS:,}); --schedule {other} "
-                "for the other one")
+        return (f"{head}: clients hold {self.records:,} records on average ({side} "
+                f"{LARGE_MIN_RECORDS:,}); --schedule {other} for the other one")
 
 
 def mean_client_records(dataset: str, clients: int, client_records: int | None = None,

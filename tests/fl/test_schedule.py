@@ -116,3 +116,13 @@ def test_files_smaller_than_the_standard_size_get_a_clear_hint(tmp_path, mini_mn
     assert "--schedule small" in bad.output
     good = CliRunner().invoke(app, [*args, "--schedule", "small", "--out", str(tmp_path / "s")])
     assert good.exit_code == 0, good.output
+
+
+def test_train_says_which_schedule_it_picked(tmp_path):
+    fast = ["--set", "width=8", "--set", "max_loops=1", "--set", "server_epochs=1"]
+    result = CliRunner().invoke(app, ["train", "--rounds", "1", "--batch-size", "32", *fast,
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    line = " ".join(result.output.split())
+    assert ("FedLAP-DP schedule: small (train's defaults; this run: B 32, T = 2): clients hold "
+            "287 records on average (< 1,024)") in line
