@@ -45,4 +45,5 @@ for seed in 0 1 2; do
       --out "runs/paper1600-seed$seed"
 done
 time "$BIN" train --preset paper-dp --dataset fashion-mnist --data-dir "$DATA" \
-    --target-eps 3 --rounds 3 --seed 0 --set client_records=1600 --out runs/paper1600-seed0-r3
+    --target-eps 3 --rounds 3 --seed 0 --set client_records=1600 --threads 2 \
+    --out runs/paper1600-seed0-r3
