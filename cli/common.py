@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -14,6 +14,9 @@ from rich.console import Console
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
 from fedlap_privacy.jsonsafe import json_safe
+
+if TYPE_CHECKING:
+    from fedlap_privacy.fl.config import TrainConfig
 
 console = Console()
 err_console = Console(stderr=True)
@@ -25,6 +28,16 @@ SCHEDULE_HELP = (
     f"hold >= {LARGE_MIN_RECORDS:,} records on average, else small (train's defaults: B 64, "
     "T = 10; about 20x cheaper per round). Keys you set win."
 )
+
+
+def print_schedule(requested: str, cfg: TrainConfig) -> None:
+    """The line naming FedLAP-DP's schedule and the run's resolved B and T (nothing for the
+    other methods)."""
+    from fedlap_privacy.fl.config import fedlap_schedule
+
+    chosen = fedlap_schedule(requested, cfg.to_dict())
+    if chosen is not None:
+        console.print(chosen.describe(cfg.batch_size, cfg.accesses_per_round), highlight=False)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

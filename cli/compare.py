@@ -19,6 +19,7 @@ from fedlap_privacy.cli.common import (
     guarded,
     human_bytes,
     print_json,
+    print_schedule,
 )
 
 
@@ -73,7 +74,8 @@ def compare(
 
     guarded(lambda: apply_cpu_policy(threads))
     from fedlap_privacy.fl.compare import check_overrides, method_bases, plan_jobs, run_comparison
-    from fedlap_privacy.fl.config import METHODS, fedlap_schedule
+    from fedlap_privacy.fl.config import METHODS
+    from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 
     targets = _floats(eps)
     counts = None if rounds is None else _round_counts(rounds)
@@ -84,11 +86,8 @@ def compare(
              "rounds": None if counts is None else counts[-1],
              "data_dir": None if data_dir is None else str(data_dir)}
     base = guarded(lambda: method_bases(flags, settings, chosen, schedule.value))
-    fedlap = base.get("fedlap-dp")
-    if fedlap is not None and not json_output:
-        chosen_schedule = fedlap_schedule(schedule.value, fedlap.to_dict())
-        console.print(chosen_schedule.describe(  # type: ignore[union-attr]
-            fedlap.batch_size, fedlap.accesses_per_round), highlight=False)
+    if SCHEDULED_METHOD in base and not json_output:
+        print_schedule(schedule.value, base[SCHEDULED_METHOD])
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None))
 

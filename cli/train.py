@@ -19,6 +19,7 @@ from fedlap_privacy.cli.common import (
     guarded,
     human_bytes,
     print_json,
+    print_schedule,
     privacy_sentence,
 )
 from fedlap_privacy.fl.config import METHODS
@@ -110,7 +111,7 @@ def train(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.config import fedlap_schedule, resolve_config
+    from fedlap_privacy.fl.config import resolve_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
 
@@ -127,9 +128,8 @@ def train(
     }
     cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
                                          settings, schedule=schedule.value))
-    chosen = fedlap_schedule(schedule.value, cfg.to_dict())
-    if chosen is not None and preset is None and not resume and not json_output:
-        console.print(chosen.describe(cfg.batch_size, cfg.accesses_per_round), highlight=False)
+    if preset is None and not resume and not json_output:
+        print_schedule(schedule.value, cfg)
 
     if download:
         from fedlap_privacy.data import load_dataset

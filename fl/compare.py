@@ -57,6 +57,7 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, resolve_config
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
 from fedlap_privacy.fl.run_files import load_run_config
+from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 from fedlap_privacy.jsonsafe import json_safe
 
 __all__ = [
@@ -144,10 +145,10 @@ def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequen
     (:func:`~fedlap_privacy.fl.config.resolve_config`): FedLAP-DP gets its ``schedule``
     (by default picked from the client size), and no other method gets its keys."""
     _check_methods(methods)
-    if schedule != "auto" and "fedlap-dp" not in methods:
+    if schedule != "auto" and SCHEDULED_METHOD not in methods:
         raise ConfigError(f"--schedule {schedule} is FedLAP-DP's, which --methods leaves out")
     return {m: resolve_config(None, {**flags, "method": m}, settings, plan_sigma_for_target=False,
-                              schedule=schedule if m == "fedlap-dp" else "auto")
+                              schedule=schedule if m == SCHEDULED_METHOD else "auto")
             for m in dict.fromkeys(methods)}
 
 

@@ -15,7 +15,12 @@ from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
-from fedlap_privacy.fl.schedule import SCHEDULES, ClientSchedule, choose_schedule
+from fedlap_privacy.fl.schedule import (
+    SCHEDULED_METHOD,
+    SCHEDULES,
+    ClientSchedule,
+    choose_schedule,
+)
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
 __all__ = [
@@ -346,7 +351,7 @@ def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | 
     must then leave at ``auto``."""
     default = TrainConfig()
     method = values.get("method", default.method)
-    if method != "fedlap-dp":
+    if method != SCHEDULED_METHOD:
         if requested != "auto":
             raise ConfigError(f"--schedule {requested}: schedules are FedLAP-DP's, not {method}'s")
         return None

@@ -6,12 +6,13 @@ Two schedules:
 * ``small`` — train's defaults, tuned on the 8x8 digits (about 290 records per client):
   B 64, T = 1 x 5 x 2 = 10 accesses per client-round, network learning rate 0.05, server
   momentum 0.5. A digits run of 10 rounds takes about a minute on 2 cores.
-* ``large`` — the authors' client schedule (the ``paper-dp`` preset's FedLAP knobs, Table 6
-  of the paper): B 256, T = 4 x 5 x 10 = 200, network learning rate 0.002, no server
-  momentum. On FashionMNIST it wins against DP-FedAvg after one round at epsilon 3 both
-  with 12,000 and with 1,600 records per client, where the small schedule loses by 18 to 24
-  points (README: "FashionMNIST by client size"). It costs about 20 times the small one
-  per round (about 10 CPU minutes per client-round at 28x28).
+* ``large`` — the authors' client schedule (the ``paper-dp`` preset's FedLAP knobs,
+  docs/algorithms.md#default-configurations): B 256, T = 4 x 5 x 10 = 200, network
+  learning rate 0.002, no server momentum. On FashionMNIST it wins against DP-FedAvg after
+  one round at epsilon 3 both with 12,000 (one seed) and with 1,600 records per client
+  (three seeds), where the small schedule loses by 18 to 24 points; after 3 rounds it still
+  trails (README: "FashionMNIST by client size"). It costs
+  about 20 times the small one per round (about 10 CPU minutes per client-round at 28x28).
 
 The rule (``auto``): ``large`` when the clients hold at least :data:`LARGE_MIN_RECORDS` =
 4 x 256 records on average, so that its batches are at most a quarter of a client (a
@@ -31,8 +32,8 @@ from typing import Any
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
-    "LARGE_MIN_RECORDS", "SCHEDULES", "SCHEDULE_CHOICES", "ClientSchedule", "choose_schedule",
-    "mean_client_records",
+    "LARGE_MIN_RECORDS", "SCHEDULED_METHOD", "SCHEDULES", "SCHEDULE_CHOICES", "ClientSchedule",
+    "choose_schedule", "mean_client_records",
 ]
 
 #: FedLAP's client knobs of each schedule: ``small`` is TrainConfig's defaults (nothing to
@@ -47,6 +48,8 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     ),
 }
 SCHEDULE_CHOICES = ("auto", *SCHEDULES)
+#: the one method that has a schedule
+SCHEDULED_METHOD = "fedlap-dp"
 #: the smallest mean client size that gets the large schedule: 4 of its batches
 LARGE_MIN_RECORDS = 4 * SCHEDULES["large"]["batch_size"]
 
