@@ -24,12 +24,15 @@ from fedlap_privacy.fl.schedule import (
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
 __all__ = [
-    "METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "config_value", "fedlap_schedule",
-    "field_types", "parse_overrides", "resolve_config", "typed_value",
+    "LR_SCHEDULES", "METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "config_value",
+    "fedlap_schedule", "field_types", "parse_overrides", "resolve_config", "typed_value",
 ]
 
 METHODS = tuple(METHOD_TABLE)
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
+#: FedLAP's rate over rounds (``fl.fedlap.cosine_lr``): the authors' cosine, which reaches its
+#: 1e-6 floor in the last round, or the cosine that stops one round short of zero
+LR_SCHEDULES = ("cosine", "cosine-open")
 
 
 @dataclass
@@ -87,12 +90,15 @@ class TrainConfig:
     server_epochs: int = 100
     server_batch: int = 512
     server_momentum: float = 0.5
+    lr_schedule: str = "cosine"  # "cosine" (the authors') or "cosine-open" (LR_SCHEDULES)
     dsa: bool = True
     # baselines and the other methods (docs/algorithms.md#other-methods)
     local_steps: int = 10  # ALI-DPFL: its first round's tau
     lr_local: float = 0.5
     prox_mu: float = 0.01  # FedProx, DP-FedProx
-    server_lr: float = 1.0  # SCAFFOLD, DP-NormFedAvg: global step on the averaged update
+    # the server's step: SCAFFOLD, DP-NormFedAvg: the global step on the averaged update;
+    # FedLAP: its server optimisation runs at server_lr times the round's rate
+    server_lr: float = 1.0
     tau_max: int = 100  # ALI-DPFL: upper clamp of tau
     ldp_epsilon: float | None = None  # LDP-FL: epsilon of each weight per round
     # threat model and randomness (docs/threat-model.md)
@@ -169,6 +175,8 @@ class TrainConfig:
             (self.split in SPLITS, f"split {self.split!r} must be one of {', '.join(SPLITS)}"),
             (self.radius_rule in RADIUS_RULES, f"radius rule {self.radius_rule!r} is unknown"),
             (self.init in ("noise", "real"), f"init {self.init!r} must be noise or real"),
+            (self.lr_schedule in LR_SCHEDULES,
+             f"lr schedule {self.lr_schedule!r} must be one of {', '.join(LR_SCHEDULES)}"),
             (self.clients >= 1, f"clients {self.clients} must be >= 1"),
             (self.client_records is None or self.client_records >= 1,
              f"client records {self.client_records} must be >= 1"),

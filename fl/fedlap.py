@@ -267,11 +267,21 @@ def server_optimisation(
     return steps
 
 
-def cosine_lr(lr0: float, round_: int, rounds: int) -> float:
-    """docs/algorithms.md#server-global-optimisation: max(lr0 (1 + cos(pi (m-1)/(M-1)))/2, 1e-6)."""
-    if rounds <= 1:
+def cosine_lr(lr0: float, round_: int, rounds: int, schedule: str = "cosine") -> float:
+    """The rate of round m of M (docs/algorithms.md#learning-rate), floored at 1e-6.
+
+    ``"cosine"`` (the authors'): lr0 (1 + cos(pi (m-1)/(M-1)))/2, which is lr0 in the first
+    round and the floor in the last. ``"cosine-open"``: lr0 (1 + cos(pi (m-1)/M))/2, torch's
+    ``CosineAnnealingLR`` with T_max = M stepped once per round, whose last round keeps
+    lr0 (1 - cos(pi/M))/2 (a quarter of lr0 at M = 3).
+    """
+    if schedule == "cosine-open":
+        span = rounds
+    elif rounds <= 1:
         return lr0
-    return max(lr0 * (1 + math.cos(math.pi * (round_ - 1) / (rounds - 1))) / 2, 1e-6)
+    else:
+        span = rounds - 1
+    return max(lr0 * (1 + math.cos(math.pi * (round_ - 1) / span)) / 2, 1e-6)
 
 
 def server_radius(cfg: TrainConfig, suggested: list[float | None]) -> float | None:
@@ -303,7 +313,7 @@ class FedLAP(Method):
             self.augment = DSA().draw
 
     def lr(self, round_: int) -> float:
-        return cosine_lr(self.cfg.lr_net, round_, self.cfg.rounds)
+        return cosine_lr(self.cfg.lr_net, round_, self.cfg.rounds, self.cfg.lr_schedule)
 
     def client(
         self, model: nn.Module, x: Tensor, y: Tensor, state: State, info: RoundInfo,
@@ -328,7 +338,7 @@ class FedLAP(Method):
         sets = [SyntheticSet(r.payload["images"], r.payload["labels"]) for r in replies]
         radius = server_radius(cfg, [r.stats.get("radius") for r in replies])
         steps = server_optimisation(
-            model, sets, weights_of(replies), radius, info.lr, cfg.server_epochs,
+            model, sets, weights_of(replies), radius, cfg.server_lr * info.lr, cfg.server_epochs,
             cfg.server_batch, generator, cfg.server_momentum, self.augment,
         )
         return {"server_steps": steps, "radius": radius}

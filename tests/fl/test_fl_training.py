@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import tiny
+from torch import Tensor
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
@@ -17,12 +18,14 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.fedavg import average_weights
 from fedlap_privacy.fl.fedlap import (
+    FedLAP,
     SyntheticSet,
     client_approximation,
     cosine_lr,
     init_synthetic,
     server_optimisation,
 )
+from fedlap_privacy.fl.methods import Reply, RoundInfo
 from fedlap_privacy.fl.simulation import (
     CHECKPOINT,
     METRICS,
@@ -125,6 +128,43 @@ def test_cosine_learning_rate():
     assert cosine_lr(0.1, 1, 10) == pytest.approx(0.1)
     assert cosine_lr(0.1, 10, 10) == pytest.approx(1e-6)
     assert cosine_lr(0.1, 1, 1) == 0.1
+
+
+def test_open_cosine_keeps_a_rate_in_the_last_round():
+    """lr0 (1 + cos(pi (m-1)/M))/2: 1, 3/4, 1/4 of lr0 at M = 3, where the authors' cosine
+    gives 1, 1/2 and the floor; torch's CosineAnnealingLR(T_max=M) is the oracle."""
+    assert [cosine_lr(0.1, m, 3, "cosine-open") for m in (1, 2, 3)] == pytest.approx(
+        [0.1, 0.075, 0.025])
+    assert [cosine_lr(0.1, m, 3) for m in (1, 2, 3)] == pytest.approx([0.1, 0.05, 1e-6])
+    assert cosine_lr(0.1, 1, 1, "cosine-open") == pytest.approx(0.1)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    for m in range(1, 11):
+        assert cosine_lr(0.1, m, 10, "cosine-open") == pytest.approx(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    with pytest.raises(ValueError, match="lr schedule 'linear'"):
+        tiny(lr_schedule="linear").validate()
+
+
+def test_fedlap_server_optimises_at_server_lr_times_the_round_rate():
+    """server_lr scales only the server's optimisation: factor 2 at rate 0.01 moves the
+    global model exactly as factor 1 at rate 0.02, and differently from factor 1 at 0.01."""
+    x, y = _data(40)
+    g = torch.Generator().manual_seed(3)
+    syn = init_synthetic(x, y, 3, "noise", g)
+    replies = [Reply({"images": syn.images, "labels": syn.labels}, 1, 40)]
+
+    def aggregated(server_lr: float, lr: float) -> Tensor:
+        cfg = tiny(method="fedlap-dp", server_lr=server_lr, dsa=False, radius=100.0)
+        model = _model()
+        FedLAP(cfg, torch.device("cpu")).aggregate(
+            model, replies, {}, RoundInfo(1, 2, lr), torch.Generator().manual_seed(0))
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    scaled = aggregated(2.0, 0.01)
+    assert torch.allclose(scaled, aggregated(1.0, 0.02), atol=1e-6)
+    assert not torch.allclose(scaled, aggregated(1.0, 0.01), atol=1e-4)
 
 
 def test_presets_carry_the_authors_values():
