@@ -11,17 +11,21 @@ One client round of FedLAP-DP (paper Algorithm 3; Wang et al., PoPETs 2024) spli
 
 each also as a ratio to a plain forward+backward of a 64-record batch of the same model.
 
-Three variants, each in its own process (the C allocator is process-wide), interleaved
-repeat by repeat so that they see the same machine load, with the same seeds:
+Four variants, each in its own process (the C allocator and the kernel choice are
+process-wide), interleaved repeat by repeat so that they see the same machine load, with
+the same seeds:
 
 * "before": the reference implementation kept verbatim in this file (the package's code
-  when this benchmark was written) with glibc's default allocator;
+  when this benchmark was written) with glibc's default allocator and torch's kernels
+  (``FEDLAP_KERNELS=off``: the ConvNet runs its modules, per-record gradients take the hook
+  path, as they did then);
 * "after": the package's :func:`client_approximation` and :func:`server_optimisation`
   (phases timed by wrapping ``fl.fedlap._real_gradient`` and ``fl.fedlap._model_steps``)
   with the allocator every ``fedlap-privacy`` command sets
-  (:mod:`fedlap_privacy.allocator`);
-* "after, system allocator": the package's code with glibc's defaults, which splits the
-  speed-up between the code and the allocator.
+  (:mod:`fedlap_privacy.allocator`) and the fused C kernels (:mod:`fedlap_privacy.kernels`);
+* "after, torch kernels": the same without the fused kernels;
+* "after, system allocator": the same with glibc's defaults (and the fused kernels); the
+  last two split the speed-up between the code, the kernels and the allocator.
 
 The script prints how far the before/after synthetic sets end apart (floating-point
 rounding, amplified by lr_img = 100 over the round).
@@ -71,6 +75,7 @@ from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.fedlap import SyntheticSet, init_synthetic, structurally_zero
 from fedlap_privacy.fl.simulation import client_parts, default_model_config
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
+from fedlap_privacy.kernels import KERNELS_ENV
 from fedlap_privacy.models import ModelConfig, build_model
 
 PHASES = ("dp gradients", "matching", "local steps", "server")
@@ -327,16 +332,17 @@ def run_round(s: Setup, which: str) -> tuple[dict[str, float], SyntheticSet]:
     return times, learned
 
 
-VARIANTS = {  # name: (code, C allocator)
-    "before": ("before", "system"),
-    "after": ("after", "tuned"),
-    "after, system allocator": ("after", "system"),
+VARIANTS = {  # name: (code, C allocator, FEDLAP_KERNELS)
+    "before": ("before", "system", "off"),
+    "after": ("after", "tuned", "require"),
+    "after, torch kernels": ("after", "tuned", "off"),
+    "after, system allocator": ("after", "system", "require"),
 }
 
 
 def child(args: argparse.Namespace) -> None:
     """One variant in this process: warm up, time one round, save the times and S_k."""
-    code, allocator = VARIANTS[args.child]
+    code, allocator, _ = VARIANTS[args.child]
     if allocator == "tuned":
         setting = tune_allocator({})
         if setting.state is not AllocatorState.TUNED:
@@ -362,6 +368,7 @@ def run_child(args: argparse.Namespace, config: str, variant: str, path: Path) -
     if args.full:
         cmd.append("--full")
     env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
+    env[KERNELS_ENV] = VARIANTS[variant][2]
     subprocess.run(cmd, check=True, env=env)
     return torch.load(path)
 
@@ -376,14 +383,14 @@ def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str
           f"{c.server_epochs}; threads {args.threads}, {args.clock} clock, load average "
           f"{os.getloadavg()[0]:.2f}, {args.repeats} repeat(s)")
     units = {v: statistics.median(r["unit"] for r in results[v]) for v in VARIANTS}
-    print(f"   plain forward+backward of 64 records: {units['before'] * 1e3:.1f} ms with the "
-          f"system allocator, {units['after'] * 1e3:.1f} ms tuned")
+    print("   plain forward+backward of 64 records: " + ", ".join(
+        f"{v} {units[v] * 1e3:.1f} ms" for v in VARIANTS))
     before, after = results["before"][-1]["images"], results["after"][-1]["images"]
     print(f"   synthetic sets before/after: max abs difference "
           f"{(before - after).abs().max().item():.2e} (of max |pixel| "
           f"{before.abs().max().item():.2e})")
     labels = list(VARIANTS)
-    print(f"   {'phase':14s} " + " ".join(f"{v:>24s}" for v in labels)
+    print(f"   {'phase':14s} " + " ".join(f"{v:>22s}" for v in labels)
           + f" {'speed-up':>9s} {'after/fb':>9s}")
     totals = dict.fromkeys(labels, 0.0)
     full = dict.fromkeys(labels, 0.0)
@@ -392,9 +399,9 @@ def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str
         for v in labels:
             totals[v] += med[v]
             full[v] += med[v] * s.scale[phase]
-        print(f"   {phase:14s} " + " ".join(f"{med[v]:24.2f}" for v in labels)
+        print(f"   {phase:14s} " + " ".join(f"{med[v]:22.2f}" for v in labels)
               + f" {med['before'] / med['after']:8.2f}x {med['after'] / units['after']:9.0f}")
-    print(f"   {'total':14s} " + " ".join(f"{totals[v]:24.2f}" for v in labels)
+    print(f"   {'total':14s} " + " ".join(f"{totals[v]:22.2f}" for v in labels)
           + f" {totals['before'] / totals['after']:8.2f}x")
     if any(v != 1.0 for v in s.scale.values()):
         print(f"   full {name} round (extrapolated from the measured fraction): "

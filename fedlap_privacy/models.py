@@ -5,6 +5,12 @@ AvgPool 2x2], then a linear classifier. GroupNorm (not BatchNorm) keeps per-reco
 well defined, which DP-SGD needs. For 28x28 inputs the first convolution pads by 3, so the
 feature maps are 32 -> 16 -> 8 -> 4 as for CIFAR-10 (317,706 parameters for 1x28x28,
 320,010 for 3x32x32). 8x8 inputs (scikit-learn digits) end at 1x1.
+
+On the CPU the GroupNorm -> ReLU -> AvgPool of every block runs as one fused kernel
+(:func:`fedlap_privacy.kernels.gn_relu_pool`, the same function up to floating-point
+rounding), unless something must see those modules run: a hook on them (Opacus'
+``GradSampleModule``, the hook path of :mod:`fedlap_privacy.per_sample`), a global module
+hook, TorchScript, tracing or export. Then the modules run one by one, as they are written.
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.nn.modules import module as _module
+
+from fedlap_privacy.kernels import fusable, gn_relu_pool
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,50 @@ class ConvNet(nn.Module):
         self.classifier = nn.Linear(channels * size * size, config.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            blocks = self.fused_blocks(x)
+            if blocks is not None:
+                for conv, norm in blocks:
+                    x = gn_relu_pool(conv(x), norm.weight, norm.bias, norm.eps)
+                return self.classifier(x.flatten(1))
         return self.classifier(self.features(x).flatten(1))
+
+    def fused_blocks(self, x: Tensor) -> list[tuple[nn.Conv2d, nn.GroupNorm]] | None:
+        """Each block's (conv, norm) when the forward may fuse norm, ReLU and pooling (module
+        docstring): the blocks are still [Conv2d, GroupNorm with one channel per group,
+        ReLU, AvgPool2d(2)], nothing hooks the modules the fused forward skips, and the
+        kernels take ``x``. None otherwise."""
+        if x.device.type != "cpu" or _global_hooks():
+            return None
+        layers = list(self.features)
+        if len(layers) % 4 or _hooked(self.features):
+            return None
+        blocks = []
+        for conv, norm, relu, pool in zip(*[iter(layers)] * 4, strict=True):
+            if not (type(conv) is nn.Conv2d and type(norm) is nn.GroupNorm
+                    and type(relu) is nn.ReLU and type(pool) is nn.AvgPool2d
+                    and norm.num_groups == norm.num_channels
+                    and _pool_2x2(pool)) or any(_hooked(m) for m in (norm, relu, pool)):
+                return None
+            blocks.append((conv, norm))
+        params = [p for _, norm in blocks for p in (norm.weight, norm.bias)]
+        return blocks if blocks and fusable(x, *params) else None
+
+
+def _hooked(m: nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or m._backward_pre_hooks)
+
+
+def _global_hooks() -> bool:
+    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks
+                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
+
+
+def _pool_2x2(pool: nn.AvgPool2d) -> bool:
+    return (pool.kernel_size in (2, (2, 2)) and pool.stride in (2, (2, 2))
+            and pool.padding in (0, (0, 0)) and not pool.ceil_mode
+            and pool.divisor_override is None)
 
 
 def build_model(config: ModelConfig | dict[str, int]) -> ConvNet:

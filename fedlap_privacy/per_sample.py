@@ -4,15 +4,23 @@ Shared by DP training (``fl.dp``: per-record gradients to clip) and the membersh
 audit (per-record losses and gradient norms). The loss of a record is the cross-entropy of
 that record alone, so the per-record gradient is ``grad_w CE(model(x_i), y_i)``.
 
-Two implementations, the same numbers up to rounding:
+Three implementations, the same numbers up to rounding:
 
-* ``"hooks"`` (default where it applies): one forward pass with the model's parameters
-  detached (``torch.func.functional_call``) and forward hooks that record each parametrised
-  layer's input and output; one backward pass for the gradients with respect to the layer
-  outputs only (no batch-summed weight gradients are computed); then the per-record
-  parameter gradients layer by layer — Conv2d through a weight-gradient convolution with the
-  batch folded into the groups (unfold + batched matmul on maps of at most 32 positions),
-  Linear through a batched matmul, GroupNorm through ``sum(grad_out * x_hat)``. Measured
+* ``"fused"`` (the default for the package's ConvNet on the CPU,
+  :func:`fedlap_privacy.models.ConvNet.fused_blocks`): the forward through the fused
+  GroupNorm -> ReLU -> pooling kernels (:mod:`fedlap_privacy.kernels`) and a backward
+  written out layer by layer without autograd: the per-record cross-entropy gradient
+  ``softmax - onehot``, the linear layer's outer products, each block's fused backward (which
+  also returns every record's GroupNorm weight and bias gradients, per plane) and the
+  per-record convolution weight gradients below. The hook path is its oracle in the tests.
+* ``"hooks"`` (the default for other models where it applies): one forward pass with the
+  model's parameters detached (``torch.func.functional_call``) and forward hooks that record
+  each parametrised layer's input and output; one backward pass for the gradients with
+  respect to the layer outputs only (no batch-summed weight gradients are computed); then the
+  per-record parameter gradients layer by layer — Conv2d through a weight-gradient
+  convolution with the batch folded into the groups (unfold + batched matmul on maps of at
+  most 32 positions), Linear through a batched matmul, GroupNorm through
+  ``sum(grad_out * x_hat)``. Measured
   faster than both ``torch.func.vmap(grad)`` and Opacus' ``GradSampleModule`` on the ConvNet
   (``benchmarks/dp_step.py``). Applies when every module that owns parameters is exactly a
   ``Conv2d`` (zero, numeric padding), ``Linear`` or ``GroupNorm`` and no parameter is shared;
@@ -23,8 +31,8 @@ Two implementations, the same numbers up to rounding:
   gradient differs visibly from a per-record backward loop (seen on 1 of 256 MNIST-sized
   records at ~1e-2 absolute). The hook path uses the same kernels as the loop.
 
-Both assume records do not interact in the forward pass (no BatchNorm in training mode),
-as per-record gradients (and DP-SGD) require. Neither leaves anything on the model: the
+All assume records do not interact in the forward pass (no BatchNorm in training mode),
+as per-record gradients (and DP-SGD) require. None leaves anything on the model: the
 hooks are removed in ``finally``, parameters are never written, the module mode is kept.
 """
 
@@ -39,8 +47,10 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.kernels import block_backward, block_forward
+from fedlap_privacy.models import ConvNet
 
-Method = Literal["auto", "hooks", "vmap"]
+Method = Literal["auto", "fused", "hooks", "vmap"]
 
 __all__ = [
     "hooks_supported",
@@ -181,6 +191,39 @@ def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
     return result
 
 
+def _fused_grads(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
+                 y: Tensor) -> dict[str, Tensor]:
+    """Per-record gradients of one chunk through the fused blocks (module docstring)."""
+    saved: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # block input, conv output, stats
+    with torch.no_grad():
+        h = x
+        for conv, norm in blocks:
+            z = conv(h)
+            out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
+            saved.append((h, z, mean, rstd))
+            h = out
+        flat = h.flatten(1)
+        logits = model.classifier(flat)
+        g = torch.softmax(logits, dim=1)  # d CE(logits_i, y_i) / d logits_i
+        g[torch.arange(len(y), device=g.device), y] -= 1
+        grads = {"classifier.weight": g.unsqueeze(2) * flat.unsqueeze(1),
+                 "classifier.bias": g}
+        gh = (g @ model.classifier.weight).view_as(h)
+        names = {module: name for name, module in model.named_modules()}
+        for i in reversed(range(len(blocks))):
+            conv, norm = blocks[i]
+            h_in, z, mean, rstd = saved[i]
+            gz, grads[f"{names[norm]}.weight"], grads[f"{names[norm]}.bias"] = block_backward(
+                z, gh, norm.weight, norm.bias, mean, rstd)
+            for pname, grad in _layer_grads(conv, h_in, gz).items():
+                grads[f"{names[conv]}.{pname}"] = grad
+            if i > 0:
+                gh = torch.ops.aten.convolution_backward(
+                    gz, h_in, conv.weight, None, list(conv.stride), list(conv.padding),
+                    list(conv.dilation), False, [0, 0], conv.groups, [True, False, False])[0]
+    return grads
+
+
 def _vmap_grads(
     model: nn.Module, x: Tensor, y: Tensor, chunk_size: int | None
 ) -> dict[str, Tensor]:
@@ -199,6 +242,27 @@ def _vmap_grads(
         return fn(params, x, y)
 
 
+def _chunked(
+    grads_of: Callable[[Tensor, Tensor], dict[str, Tensor]],
+    named: list[tuple[str, nn.Parameter]],
+    x: Tensor,
+    y: Tensor,
+    chunk_size: int | None,
+) -> list[Tensor]:
+    """``grads_of`` over chunks of ``chunk_size`` records, as one tensor per parameter."""
+    batch = x.shape[0]
+    step = batch if chunk_size is None else chunk_size
+    if step >= batch:
+        grads = grads_of(x, y)
+        return [grads[name] for name, _ in named]
+    out = [p.new_empty((batch, *p.shape)) for _, p in named]
+    for start in range(0, batch, step):
+        chunk = grads_of(x[start : start + step], y[start : start + step])
+        for dst, (name, _) in zip(out, named, strict=True):
+            dst[start : start + step] = chunk[name]
+    return out
+
+
 def per_sample_grads(
     model: nn.Module,
     x: Tensor,
@@ -213,33 +277,33 @@ def per_sample_grads(
     ``(B, *param.shape)`` with ``B = x.shape[0]`` (``B = 0`` gives empty tensors). Records are
     processed ``chunk_size`` at a time (all at once when ``None``) to bound memory. ``x`` and
     ``y`` must be on the parameters' device. ``method`` picks the implementation (module
-    docstring); ``"auto"`` takes ``"hooks"`` where :func:`hooks_supported` holds.
+    docstring); ``"auto"`` takes ``"fused"`` for the ConvNet where its kernels run, else
+    ``"hooks"`` where :func:`hooks_supported` holds, else ``"vmap"``.
     """
     if x.shape[0] != y.shape[0]:
         raise ConfigError(f"x has {x.shape[0]} records but y has {y.shape[0]} labels")
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
-    if method not in ("auto", "hooks", "vmap"):
+    if method not in ("auto", "fused", "hooks", "vmap"):
         raise ConfigError(f"unknown per-sample method {method!r}")
     named = list(model.named_parameters())
     batch = x.shape[0]
     if batch == 0:
         return [p.new_zeros((0, *p.shape)) for _, p in named]
+    blocks = model.fused_blocks(x) if isinstance(model, ConvNet) else None
+    if method == "fused" and blocks is None:
+        raise ConfigError("per_sample_grads(method='fused') needs the package's ConvNet on the "
+                          "CPU with the fused kernels built (fedlap_privacy.kernels)")
+    if blocks is not None and method in ("auto", "fused"):
+        return _chunked(lambda xc, yc: _fused_grads(model, blocks, xc, yc), named, x, y,
+                        chunk_size)
     use_hooks = method == "hooks" or (method == "auto" and hooks_supported(model))
     if method == "hooks" and not hooks_supported(model):
         raise ConfigError("per_sample_grads(method='hooks') does not support this model")
     if use_hooks:
-        step = batch if chunk_size is None else chunk_size
         try:
-            if step >= batch:
-                grads = _hook_grads(model, x, y)
-                return [grads[name] for name, _ in named]
-            out = [p.new_empty((batch, *p.shape)) for _, p in named]
-            for start in range(0, batch, step):
-                chunk = _hook_grads(model, x[start : start + step], y[start : start + step])
-                for dst, (name, _) in zip(out, named, strict=True):
-                    dst[start : start + step] = chunk[name]
-            return out
+            return _chunked(lambda xc, yc: _hook_grads(model, xc, yc), named, x, y,
+                            chunk_size)
         except _InPlaceModified:
             if method == "hooks":
                 raise ConfigError(

@@ -19,7 +19,9 @@ their first torch operation, or inherit ``FEDLAP_WORKERS=n`` from the process th
 them. The thread count changes speed only, never results beyond floating-point rounding.
 
 Entry points call :func:`apply_cpu_policy`, which also keeps freed tensor memory in the
-process (:mod:`fedlap_privacy.allocator`).
+process (:mod:`fedlap_privacy.allocator`) and builds or loads the fused C kernels
+(:mod:`fedlap_privacy.kernels`) before any data is read, so that a bad ``FEDLAP_KERNELS``
+is one line at start-up and the one-time build is not inside the first round.
 """
 
 from __future__ import annotations
@@ -137,13 +139,19 @@ def apply_thread_policy(requested: int | None = None, workers: int | None = None
 
 @dataclass(frozen=True)
 class CpuPolicy:
-    """What :func:`apply_cpu_policy` set: torch's intra-op threads and the C allocator."""
+    """What :func:`apply_cpu_policy` set: torch's intra-op threads, the C allocator, and
+    whether the fused C kernels are in use."""
 
     threads: int
     allocator: AllocatorSetting
+    fused_kernels: bool
 
 
 def apply_cpu_policy(requested: int | None = None, workers: int | None = None) -> CpuPolicy:
     """The process-wide CPU settings of every entry point (CLI commands, Flower nodes):
-    :func:`apply_thread_policy` and :func:`fedlap_privacy.allocator.tune_allocator`."""
-    return CpuPolicy(apply_thread_policy(requested, workers), tune_allocator())
+    :func:`apply_thread_policy`, :func:`fedlap_privacy.allocator.tune_allocator` and
+    :func:`fedlap_privacy.kernels.load_kernels`."""
+    from fedlap_privacy.kernels.build import load_kernels
+
+    return CpuPolicy(apply_thread_policy(requested, workers), tune_allocator(),
+                     load_kernels() is not None)

@@ -14,7 +14,8 @@ from fedlap_privacy.allocator import AllocatorState, tune_allocator
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # Minor page faults of the fourth forward+backward of the 28x28 ConvNet on 64 records (the
-# first three warm up): every fault is a page the allocator had unmapped and maps anew.
+# first three warm up): every fault is a page the allocator had unmapped and maps anew. The
+# ConvNet runs its modules (FEDLAP_KERNELS=off): the workload whose faults were measured.
 _FAULTS = """
 import resource, torch, torch.nn.functional as F
 from fedlap_privacy.allocator import tune_allocator
@@ -31,7 +32,8 @@ print(setting.state.value, faults)
 
 
 def _second_allocation_faults(allocator: str) -> tuple[str, int]:
-    env = {"FEDLAP_ALLOCATOR": allocator, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    env = {"FEDLAP_ALLOCATOR": allocator, "FEDLAP_KERNELS": "off", "OMP_NUM_THREADS": "1",
+           "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", _FAULTS], env=env, capture_output=True,
                          text=True, check=True).stdout.split()
     return out[0], int(out[1])

@@ -33,9 +33,11 @@ PACKAGE_DIR: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 TIMEOUT = 120
 
 
-def _run(args: list[str | Path], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str | Path], cwd: Path, extra_env: dict[str, str] | None = None,
+         **kw: object) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "PYTHONHOME"}}
     env.update(COLUMNS="200", NO_COLOR="1", PYTHONNOUSERSITE="1", PIP_NO_INPUT="1")
+    env.update(extra_env or {})
     proc = subprocess.run(
         [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
         timeout=TIMEOUT, check=False, **kw,
@@ -109,6 +111,7 @@ def test_wheel_contains_every_package_module_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "fedlap_privacy/py.typed" in names
     assert "fedlap_privacy/__main__.py" in names
+    assert "fedlap_privacy/kernels/gn_relu_pool.c" in names  # compiled on first use
     for package in PACKAGES:
         installed = package.replace(".", "/")
         source = _source_dir(package)
@@ -144,3 +147,11 @@ def test_installed_wheel_runs_the_cli(venv_python: Path, tmp_path: Path) -> None
     table = _run([script, "plan", "--eps", "10", "--delta", "1e-5"], cwd=tmp_path).stdout
     assert "sigma (planned)" in table
     assert f"{out['sigma']:.4f}" in table
+    # the fused kernels build from the installed source
+    code = ("import torch; from fedlap_privacy.kernels import load_kernels, gn_relu_pool, "
+            "reference_block as r; z = torch.randn(2, 3, 4, 4); w, b = torch.ones(3), "
+            "torch.zeros(3); print(load_kernels().path.parent, "
+            "float((gn_relu_pool(z, w, b, 1e-5) - r(z, w, b, 1e-5)).abs().max()))")
+    env = {"FEDLAP_KERNELS": "require", "FEDLAP_CACHE_DIR": str(tmp_path)}
+    where, err = _run([venv_python, "-c", code], cwd=tmp_path, extra_env=env).stdout.split()
+    assert Path(where) == tmp_path / "kernels" and float(err) < 1e-5

@@ -1,0 +1,30 @@
+"""Fused CPU kernels for the ConvNet (compiled once per machine, loaded with ctypes).
+
+:func:`gn_relu_pool` is the GroupNorm -> ReLU -> 2x2 average pooling block that follows
+every convolution of the FedLAP-DP ConvNet, differentiable to second order
+(:mod:`~fedlap_privacy.kernels.block`); :mod:`~fedlap_privacy.kernels.build` compiles and
+loads the C source (``FEDLAP_KERNELS=auto|off|require``). Importing this package imports
+torch; the package root does not import it.
+"""
+
+from fedlap_privacy.kernels.block import (
+    block_backward,
+    block_double_backward,
+    block_forward,
+    fusable,
+    gn_relu_pool,
+    reference_block,
+)
+from fedlap_privacy.kernels.build import KERNELS_ENV, kernel_mode, load_kernels
+
+__all__ = [
+    "KERNELS_ENV",
+    "block_backward",
+    "block_double_backward",
+    "block_forward",
+    "fusable",
+    "gn_relu_pool",
+    "kernel_mode",
+    "load_kernels",
+    "reference_block",
+]

@@ -1,0 +1,282 @@
+"""The fused GroupNorm -> ReLU -> 2x2 pooling kernels (fedlap_privacy.kernels).
+
+torch's own modules are the oracle: the forward, the backward and the backward of the
+backward (what gradient matching differentiates) agree with them up to rounding in float32
+and to 1e-12 in float64, where gradcheck and gradgradcheck also check them against finite
+differences. The ConvNet uses the kernels only where nothing must see its modules run
+(hooks, TorchScript, export), and its per-record gradients equal the hook path's. The build
+is cached per machine in a private directory, and a missing compiler falls back (or, with
+FEDLAP_KERNELS=require, fails with one line).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.kernels import (
+    KERNELS_ENV,
+    block_forward,
+    gn_relu_pool,
+    load_kernels,
+    reference_block,
+)
+from fedlap_privacy.kernels import build as kbuild
+from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.per_sample import per_sample_grads
+
+SHAPES = [(3, 4, 8, 8), (2, 3, 5, 7), (2, 2, 2, 2), (1, 5, 32, 32)]
+
+
+def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    c = shape[1]
+    z = (torch.randn(shape, generator=g, dtype=dtype) * 2 + 0.3).requires_grad_()
+    w = (torch.rand(c, generator=g, dtype=dtype) + 0.5).requires_grad_()
+    b = (torch.randn(c, generator=g, dtype=dtype) * 0.3).requires_grad_()
+    return z, w, b
+
+
+def _fused(z, w, b):
+    return gn_relu_pool(z, w, b, 1e-5)
+
+
+def _reference(z, w, b):
+    return reference_block(z, w, b, 1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests exercise the kernels: the fallback would make every comparison vacuous."""
+    if os.environ.get(KERNELS_ENV, "").strip().lower() == "off":
+        pytest.skip("FEDLAP_KERNELS=off")
+    monkeypatch.setenv(KERNELS_ENV, "require")
+
+
+def test_the_kernels_build_on_this_machine():
+    library = load_kernels()
+    assert library is not None and library.path.exists()
+    assert stat.S_IMODE(library.path.parent.stat().st_mode) & 0o077 == 0
+
+
+def test_the_reference_is_the_convnets_modules():
+    model = build_model(ModelConfig(1, 8, 10, width=4, depth=1))
+    z, w, b = _inputs((3, 4, 8, 8), torch.float32)
+    norm, relu, pool = model.features[1:4]
+    with torch.no_grad():
+        norm.weight.copy_(w)
+        norm.bias.copy_(b)
+    assert torch.equal(_reference(z, w, b), pool(relu(norm(z))))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_forward_and_backward_equal_torchs_kernels(shape, dtype):
+    z, w, b = _inputs(shape, dtype)
+    out, ref = _fused(z, w, b), _reference(z, w, b)
+    assert out.shape == ref.shape
+    tol = 2e-6 if dtype == torch.float32 else 1e-13
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    gp = torch.randn_like(ref)
+    got = torch.autograd.grad(out, [z, w, b], gp)
+    want = torch.autograd.grad(ref, [z, w, b], gp)
+    for g_got, g_want in zip(got, want, strict=True):
+        torch.testing.assert_close(g_got, g_want, atol=20 * tol, rtol=20 * tol)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 4), (2, 2, 5, 3)])
+def test_gradcheck_and_gradgradcheck_in_float64(shape):
+    z, w, b = _inputs(shape, torch.float64, seed=1)
+    assert torch.autograd.gradcheck(_fused, (z, w, b))
+    assert torch.autograd.gradgradcheck(_fused, (z, w, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_double_backward_equals_torchs(dtype):
+    """The matching step's pattern: gradients with create_graph, a loss on them, its
+    gradient with respect to the input and the normalisation weight."""
+    z, w, b = _inputs((4, 6, 8, 8), dtype, seed=2)
+    upstream = torch.randn(4, 6, 4, 4, dtype=dtype, generator=torch.Generator().manual_seed(3))
+    results = []
+    for block in (_fused, _reference):
+        out = block(z, w, b)
+        grads = torch.autograd.grad((torch.tanh(out) * upstream).sum(), [z, w, b],
+                                    create_graph=True)
+        loss = sum((g.sin() * g).sum() for g in grads)
+        results.append(torch.autograd.grad(loss, [z, w, b]))
+    tol = 1e-4 if dtype == torch.float32 else 1e-11
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+def test_a_third_derivative_is_refused():
+    z, w, b = _inputs((2, 2, 4, 4), torch.float64)
+    (gz,) = torch.autograd.grad(_fused(z, w, b).sum(), [z], create_graph=True)
+    (gzz,) = torch.autograd.grad((gz * gz).sum(), [z], create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gzz.sum().backward()
+
+
+def test_planes_split_over_threads_give_the_same_result():
+    z, w, b = _inputs((64, 32, 16, 16), torch.float32)  # above the per-thread threshold
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = block_forward(z, w, b, 1e-5)
+        torch.set_num_threads(3)
+        three = block_forward(z, w, b, 1e-5)
+    finally:
+        torch.set_num_threads(threads)
+    for a, c in zip(one, three, strict=True):
+        assert torch.equal(a, c)
+
+
+def test_convnet_fuses_and_equals_its_modules():
+    model = build_model(ModelConfig(1, 28, 10))
+    x = torch.randn(6, 1, 28, 28)
+    assert model.fused_blocks(x) is not None
+    fused = model(x)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KERNELS_ENV, "off")
+        assert model.fused_blocks(x) is None
+        unfused = model(x)
+    torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=1e-5)
+
+
+def test_a_hook_on_a_skipped_module_gets_the_modules_run():
+    """Opacus' GradSampleModule and the per-sample hook path hook the GroupNorm: the fused
+    forward would skip it, so the model runs its modules."""
+    model = build_model(ModelConfig(1, 8, 10, width=8, depth=2))
+    x = torch.randn(4, 1, 8, 8)
+    seen: list[tuple[int, ...]] = []
+    handle = model.features[1].register_forward_hook(lambda m, i, o: seen.append(o.shape))
+    try:
+        assert model.fused_blocks(x) is None
+        model(x)
+    finally:
+        handle.remove()
+    assert seen == [(4, 8, 8, 8)]
+    assert model.fused_blocks(x) is not None
+
+
+def test_torchscript_and_export_run_the_modules(tmp_path: Path):
+    model = build_model(ModelConfig(1, 8, 10, width=8, depth=2)).eval()
+    x = torch.randn(3, 1, 8, 8)
+    want = model(x)
+    scripted = torch.jit.script(model)
+    torch.testing.assert_close(scripted(x), want, atol=1e-5, rtol=1e-5)
+    program = torch.export.export(model, (x,))
+    torch.testing.assert_close(program.module()(x), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("config", [ModelConfig(1, 28, 10), ModelConfig(1, 8, 10, width=32,
+                                                                         depth=2)])
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_fused_per_sample_grads_equal_the_hook_path(config, chunk):
+    model = build_model(config)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(12, 1, config.image_size, config.image_size, generator=g)
+    y = torch.randint(0, 10, (12,), generator=g)
+    fused = per_sample_grads(model, x, y, chunk, method="fused")
+    hooks = per_sample_grads(model, x, y, chunk, method="hooks")
+    for (name, p), a, c in zip(model.named_parameters(), fused, hooks, strict=True):
+        assert a.shape == (12, *p.shape), name
+        # a conv bias before GroupNorm has a gradient of exactly 0: both are rounding noise
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-4, msg=name)
+    assert per_sample_grads(model, x, y)[0].data_ptr() != fused[0].data_ptr()
+
+
+def test_fused_per_sample_grads_need_the_convnet():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="fused"):
+        per_sample_grads(model, torch.randn(3, 1, 2, 2), torch.zeros(3, dtype=torch.int64),
+                         method="fused")
+
+
+def test_a_bad_mode_is_one_line(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(KERNELS_ENV, "fast")
+    with pytest.raises(ConfigError, match="FEDLAP_KERNELS must be one of auto, off, require"):
+        load_kernels()
+
+
+def test_without_a_compiler_auto_falls_back_and_require_refuses(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path / "cache"))
+    kbuild._load.cache_clear()
+    kbuild._warn_fallback.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match="could not be built: no C compiler"):
+            load_kernels()
+        monkeypatch.setenv(KERNELS_ENV, "auto")
+        with pytest.warns(RuntimeWarning, match="torch's kernels"):
+            assert load_kernels() is None
+        z, w, b = _inputs((2, 3, 4, 4), torch.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # warned once per process, not per call
+            torch.testing.assert_close(_fused(z, w, b), _reference(z, w, b))
+    finally:
+        kbuild._load.cache_clear()
+        kbuild._warn_fallback.cache_clear()
+
+
+def test_a_cache_directory_others_can_write_is_not_used(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    shared = tmp_path / "shared"
+    (shared / "kernels").mkdir(parents=True)
+    (shared / "kernels").chmod(0o777)
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(shared))
+    used = kbuild._cache_dir()
+    assert used != shared / "kernels"
+    assert stat.S_IMODE(used.stat().st_mode) & 0o077 == 0
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path / "mine"))
+    assert kbuild._cache_dir() == tmp_path / "mine" / "kernels"
+
+
+def test_the_build_is_cached_and_reused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path))
+    kbuild._load.cache_clear()
+    try:
+        first = load_kernels()
+        assert first is not None and first.path.parent == tmp_path / "kernels"
+        stamp = first.path.stat().st_mtime_ns
+        kbuild._load.cache_clear()
+        again = load_kernels()
+        assert again is not None and again.path == first.path
+        assert again.path.stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    finally:
+        kbuild._load.cache_clear()
+
+
+def test_matching_step_equals_the_modules_run():
+    """One FedLAP-DP matching step (second-order gradients through the whole ConvNet) with
+    the fused blocks and with the modules: the same image gradient up to rounding."""
+    from fedlap_privacy.fl.fedlap import structurally_zero
+    from fedlap_privacy.fl.matching import MatchTarget
+
+    model = build_model(ModelConfig(1, 28, 10))
+    g = torch.Generator().manual_seed(5)
+    images = torch.randn(20, 1, 28, 28, generator=g, requires_grad=True)
+    labels = torch.arange(2).repeat_interleave(10)
+    params = list(model.parameters())
+    include = [not zero for zero in structurally_zero(model)]
+    matched = [p for p, keep in zip(params, include, strict=True) if keep]
+    target = MatchTarget([torch.randn(p.shape, generator=g) for p in params], include=include)
+
+    def image_grad() -> torch.Tensor:
+        loss = F.cross_entropy(model(images), labels)
+        g_syn = torch.autograd.grad(loss, matched, create_graph=True)
+        return torch.autograd.grad(target.distance(g_syn), [images])[0]
+
+    fused = image_grad()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KERNELS_ENV, "off")
+        unfused = image_grad()
+    torch.testing.assert_close(fused, unfused, atol=1e-4 * unfused.abs().max().item(), rtol=0)
