@@ -249,7 +249,8 @@ def server_optimisation(
         [torch.full((len(s.labels),), w / len(s.labels), device=images.device)
          for s, w in zip(sets, weights, strict=True)]
     )
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                          fused=_fused_sgd(model))
     steps = 0
     for _ in range(epochs):
         order = torch.randperm(len(labels), generator=generator, device=generator.device)
@@ -265,6 +266,14 @@ def server_optimisation(
             if radius is not None and project_to_ball(model, anchor, radius):
                 return steps
     return steps
+
+
+def _fused_sgd(model: nn.Module) -> bool | None:
+    """torch's fused SGD kernel (the same update as the per-tensor loop, one call) where it
+    exists: floating-point parameters on the CPU or CUDA."""
+    params = list(model.parameters())
+    return True if params and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
+                                  for p in params) else None
 
 
 def cosine_lr(lr0: float, round_: int, rounds: int, schedule: str = "cosine") -> float:

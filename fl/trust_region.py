@@ -13,10 +13,10 @@ def clone_params(model: nn.Module) -> list[Tensor]:
 
 
 def distance(model: nn.Module, anchor: list[Tensor]) -> float:
-    """||w - w_anchor||_2 over all parameters flattened."""
+    """||w - w_anchor||_2 over all parameters flattened (the norm of the per-tensor norms)."""
     with torch.no_grad():
-        total = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True))
-    return float(torch.as_tensor(total).sqrt())
+        diffs = torch._foreach_sub([p.detach() for p in model.parameters()], anchor)
+        return float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(diffs))))
 
 
 def project_to_ball(model: nn.Module, anchor: list[Tensor], radius: float) -> bool:
