@@ -12,7 +12,7 @@ Two schedules:
   one round at epsilon 3 both with 12,000 (one seed) and with 1,600 records per client
   (three seeds), where the small schedule loses by 18 to 24 points; after 3 rounds it still
   trails (README: "FashionMNIST by client size"). It costs
-  about 20 times the small one per round (about 10 CPU minutes per client-round at 28x28).
+  about 20 times the small one per round (about 5 CPU minutes per client-round at 28x28).
 
 The rule (``auto``): ``large`` when the clients hold at least :data:`LARGE_MIN_RECORDS` =
 4 x 256 records on average, so that its batches are at most a quarter of a client (a
