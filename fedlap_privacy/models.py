@@ -101,8 +101,10 @@ def _hooked(m: nn.Module) -> bool:
 
 
 def _global_hooks() -> bool:
-    return bool(_module._global_forward_hooks or _module._global_forward_pre_hooks
-                or _module._global_backward_hooks or _module._global_backward_pre_hooks)
+    """Hooks registered for every module (``torch.nn.modules.module.register_module_*``)."""
+    return any(getattr(_module, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks"))
 
 
 def _pool_2x2(pool: nn.AvgPool2d) -> bool:

@@ -314,3 +314,17 @@ def test_a_whole_client_round_in_float64_equals_the_modules_run():
         mp.setenv(KERNELS_ENV, "off")
         unfused = images()
     assert (fused - unfused).abs().max().item() < 1e-10
+
+
+def test_a_global_module_hook_gets_the_modules_run():
+    model = build_model(ModelConfig(1, 8, 10, width=8, depth=2))
+    x = torch.randn(2, 1, 8, 8)
+    seen: list[str] = []
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: seen.append(type(m).__name__))
+    try:
+        assert model.fused_blocks(x) is None
+        model(x)
+    finally:
+        handle.remove()
+    assert seen.count("GroupNorm") == 2 and seen.count("AvgPool2d") == 2
