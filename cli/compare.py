@@ -73,7 +73,12 @@ def compare(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.compare import check_overrides, method_bases, plan_jobs, run_comparison
+    from fedlap_privacy.fl.compare import (
+        bases_by_rounds,
+        check_overrides,
+        plan_jobs,
+        run_comparison,
+    )
     from fedlap_privacy.fl.config import METHODS
     from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 
@@ -85,11 +90,15 @@ def compare(
     flags = {"dataset": dataset, "delta": delta, "seed": seed,
              "rounds": None if counts is None else counts[-1],
              "data_dir": None if data_dir is None else str(data_dir)}
-    base = guarded(lambda: method_bases(flags, settings, chosen, schedule.value))
+    # a base per round count: FedLAP-DP's schedule depends on it
+    by_rounds = guarded(lambda: bases_by_rounds(flags, settings, chosen, schedule.value,
+                                                counts if several else [flags["rounds"]]))
+    base = list(by_rounds.values())[-1]
     if SCHEDULED_METHOD in base and not json_output:
-        print_schedule(schedule.value, base[SCHEDULED_METHOD])
+        print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
     # one count: base.rounds (after --set), exactly as a single --rounds always did
-    jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None))
+    jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None,
+                                     by_rounds))
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

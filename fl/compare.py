@@ -64,6 +64,7 @@ __all__ = [
     "COMPARISON",
     "Job",
     "RoundsResult",
+    "bases_by_rounds",
     "budget_config",
     "check_overrides",
     "method_bases",
@@ -152,6 +153,16 @@ def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequen
             for m in dict.fromkeys(methods)}
 
 
+def bases_by_rounds(
+    flags: dict[str, Any], settings: Sequence[str], methods: Sequence[str], schedule: str,
+    counts: Sequence[int | None],
+) -> dict[int | None, dict[str, TrainConfig]]:
+    """:func:`method_bases` for each round count in ``counts`` (``flags["rounds"]`` = it;
+    None: the default or ``--set rounds``), so a schedule key that depends on the run's
+    length (the large schedule's ``reinits``) is the one ``train --rounds R`` would use."""
+    return {r: method_bases({**flags, "rounds": r}, settings, methods, schedule) for r in counts}
+
+
 def _check_methods(methods: Sequence[str]) -> None:
     unknown = [m for m in methods if m not in METHOD_TABLE]
     if unknown:
@@ -212,12 +223,15 @@ def plan_jobs(
     methods: list[str] | tuple[str, ...] = METHODS,
     seeds: int = 1,
     rounds: Sequence[int] | None = None,
+    by_rounds: Mapping[int | None, Bases] | None = None,
 ) -> list[Job]:
     """Every run, ordered by method, target epsilon, round count and seed; checks the request.
 
     ``base``: one configuration, or one per method (:func:`method_bases`). ``rounds``: the
-    round counts (None: the base's ``rounds`` alone). Each job's configuration has
-    ``rounds = R`` and its budget planned for R rounds by :func:`budget_config`.
+    round counts (None: the base's ``rounds`` alone). ``by_rounds``: the base resolved for
+    a round count (:func:`bases_by_rounds`; FedLAP-DP's schedule depends on it), used for
+    the counts it holds. Each job's configuration has ``rounds = R`` and its budget planned
+    for R rounds by :func:`budget_config`.
     """
     _check_methods(methods)
     if not eps_values or any(not (math.isfinite(e) and e > 0) for e in eps_values):
@@ -230,8 +244,9 @@ def plan_jobs(
         counts = round_counts([own.rounds] if rounds is None else list(rounds))
         for eps in [None] if METHOD_TABLE[method].budget == Budget.NONE else eps_values:
             for r in counts:
+                at_r = _base_for(by_rounds[r], method) if by_rounds and r in by_rounds else own
                 for seed in range(own.seed, own.seed + seeds):
-                    cfg = budget_config(dataclasses.replace(own, seed=seed, rounds=r), method, eps)
+                    cfg = budget_config(dataclasses.replace(at_r, seed=seed, rounds=r), method, eps)
                     jobs.append(Job(method, eps, r, seed, cfg))
     return jobs
 

@@ -16,8 +16,8 @@ from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
 from fedlap_privacy.fl.schedule import (
+    AUTHORS_DP,
     SCHEDULED_METHOD,
-    SCHEDULES,
     ClientSchedule,
     choose_schedule,
 )
@@ -344,7 +344,7 @@ def resolve_config(
     values = {**(PRESETS[preset] if preset else {}), **given}
     chosen = fedlap_schedule(schedule, values)
     if chosen is not None:
-        values = {**chosen.values, **values}
+        values = {**chosen.values(values.get("rounds", TrainConfig.rounds)), **values}
     if plan_sigma_for_target and given.get("target_eps") is not None and "sigma" not in given:
         from fedlap_privacy.fl.method_table import Budget
 
@@ -372,7 +372,7 @@ def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | 
 #: the authors' configurations, DP run / non-private (docs/algorithms.md#default-configurations)
 PRESETS: dict[str, dict[str, Any]] = {
     "paper-dp": dict(
-        method="fedlap-dp", rounds=30, **SCHEDULES["large"], sigma=1.0, clip=1.0, delta=1e-5,
+        method="fedlap-dp", rounds=30, **AUTHORS_DP, sigma=1.0, clip=1.0, delta=1e-5,
         clients=5, client_fraction=1.0, local_steps=200, lr_local=0.1,
     ),
     "paper": dict(

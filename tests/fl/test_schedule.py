@@ -1,9 +1,11 @@
 """FedLAP-DP's client schedule by client size (fl/schedule.py).
 
-The rule picks the authors' schedule (B 256, T = 200) when clients hold at least 1,024
-records on average, train's cheap defaults below; a key the user sets always wins, the
-preset's values are the large schedule's, no other method gets the schedule's keys, and the
-decision needs no data (so compare and the Flower run config carry explicit values).
+The rule picks the authors' client schedule with their 4 re-initialisations spread over the
+run (B 256, T = 200 in one round, 50 from three rounds on) and a tuned server rate when
+clients hold at least 1,024 records on average, train's cheap defaults below; a key the user
+sets always wins, the preset keeps the authors' values (T = 200, their server rate), no
+other method gets the schedule's keys, and the decision needs no data (so compare and the
+Flower run config carry explicit values).
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from typer.testing import CliRunner
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import TRAIN_RECORDS, load_dataset
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.compare import method_bases, plan_jobs
+from fedlap_privacy.fl.compare import bases_by_rounds, method_bases, plan_jobs
 from fedlap_privacy.fl.config import PRESETS, TrainConfig, fedlap_schedule, resolve_config
-from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULES
+from fedlap_privacy.fl.schedule import AUTHORS_DP, LARGE_MIN_RECORDS, SCHEDULES, large_reinits
 
-SMALL_T, LARGE_T = 1 * 5 * 2, 4 * 5 * 10
+SMALL_T, LARGE_T, AUTHORS_T = 1 * 5 * 2, 1 * 5 * 10, 4 * 5 * 10
 
 
 def test_digits_keeps_the_cheap_defaults():
@@ -53,8 +55,10 @@ def test_the_rule_follows_the_mean_client_size(settings, name, records):
 
 
 def test_keys_the_user_sets_win_over_the_schedule():
-    cfg = resolve_config(None, {"dataset": "mnist", "batch_size": 128}, ["real_batches=1"])
-    assert (cfg.batch_size, cfg.real_batches, cfg.reinits, cfg.lr_net) == (128, 1, 4, 0.002)
+    cfg = resolve_config(None, {"dataset": "mnist", "batch_size": 128},
+                         ["real_batches=1", "server_lr=2"])
+    assert (cfg.batch_size, cfg.real_batches, cfg.server_lr) == (128, 1, 2.0)
+    assert (cfg.reinits, cfg.lr_net, cfg.lr_schedule) == (1, 0.002, "cosine-open")
 
 
 def test_a_named_schedule_overrides_the_rule():
@@ -66,11 +70,18 @@ def test_a_named_schedule_overrides_the_rule():
         resolve_config(None, {}, [], schedule="huge")
 
 
-def test_the_preset_is_the_large_schedule_and_wins():
-    assert SCHEDULES["large"].items() <= PRESETS["paper-dp"].items()
-    for schedule in ("auto", "small"):
-        cfg = resolve_config("paper-dp", {}, [], schedule=schedule)
-        assert (cfg.batch_size, cfg.accesses_per_round, cfg.rounds) == (256, LARGE_T, 30)
+def test_the_preset_keeps_the_authors_values_and_wins():
+    assert AUTHORS_DP.items() <= PRESETS["paper-dp"].items()
+    # the large schedule is the authors' with the server's rate tuned (and reinits by rounds)
+    differs = {k for k in AUTHORS_DP if SCHEDULES["large"][k] != AUTHORS_DP[k]}
+    assert differs == {"server_lr", "lr_schedule"}
+    for schedule in ("auto", "small", "large"):
+        cfg = resolve_config("paper-dp", {"dataset": "fashion-mnist"}, [], schedule=schedule)
+        assert (cfg.batch_size, cfg.accesses_per_round, cfg.rounds) == (256, AUTHORS_T, 30)
+        assert (cfg.server_lr, cfg.lr_schedule) == (1.0, "cosine")
+    tuned = resolve_config(None, {"dataset": "fashion-mnist"}, [])
+    assert (tuned.accesses_per_round, tuned.server_lr, tuned.lr_schedule) == (
+        LARGE_T, 10.0, "cosine-open")
 
 
 def test_other_methods_never_get_the_schedule():
@@ -86,9 +97,35 @@ def test_compare_gives_the_schedule_to_fedlap_dp_only():
     bases = method_bases(flags, [], ["fedlap-dp", "dp-fedavg"])
     jobs = plan_jobs(bases, [3.0], ["fedlap-dp", "dp-fedavg"])
     sizes = {j.method: (j.config.batch_size, j.config.accesses_per_round) for j in jobs}
-    assert sizes == {"fedlap-dp": (256, LARGE_T), "dp-fedavg": (64, 10)}
+    assert sizes == {"fedlap-dp": (256, AUTHORS_T), "dp-fedavg": (64, 10)}  # one round
     with pytest.raises(ConfigError, match="--methods leaves out"):
         method_bases(flags, [], ["dp-fedavg"], "large")
+
+
+@pytest.mark.parametrize(("rounds", "reinits"), [(1, 4), (2, 2), (3, 1), (4, 1), (30, 1)])
+def test_the_large_schedule_spreads_the_authors_reinitialisations_over_the_run(rounds, reinits):
+    """R_i = max(1, 4 // rounds): T = 200 in one round, 100 in two, 50 from three on."""
+    assert large_reinits(rounds) == reinits
+    cfg = resolve_config(None, {"dataset": "fashion-mnist", "rounds": rounds}, [])
+    assert (cfg.reinits, cfg.accesses_per_round) == (reinits, reinits * 5 * 10)
+    mine = resolve_config(None, {"dataset": "fashion-mnist", "rounds": rounds}, ["reinits=3"])
+    assert mine.reinits == 3
+
+
+def test_compare_resolves_the_schedule_for_each_round_count():
+    """compare --rounds 1,2,10 gives each count the T that train --rounds R would use; a
+    reinits the user sets wins in every count, and the other methods never change."""
+    flags = {"dataset": "fashion-mnist", "rounds": 10}
+    methods = ["fedlap-dp", "dp-fedavg"]
+    for settings, expected in (([], {1: 200, 2: 100, 10: 50}),
+                               (["reinits=2"], {1: 100, 2: 100, 10: 100})):
+        by_rounds = bases_by_rounds(flags, settings, methods, "auto", [1, 2, 10])
+        jobs = plan_jobs(by_rounds[10], [3.0], methods, 1, [1, 2, 10], by_rounds)
+        got = {j.rounds: j.config.accesses_per_round for j in jobs if j.method == "fedlap-dp"}
+        assert got == expected
+        assert {j.config.local_steps for j in jobs if j.method == "dp-fedavg"} == {10}
+        assert [(j.method, j.rounds) for j in jobs] == [
+            (m, r) for m in methods for r in (1, 2, 10)]
 
 
 @pytest.mark.parametrize("args", [
