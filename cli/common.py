@@ -40,11 +40,13 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
     chosen = fedlap_schedule(requested, cfgs[-1].to_dict())
     if chosen is None:
         return
-    accesses = list(dict.fromkeys(c.accesses_per_round for c in cfgs))
-    per_count = "" if len(accesses) == 1 else (
-        f" for {' / '.join(str(c.rounds) for c in cfgs)} rounds")
-    t = " / ".join(str(c.accesses_per_round) for c in cfgs) if per_count else str(accesses[0])
-    console.print(chosen.describe(cfgs[-1].batch_size, t + per_count), highlight=False)
+    accesses = [c.accesses_per_round for c in cfgs]
+    t = " / ".join(map(str, accesses))
+    if len(set(accesses)) == 1:
+        t = str(accesses[0])
+    else:
+        t += f" for {' / '.join(str(c.rounds) for c in cfgs)} rounds"
+    console.print(chosen.describe(cfgs[-1].batch_size, t), highlight=False)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -128,6 +128,17 @@ def test_compare_resolves_the_schedule_for_each_round_count():
             (m, r) for m in methods for r in (1, 2, 10)]
 
 
+def test_the_schedule_line_gives_t_per_round_count(capsys):
+    from fedlap_privacy.cli.common import print_schedule
+
+    cfgs = [resolve_config(None, {"dataset": "fashion-mnist", "rounds": r}, []) for r in (1, 3)]
+    print_schedule("auto", *cfgs)
+    print_schedule("auto", cfgs[1])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "B 256, T = 200 / 50 for 1 / 3 rounds" in printed
+    assert "B 256, T = 50)" in printed
+
+
 @pytest.mark.parametrize("args", [
     ["train", "--method", "dp-fedavg", "--schedule", "large"],
     ["train", "--schedule", "medium"],
