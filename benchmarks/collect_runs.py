@@ -1,0 +1,57 @@
+"""Gather finished training runs under a folder into one JSON file (the README's tables).
+
+Every folder below ``ROOT`` that holds a run (``metrics.jsonl`` and its private state)
+becomes one record: its path relative to ``ROOT``, the settings that tell runs apart
+(method, rounds, seed, sigma, batch size, T, the FedLAP server rate, DP-FedAvg's local
+steps and rate) and, after each round, the test and validation accuracy and epsilon spent.
+Unfinished runs (fewer rounds in the metrics than planned) are marked as such.
+
+    python benchmarks/collect_runs.py ROOT --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fedlap_privacy.fl.run_files import load_run_config
+
+SETTINGS = ("method", "rounds", "seed", "sigma", "batch_size", "accesses_per_round",
+            "server_lr", "lr_schedule", "local_steps", "lr_local", "client_records",
+            "validation_records")
+
+
+def collect(root: Path) -> list[dict]:
+    records = []
+    for metrics in sorted(root.rglob("metrics.jsonl")):
+        run = metrics.parent
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        cfg = load_run_config(run)
+        records.append({
+            "run": str(run.relative_to(root)),
+            **{key: getattr(cfg, key) for key in SETTINGS},
+            "finished": len(rows) >= cfg.rounds,
+            "test_accuracy": [r["test_accuracy"] for r in rows],
+            "validation_accuracy": [r.get("validation_accuracy") for r in rows],
+            "epsilon": [r["epsilon"] for r in rows],
+            "seconds": [r["seconds"] for r in rows],
+        })
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    records = collect(args.root)
+    args.json.write_text(json.dumps(records, indent=1) + "\n")
+    for r in records:
+        last = r["test_accuracy"][-1] if r["test_accuracy"] else float("nan")
+        print(f"{r['run']:60s} {len(r['test_accuracy'])}/{r['rounds']} rounds  "
+              f"test {100 * last:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
