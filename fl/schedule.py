@@ -17,8 +17,8 @@ Two schedules:
     with T = 50);
   - the server optimisation at ``server_lr`` = 10 times the round's rate, on a cosine that
     stays open in the last round (``cosine-open``): at the authors' rate (0.002) the server's
-    100 epochs end at a quarter of the trust region's radius, and their cosine is zero in
-    a run's last round, so that round's synthetic sets are never trained on.
+    100 epochs end at a quarter of the trust region's radius, and their cosine is at its
+    floor (1e-6) in a run's last round, so that round's synthetic sets are never trained on.
 
   Both were chosen on a validation split of FashionMNIST at 1,600 records per client
   (training records no client holds; README "FashionMNIST by client size").
