@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedlap_privacy.fl.run_files import load_run_config
+from fedlap_privacy.fl.run_files import METRICS, load_history, load_run_config
 
 SETTINGS = ("method", "rounds", "seed", "sigma", "batch_size", "accesses_per_round",
             "server_lr", "lr_schedule", "local_steps", "lr_local", "client_records",
@@ -24,9 +24,9 @@ SETTINGS = ("method", "rounds", "seed", "sigma", "batch_size", "accesses_per_rou
 
 def collect(root: Path) -> list[dict]:
     records = []
-    for metrics in sorted(root.rglob("metrics.jsonl")):
+    for metrics in sorted(root.rglob(METRICS)):
         run = metrics.parent
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        rows = load_history(run)
         cfg = load_run_config(run)
         records.append({
             "run": str(run.relative_to(root)),

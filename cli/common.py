@@ -41,11 +41,8 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
     if chosen is None:
         return
     accesses = [c.accesses_per_round for c in cfgs]
-    t = " / ".join(map(str, accesses))
-    if len(set(accesses)) == 1:
-        t = str(accesses[0])
-    else:
-        t += f" for {' / '.join(str(c.rounds) for c in cfgs)} rounds"
+    t = str(accesses[0]) if len(set(accesses)) == 1 else (
+        f"{' / '.join(map(str, accesses))} for {' / '.join(str(c.rounds) for c in cfgs)} rounds")
     console.print(chosen.describe(cfgs[-1].batch_size, t), highlight=False)
 
 

@@ -56,7 +56,7 @@ from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, resolve_config
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
-from fedlap_privacy.fl.run_files import load_run_config
+from fedlap_privacy.fl.run_files import load_history, load_run_config
 from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 from fedlap_privacy.jsonsafe import json_safe
 
@@ -341,7 +341,7 @@ def run_comparison(
         started = time.perf_counter()
         run_dir = _run_dir(out, job, len(counts) > 1)
         summary = _train_or_resume(job.config, run_dir, device)
-        history = _history(run_dir)
+        history = load_history(run_dir)
         run = {
             "seed": seed,
             "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
@@ -432,15 +432,6 @@ def plot_rounds(report: dict[str, Any], path: Path) -> Path:
     write_figure(fig, path)
     plt.close(fig)
     return path
-
-
-def _history(run_dir: Path) -> list[dict[str, Any]]:
-    from fedlap_privacy.fl.simulation import METRICS
-
-    path = run_dir / METRICS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def plot_comparison(report: dict[str, Any], path: Path) -> Path:

@@ -21,6 +21,7 @@ a symbolic link or a folder that already holds a run.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from fedlap_privacy.run_state import PrivateRunState
 
 __all__ = [
     "CHECKPOINT", "METRICS", "PENDING", "PRIVATE", "PRIVATE_FORMAT", "RUN_FILES",
-    "check_new_run_dir", "load_private", "load_run_config", "public_config",
+    "check_new_run_dir", "load_history", "load_private", "load_run_config", "public_config",
 ]
 
 METRICS = "metrics.jsonl"
@@ -72,3 +73,11 @@ def load_private(out: Path) -> PrivateRunState:
 def load_run_config(out: Path) -> TrainConfig:
     """The full configuration of the run in ``out`` (from its private state)."""
     return TrainConfig.from_dict(load_private(out).config)
+
+
+def load_history(out: Path) -> list[dict[str, Any]]:
+    """The per-round records of the run in ``out`` (``metrics.jsonl``; empty before round 1)."""
+    path = out / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

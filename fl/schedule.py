@@ -95,9 +95,9 @@ class ClientSchedule:
 
 def large_reinits(rounds: int) -> int:
     """R_i of the large schedule: the authors' 4 re-initialisations spread over a run of
-    ``rounds`` rounds, at least one per round (a count below 1 gets 1 and is refused later
-    by the configuration's validation)."""
-    return max(1, AUTHORS_DP["reinits"] // rounds) if rounds >= 1 else 1
+    ``rounds`` rounds, at least one per round (a count below 1 is refused later by the
+    configuration's validation)."""
+    return max(1, AUTHORS_DP["reinits"] // max(rounds, 1))
 
 
 def mean_client_records(dataset: str, clients: int, client_records: int | None = None,

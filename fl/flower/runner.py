@@ -26,7 +26,7 @@ from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.processes import stop
 from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
 from fedlap_privacy.fl.flower.server_app import STATUS
-from fedlap_privacy.fl.run_files import METRICS, check_new_run_dir, load_run_config
+from fedlap_privacy.fl.run_files import check_new_run_dir, load_history, load_run_config
 from fedlap_privacy.fl.simulation import Callback
 
 __all__ = ["FlowerResult", "run_flower", "run_on"]
@@ -38,13 +38,6 @@ class FlowerResult:
 
     summary: dict[str, Any]
     history: list[dict[str, Any]]
-
-
-def _read_history(out: Path) -> list[dict[str, Any]]:
-    path = out / METRICS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
@@ -87,21 +80,21 @@ def run_on(
     if resume_run:
         run_config["rounds"] = 0 if rounds is None else int(rounds)
     app = write_app(deployment.workdir / "app", cfg)
-    seen = len(_read_history(out)) if resume_run else 0
+    seen = len(load_history(out)) if resume_run else 0
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": seen + 1})
     runner = deployment.flwr_run(app, run_config)
     try:
         while runner.poll() is None:
             if on_poll is not None:
                 on_poll(deployment)
-            history = _read_history(out)
+            history = load_history(out)
             for metrics in history[seen:]:
                 callback("round_end", metrics)
             seen = max(seen, len(history))
             time.sleep(0.5)
     finally:
         stop(runner)
-    for metrics in _read_history(out)[seen:]:
+    for metrics in load_history(out)[seen:]:
         callback("round_end", metrics)
     status_path = out / STATUS
     if not status_path.exists():
@@ -112,7 +105,7 @@ def run_on(
     status = json.loads(status_path.read_text())
     if status["status"] != "completed":
         raise FlowerError(status["error"])
-    return FlowerResult(status["summary"], _read_history(out))
+    return FlowerResult(status["summary"], load_history(out))
 
 
 def run_flower(
