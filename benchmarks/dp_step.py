@@ -2,7 +2,8 @@
 (docs/accounting.md#sampled-gaussian-mechanism).
 
 (a) ours: :func:`fedlap_privacy.fl.dp.dp_gradient` (per-record gradients from
-    :mod:`fedlap_privacy.per_sample`); also its two per-sample methods, ``hooks`` and ``vmap``;
+    :mod:`fedlap_privacy.per_sample`, clipped and summed ``DP_CHUNK`` records at a time);
+    also the whole batch as one chunk, and its two per-sample methods, ``hooks`` and ``vmap``;
 (b) Opacus ``GradSampleModule`` (per-record gradients through its hooks), then the same
     :func:`~fedlap_privacy.fl.dp.clip_and_noise`;
 (c) a naive loop: one forward/backward per record, then the same clipping.
@@ -95,6 +96,7 @@ def main() -> None:
 
     candidates: dict[str, Callable[[float], list[Tensor]]] = {
         "ours (dp_gradient)": lambda s: dp_gradient(model, x, y, CLIP, s, b, gen),
+        "ours, one chunk": lambda s: dp_gradient(model, x, y, CLIP, s, b, gen, chunk_size=None),
         "ours, method=hooks": ours_with("hooks"),
         "ours, method=vmap": ours_with("vmap"),
         "opacus GradSampleModule": lambda s: opacus_step(gsm, x, y, s, b, gen),

@@ -48,9 +48,9 @@ def _white_box_bound(seed: int) -> tuple[float, str]:
 
 
 def _noise_scaled(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
-    real = dp.clip_and_noise
-    monkeypatch.setattr(dp, "clip_and_noise",
-                        lambda ps, c, sigma, b, gen: real(ps, c, sigma * factor, b, gen))
+    real = dp.release
+    monkeypatch.setattr(dp, "release",
+                        lambda total, c, sigma, b, gen: real(total, c, sigma * factor, b, gen))
 
 
 FAULTS = {

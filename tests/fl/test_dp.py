@@ -191,10 +191,13 @@ def test_dp_gradient_reproducible_and_matches_naive(small: nn.Module) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
     exact = dp_gradient(small, x, y, 0.1, 0.0, 8.0, None)
     _assert_lists_close(exact, clip_and_noise(_naive(small, x, y), 0.1, 0.0, 8.0, None))
-    chunked = dp_gradient(
-        small, x, y, 0.1, 1.0, 8.0, torch.Generator().manual_seed(5), chunk_size=3
-    )
-    _assert_lists_close(chunked, first)
+    # chunks change the memory held and the order of the additions only: each record is
+    # still clipped on its own (clip 0.1 clips every record here), the noise drawn once
+    for chunk in (1, 3, None):
+        chunked = dp_gradient(
+            small, x, y, 0.1, 1.0, 8.0, torch.Generator().manual_seed(5), chunk_size=chunk
+        )
+        _assert_lists_close(chunked, first)
 
 
 def test_invalid_arguments(small: nn.Module) -> None:
@@ -202,6 +205,8 @@ def test_invalid_arguments(small: nn.Module) -> None:
     for clip, sigma, b in [(0.0, 1.0, 1.0), (1.0, -1.0, 1.0), (1.0, 1.0, 0.0)]:
         with pytest.raises(ConfigError):
             dp_gradient(small, x, y, clip, sigma, b, None)
+    with pytest.raises(ConfigError):
+        dp_gradient(small, x, y, 1.0, 1.0, 1.0, None, chunk_size=0)
     with pytest.raises(ConfigError):
         poisson_sample(10, 1.5, torch.Generator())
     with pytest.raises(ConfigError):
