@@ -10,7 +10,10 @@
 
 All run on the ConvNet of docs/algorithms.md#convnet (width 128), interleaved within one run
 so that they see the same machine load; checks first that they agree at sigma = 0, then
-prints the median and best time of each and the ratios opacus/ours and naive/ours.
+prints the median and best time of each and the ratios opacus/ours and naive/ours. On the
+CPU it also prints the peak memory one DP step adds to a fresh process, for ``dp_gradient``
+in chunks of ``DP_CHUNK`` records and in one chunk (the C allocator tuned as every
+``fedlap-privacy`` command tunes it).
 
     python benchmarks/dp_step.py [--batch-size 256] [--image-size 28] [--repeats 3]
 """
@@ -20,17 +23,22 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from opacus import GradSampleModule
 from torch import Tensor, nn
 
-from fedlap_privacy.fl.dp import clip_and_noise, dp_gradient
+from fedlap_privacy.allocator import tune_allocator
+from fedlap_privacy.fl.dp import DP_CHUNK, clip_and_noise, dp_gradient
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.per_sample import per_sample_grads
 
@@ -59,6 +67,30 @@ def naive_step(
             row.append(g)
     grads = [torch.stack(row) for row in rows]
     return clip_and_noise(grads, CLIP, sigma, batch, gen)
+
+
+def peak_memory_child(batch: int, size: int, channels: int, chunk: int | None) -> None:
+    """In a fresh process: print the peak resident memory (GB) one DP step adds."""
+    tune_allocator({})
+    torch.set_num_threads(1)
+    model = build_model(ModelConfig(channels, size, 10))
+    x, y = torch.randn(batch, channels, size, size), torch.randint(0, 10, (batch,))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    dp_gradient(model, x, y, CLIP, SIGMA, float(batch), None, chunk_size=chunk)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20)  # KiB -> GiB
+
+
+def peak_memory(args: argparse.Namespace) -> None:
+    """Peak memory of one step in chunks of DP_CHUNK and in one chunk, one process each."""
+    print("peak memory one DP step adds to a fresh process (one thread):")
+    for chunk in (DP_CHUNK, None):
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                f"import dp_step; dp_step.peak_memory_child({args.batch_size}, "
+                f"{args.image_size}, {args.channels}, {chunk})")
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                             text=True).stdout.split()[-1]
+        label = f"chunks of {chunk}" if chunk else "one chunk"
+        print(f"  dp_gradient, {label:16s} {float(out):6.2f} GiB")
 
 
 def main() -> None:
@@ -142,6 +174,8 @@ def main() -> None:
                 f"  ratio {other} / ours: median {statistics.median(times[other]) / ours:.2f}"
                 f"   best {min(times[other]) / ours_best:.2f}"
             )
+    if device.type == "cpu":
+        peak_memory(args)
 
 
 if __name__ == "__main__":
