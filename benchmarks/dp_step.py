@@ -11,11 +11,12 @@
 All run on the ConvNet of docs/algorithms.md#convnet (width 128), interleaved within one run
 so that they see the same machine load; checks first that they agree at sigma = 0, then
 prints the median and best time of each and the ratios opacus/ours and naive/ours. On the
-CPU it also prints the peak memory one DP step adds to a fresh process, for ``dp_gradient``
-in chunks of ``DP_CHUNK`` records and in one chunk (the C allocator tuned as every
-``fedlap-privacy`` command tunes it).
+CPU (Linux) it also prints the peak memory one DP step adds to a fresh process, for
+``dp_gradient`` in chunks of ``DP_CHUNK`` records and in one chunk (the C allocator tuned
+as every ``fedlap-privacy`` command tunes it).
 
     python benchmarks/dp_step.py [--batch-size 256] [--image-size 28] [--repeats 3]
+        [--threads 1]
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -69,15 +69,22 @@ def naive_step(
     return clip_and_noise(grads, CLIP, sigma, batch, gen)
 
 
+def _peak_kib() -> int:
+    """This process's peak resident memory in KiB: VmHWM (ru_maxrss would carry the parent's
+    peak over fork and exec on Linux)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
 def peak_memory_child(batch: int, size: int, channels: int, chunk: int | None) -> None:
-    """In a fresh process: print the peak resident memory (GB) one DP step adds."""
+    """In a fresh process: print the peak resident memory (GiB) one DP step adds."""
     tune_allocator({})
     torch.set_num_threads(1)
     model = build_model(ModelConfig(channels, size, 10))
     x, y = torch.randn(batch, channels, size, size), torch.randint(0, 10, (batch,))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _peak_kib()
     dp_gradient(model, x, y, CLIP, SIGMA, float(batch), None, chunk_size=chunk)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20)  # KiB -> GiB
+    print((_peak_kib() - before) / 2**20)
 
 
 def peak_memory(args: argparse.Namespace) -> None:
@@ -99,11 +106,13 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=28)
     parser.add_argument("--channels", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loop")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message=".*backward hook.*")  # Opacus, input w/o grad
 
+    torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
     config = ModelConfig(args.channels, args.image_size, 10)
@@ -174,7 +183,7 @@ def main() -> None:
                 f"  ratio {other} / ours: median {statistics.median(times[other]) / ours:.2f}"
                 f"   best {min(times[other]) / ours_best:.2f}"
             )
-    if device.type == "cpu":
+    if device.type == "cpu" and os.path.exists("/proc/self/status"):
         peak_memory(args)
 
 

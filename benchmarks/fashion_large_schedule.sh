@@ -4,7 +4,7 @@
 # "FashionMNIST by client size"). Every run holds out 5,000 training records that no client
 # holds (--set validation_records=5000): the choices below were made on their accuracy, never
 # on the test set. Needs the FashionMNIST IDX files in DATA; one thread per run, two runs at a
-# time; about eight CPU hours (four hours on the 2-core machine).
+# time; about nine CPU hours (five hours on the 2-core machine).
 #
 # 1. The server's rate: round 1's server optimisation of a finished one-round run with the
 #    authors' schedule (runs/paper1600-seed0, from benchmarks/fashion_small_clients.sh),
@@ -15,6 +15,9 @@
 #    rounds, seeds 0-2; DP-FedAvg's own search on the same validation split (seed 0, 3
 #    rounds: local steps x client learning rate, and 256-record batches), and its pick
 #    (B 256) at 1, 3 and 10 rounds.
+# 4. Fewer, larger batches (seed 0, validation): B 1,024 (a Poisson rate of 0.64) with
+#    T = 10 accesses per round (R_i 1, R_b 2) at 1, 3 and 10 rounds, less noise per matched
+#    gradient at the same epsilon.
 # Last, every run's settings and accuracy per round in $OUT/summary.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,12 +50,23 @@ done
 "${search[@]}" --set local_steps=40 --out "$OUT/sweep-fedavg/steps40-lr0.5" > /dev/null
 "${search[@]}" --set batch_size=256 --out "$OUT/sweep-fedavg/B256-lr0.5" > /dev/null
 
-compare=("$BIN" compare "${common[@]}" --eps 3 --seeds 3)
-{ "${compare[@]}" --methods fedlap-dp --rounds 1,3 --out "$OUT/fedlap" > /dev/null
-  "${compare[@]}" --methods dp-fedavg --rounds 1,3,10 --out "$OUT/fedavg" > /dev/null
-  "${compare[@]}" --methods dp-fedavg --rounds 1,3,10 --set batch_size=256 \
+compare=("$BIN" compare "${common[@]}" --eps 3)
+{ "${compare[@]}" --seeds 3 --methods fedlap-dp --rounds 1,3 --out "$OUT/fedlap" > /dev/null
+  "${compare[@]}" --seeds 3 --methods dp-fedavg --rounds 1,3,10 --out "$OUT/fedavg" > /dev/null
+  "${compare[@]}" --seeds 3 --methods dp-fedavg --rounds 1,3,10 --set batch_size=256 \
       --out "$OUT/fedavg-B256" > /dev/null; } &
-"${compare[@]}" --methods fedlap-dp --rounds 10 --out "$OUT/fedlap-r10" > /dev/null &
+r10=("${compare[@]}" --seeds 1 --methods fedlap-dp --rounds 10)
+"${r10[@]}" --seed 0 --out "$OUT/fedlap-r10-s0" > /dev/null &
 wait
+"${r10[@]}" --seed 1 --out "$OUT/fedlap-r10-s1" > /dev/null &
+"${r10[@]}" --seed 2 --out "$OUT/fedlap-r10-s2" > /dev/null &
+wait
+
+batches=("$BIN" train "${common[@]}" --target-eps 3 --seed 0 --set batch_size=1024
+         --set real_batches=2 --set reinits=1)
+"${batches[@]}" --rounds 1 --out "$OUT/B1024-Rb2-Ri1-r1" > /dev/null &
+"${batches[@]}" --rounds 3 --out "$OUT/B1024-Rb2-r3" > /dev/null &
+wait
+"${batches[@]}" --rounds 10 --out "$OUT/B1024-Rb2-r10" > /dev/null
 
 "$PY" benchmarks/collect_runs.py "$OUT" --json "$OUT/summary.json"
