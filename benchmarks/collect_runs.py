@@ -4,7 +4,8 @@ Every folder below ``ROOT`` that holds a run (``metrics.jsonl`` and its private 
 becomes one record: its path relative to ``ROOT``, the settings that tell runs apart
 (method, rounds, seed, sigma, batch size, T, the FedLAP server rate, DP-FedAvg's local
 steps and rate) and, after each round, the test and validation accuracy and epsilon spent.
-Unfinished runs (fewer rounds in the metrics than planned) are marked as such.
+A run is finished when its ledger has charged every planned round (``rounds_spent``; a round
+interrupted and charged on resume counts, so such a run trains fewer rounds than planned).
 
     python benchmarks/collect_runs.py ROOT --json out.json
 """
@@ -31,7 +32,8 @@ def collect(root: Path) -> list[dict]:
         records.append({
             "run": str(run.relative_to(root)),
             **{key: getattr(cfg, key) for key in SETTINGS},
-            "finished": len(rows) >= cfg.rounds,
+            "finished": bool(rows) and rows[-1].get("rounds_spent", len(rows)) >= cfg.rounds,
+            "rounds_spent": rows[-1].get("rounds_spent", len(rows)) if rows else 0,
             "test_accuracy": [r["test_accuracy"] for r in rows],
             "validation_accuracy": [r.get("validation_accuracy") for r in rows],
             "epsilon": [r["epsilon"] for r in rows],
@@ -49,7 +51,8 @@ def main() -> None:
     args.json.write_text(json.dumps(records, indent=1) + "\n")
     for r in records:
         last = r["test_accuracy"][-1] if r["test_accuracy"] else float("nan")
-        print(f"{r['run']:60s} {len(r['test_accuracy'])}/{r['rounds']} rounds  "
+        print(f"{r['run']:60s} {len(r['test_accuracy'])}/{r['rounds']} rounds trained, "
+              f"{r['rounds_spent']} charged  "
               f"test {100 * last:5.1f}%")
 
 
