@@ -29,11 +29,12 @@ def collect(root: Path) -> list[dict]:
         run = metrics.parent
         rows = load_history(run)
         cfg = load_run_config(run)
+        spent = rows[-1].get("rounds_spent", len(rows)) if rows else 0
         records.append({
             "run": str(run.relative_to(root)),
             **{key: getattr(cfg, key) for key in SETTINGS},
-            "finished": bool(rows) and rows[-1].get("rounds_spent", len(rows)) >= cfg.rounds,
-            "rounds_spent": rows[-1].get("rounds_spent", len(rows)) if rows else 0,
+            "finished": spent >= cfg.rounds,
+            "rounds_spent": spent,
             "test_accuracy": [r["test_accuracy"] for r in rows],
             "validation_accuracy": [r.get("validation_accuracy") for r in rows],
             "epsilon": [r["epsilon"] for r in rows],

@@ -30,7 +30,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -76,26 +75,27 @@ def _peak_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 
-def peak_memory_child(batch: int, size: int, channels: int, chunk: int | None) -> None:
-    """In a fresh process: print the peak resident memory (GiB) one DP step adds."""
+def peak_memory_child(args: argparse.Namespace) -> None:
+    """In this fresh process: print the peak resident memory (GiB) one DP step adds."""
     tune_allocator({})
     torch.set_num_threads(1)
-    model = build_model(ModelConfig(channels, size, 10))
-    x, y = torch.randn(batch, channels, size, size), torch.randint(0, 10, (batch,))
+    model = build_model(ModelConfig(args.channels, args.image_size, 10))
+    x = torch.randn(args.batch_size, args.channels, args.image_size, args.image_size)
+    y = torch.randint(0, 10, (args.batch_size,))
+    chunk = args.peak_child or None  # 0: one chunk
     before = _peak_kib()
-    dp_gradient(model, x, y, CLIP, SIGMA, float(batch), None, chunk_size=chunk)
+    dp_gradient(model, x, y, CLIP, SIGMA, float(args.batch_size), None, chunk_size=chunk)
     print((_peak_kib() - before) / 2**20)
 
 
 def peak_memory(args: argparse.Namespace) -> None:
     """Peak memory of one step in chunks of DP_CHUNK and in one chunk, one process each."""
     print("peak memory one DP step adds to a fresh process (one thread):")
-    for chunk in (DP_CHUNK, None):
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-                f"import dp_step; dp_step.peak_memory_child({args.batch_size}, "
-                f"{args.image_size}, {args.channels}, {chunk})")
-        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                             text=True).stdout.split()[-1]
+    for chunk in (DP_CHUNK, 0):
+        cmd = [sys.executable, __file__, "--batch-size", str(args.batch_size), "--image-size",
+               str(args.image_size), "--channels", str(args.channels), "--peak-child",
+               str(chunk)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()[-1]
         label = f"chunks of {chunk}" if chunk else "one chunk"
         print(f"  dp_gradient, {label:16s} {float(out):6.2f} GiB")
 
@@ -109,7 +109,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch's intra-op threads")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive loop")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--peak-child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.peak_child is not None:
+        peak_memory_child(args)
+        return
     warnings.filterwarnings("ignore", message=".*backward hook.*")  # Opacus, input w/o grad
 
     torch.set_num_threads(args.threads)

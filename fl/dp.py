@@ -183,7 +183,6 @@ def clip_and_noise(
 ) -> list[Tensor]:
     """Clip each record's gradient to total L2 norm ``clip``, sum, add noise, divide by B:
     :func:`release` of :func:`clipped_sum` (docs/accounting.md#sampled-gaussian-mechanism)."""
-    _check(clip, sigma, expected_batch_size)
     return release(clipped_sum(per_sample, clip), clip, sigma, expected_batch_size, generator)
 
 
@@ -226,9 +225,9 @@ def dp_gradient(
     _check(clip, sigma, expected_batch_size)
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
-    step = max(x.shape[0], 1) if chunk_size is None else chunk_size
+    step = chunk_size or max(x.shape[0], 1)
     total: list[Tensor] = []
-    for start in range(0, max(x.shape[0], 1), step):
+    for start in range(0, x.shape[0], step) or [0]:  # an empty batch: one empty chunk
         part = clipped_sum(per_sample_grads(model, x[start : start + step],
                                             y[start : start + step]), clip)
         total = part if not total else [a.add_(b) for a, b in zip(total, part, strict=True)]
