@@ -2,8 +2,9 @@
 
 Every folder below ``ROOT`` that holds a run (``metrics.jsonl`` and its private state)
 becomes one record: its path relative to ``ROOT``, the settings that tell runs apart
-(method, rounds, seed, sigma, batch size, T, the FedLAP server rate, DP-FedAvg's local
-steps and rate) and, after each round, the test and validation accuracy and epsilon spent.
+(method, rounds, seed, sigma, batch size, T, the FedLAP server rate, the baselines' local
+steps, rate and proximal weight mu) and, after each round, the test and validation accuracy
+and epsilon spent.
 A run is finished when its ledger has charged every planned round (``rounds_spent``; a round
 interrupted and charged on resume counts, so such a run trains fewer rounds than planned).
 
@@ -19,8 +20,8 @@ from pathlib import Path
 from fedlap_privacy.fl.run_files import METRICS, load_history, load_run_config
 
 SETTINGS = ("method", "rounds", "seed", "sigma", "batch_size", "accesses_per_round",
-            "server_lr", "lr_schedule", "local_steps", "lr_local", "client_records",
-            "validation_records")
+            "server_lr", "lr_schedule", "local_steps", "lr_local", "prox_mu",
+            "client_records", "validation_records")
 
 
 def collect(root: Path) -> list[dict]:

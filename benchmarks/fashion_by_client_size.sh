@@ -6,6 +6,10 @@
 # train's defaults for digits-sized clients). Two compare runs at a time, one thread each;
 # about two and a half CPU hours on the 2-core machine. The 1,600-record cells at epsilon 3
 # are also in benchmarks/fashion_small_clients.sh. Writes runs/by-size/<size>-<method>-eps<e>/.
+# Last, train's default for 12,000-record clients, the large schedule (B 256, T = 200 in a
+# one-round run, 50 from three rounds on), at epsilon 3 after 1 and 3 rounds, one seed per
+# compare run, against DP-FedAvg with its 1,600-record validation pick (B 256,
+# benchmarks/fashion_large_schedule.sh), applied unchanged: about four more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
@@ -26,3 +30,12 @@ printf '%s\n' "${jobs[@]}" | xargs -P 2 -L 1 sh -c '
   "$0" compare --dataset fashion-mnist --data-dir "'"$DATA"'" --methods "$2" --eps "$3" \
     --rounds 1,3 --seeds 3 --set client_records="$1" --threads 1 $small \
     --out "'"$OUT"'/$1-$2-eps$3" > /dev/null' "$BIN"
+
+large=("$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 3 --rounds 1,3 --threads 1)
+for seed in 0 1 2; do
+  "${large[@]}" --methods fedlap-dp --seeds 1 --seed $seed \
+      --out "$OUT/12000-fedlap-large-eps3-s$seed" > /dev/null
+done &
+"${large[@]}" --methods dp-fedavg --seeds 3 --set batch_size=256 \
+    --out "$OUT/12000-fedavg-B256-eps3" > /dev/null
+wait

@@ -14,7 +14,8 @@
 # 3. The chosen schedule (train's default for these clients) against DP-FedAvg at 1, 3 and 10
 #    rounds, seeds 0-2; DP-FedAvg's own search on the same validation split (seed 0, 3
 #    rounds: local steps x client learning rate, and 256-record batches), and its pick
-#    (B 256) at 1, 3 and 10 rounds.
+#    (B 256) at 1, 3 and 10 rounds; DP-FedProx's search with the same budget (proximal
+#    weight x batch size), and its pick (B 256, mu 0.01) at 1, 3 and 10 rounds.
 # 4. Fewer, larger batches (seed 0, validation): B 1,024 (a Poisson rate of 0.64) with
 #    T = 10 accesses per round (R_i 1, R_b 2) at 1, 3 and 10 rounds, less noise per matched
 #    gradient at the same epsilon.
@@ -50,11 +51,27 @@ done
 "${search[@]}" --set local_steps=40 --out "$OUT/sweep-fedavg/steps40-lr0.5" > /dev/null
 "${search[@]}" --set batch_size=256 --out "$OUT/sweep-fedavg/B256-lr0.5" > /dev/null
 
+# DP-FedProx's search, the same budget (8 settings): its proximal weight mu at B 64 and
+# B 256, and at B 256 with mu 0.1 (its digits pick) 20 local steps or client rate 1.
+prox=("$BIN" train --method dp-fedprox "${common[@]}" --target-eps 3 --rounds 3 --seed 0)
+for B in 64 256; do
+  for mu in 0.01 0.1 1.0; do
+    "${prox[@]}" --set batch_size=$B --set prox_mu=$mu --out "$OUT/sweep-fedprox/B$B-mu$mu" \
+        > /dev/null
+  done
+done
+"${prox[@]}" --set batch_size=256 --set prox_mu=0.1 --set local_steps=20 \
+    --out "$OUT/sweep-fedprox/B256-mu0.1-steps20" > /dev/null
+"${prox[@]}" --set batch_size=256 --set prox_mu=0.1 --set lr_local=1.0 \
+    --out "$OUT/sweep-fedprox/B256-mu0.1-lr1.0" > /dev/null
+
 compare=("$BIN" compare "${common[@]}" --eps 3)
 { "${compare[@]}" --seeds 3 --methods fedlap-dp --rounds 1,3 --out "$OUT/fedlap" > /dev/null
   "${compare[@]}" --seeds 3 --methods dp-fedavg --rounds 1,3,10 --out "$OUT/fedavg" > /dev/null
   "${compare[@]}" --seeds 3 --methods dp-fedavg --rounds 1,3,10 --set batch_size=256 \
-      --out "$OUT/fedavg-B256" > /dev/null; } &
+      --out "$OUT/fedavg-B256" > /dev/null
+  "${compare[@]}" --seeds 3 --methods dp-fedprox --rounds 1,3,10 --set batch_size=256 \
+      --out "$OUT/fedprox-B256" > /dev/null; } &
 r10=("${compare[@]}" --seeds 1 --methods fedlap-dp --rounds 10)
 "${r10[@]}" --seed 0 --out "$OUT/fedlap-r10-s0" > /dev/null &
 wait
