@@ -9,7 +9,8 @@
 # Last, train's default for 12,000-record clients, the large schedule (B 256, T = 200 in a
 # one-round run, 50 from three rounds on), at epsilon 3 after 1 and 3 rounds, one seed per
 # compare run, against DP-FedAvg with its 1,600-record validation pick (B 256,
-# benchmarks/fashion_large_schedule.sh), applied unchanged: about four more CPU hours.
+# benchmarks/fashion_large_schedule.sh), applied unchanged: about two and a half more CPU
+# hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
