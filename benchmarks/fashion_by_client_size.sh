@@ -9,8 +9,8 @@
 # Last, train's default for 12,000-record clients, the large schedule (B 256, T = 200 in a
 # one-round run, 50 from three rounds on), at epsilon 3 after 1 and 3 rounds, one seed per
 # compare run, against DP-FedAvg with its 1,600-record validation pick (B 256,
-# benchmarks/fashion_large_schedule.sh), applied unchanged: about two and a half more CPU
-# hours.
+# benchmarks/fashion_large_schedule.sh), applied unchanged; and the same two at epsilon 10
+# after one round on the 1,600-record clients: about four more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
@@ -40,3 +40,13 @@ done &
 "${large[@]}" --methods dp-fedavg --seeds 3 --set batch_size=256 \
     --out "$OUT/12000-fedavg-B256-eps3" > /dev/null
 wait
+
+cut=("$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --set client_records=1600
+     --eps 10 --rounds 1 --threads 1)
+for seed in 0 1 2; do
+  "${cut[@]}" --methods fedlap-dp --seeds 1 --seed $seed \
+      --out "$OUT/1600-fedlap-large-eps10-s$seed" > /dev/null &
+done
+wait
+"${cut[@]}" --methods dp-fedavg --seeds 3 --set batch_size=256 \
+    --out "$OUT/1600-fedavg-B256-eps10" > /dev/null
