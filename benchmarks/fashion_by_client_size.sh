@@ -10,7 +10,8 @@
 # one-round run, 50 from three rounds on), at epsilon 3 after 1 and 3 rounds, one seed per
 # compare run, against DP-FedAvg with its 1,600-record validation pick (B 256,
 # benchmarks/fashion_large_schedule.sh), applied unchanged; and the same two at epsilon 10
-# after one round on the 1,600-record clients: about four more CPU hours.
+# after one round on the 1,600-record clients (three FedLAP-DP runs at once, about 3.7 GB
+# each): about four more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}

@@ -4,7 +4,7 @@
 # "FashionMNIST by client size"). Every run holds out 5,000 training records that no client
 # holds (--set validation_records=5000): the choices below were made on their accuracy, never
 # on the test set. Needs the FashionMNIST IDX files in DATA; one thread per run, two runs at a
-# time; about nine CPU hours (five hours on the 2-core machine).
+# time; about ten CPU hours (five and a half hours on the 2-core machine).
 #
 # 1. The server's rate: round 1's server optimisation of a finished one-round run with the
 #    authors' schedule (runs/paper1600-seed0, from benchmarks/fashion_small_clients.sh),
@@ -41,7 +41,9 @@ wait
 "$BIN" train "${common[@]}" "${fedlap[@]}" --target-eps 3 --rounds 1 --seed 0 \
     --set reinits=1 --out "$OUT/reinits1-r1" > /dev/null
 
-search=("$BIN" train --method dp-fedavg "${common[@]}" --target-eps 3 --rounds 3 --seed 0)
+# the baselines' searches: one 3-round validation run per setting, seed 0
+sweep=("$BIN" train "${common[@]}" --target-eps 3 --rounds 3 --seed 0)
+search=("${sweep[@]}" --method dp-fedavg)
 for steps in 10 20; do
   for lr in 0.25 0.5 1.0; do
     "${search[@]}" --set local_steps=$steps --set lr_local=$lr \
@@ -53,7 +55,7 @@ done
 
 # DP-FedProx's search, the same budget (8 settings): its proximal weight mu at B 64 and
 # B 256, and at B 256 with mu 0.1 (its digits pick) 20 local steps or client rate 1.
-prox=("$BIN" train --method dp-fedprox "${common[@]}" --target-eps 3 --rounds 3 --seed 0)
+prox=("${sweep[@]}" --method dp-fedprox)
 for B in 64 256; do
   for mu in 0.01 0.1 1.0; do
     "${prox[@]}" --set batch_size=$B --set prox_mu=$mu --out "$OUT/sweep-fedprox/B$B-mu$mu" \
