@@ -13,6 +13,7 @@ from rich.console import Console
 
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
+from fedlap_privacy.fl.stop import STOP_EXIT_CODE, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
 
 if TYPE_CHECKING:
@@ -53,9 +54,12 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def guarded(call: Callable[[], T]) -> T:
-    """Run ``call``; user errors (bad values, files, checkpoints) become one line + exit 2."""
+    """Run ``call``; user errors (bad values, files, checkpoints) become one line + exit 2, a
+    stop on request (SIGTERM between rounds) one line + exit 143, Ctrl-C exit 130."""
     try:
         return call()
+    except StopRequested as exc:
+        fail(str(exc), code=STOP_EXIT_CODE)
     except (FedlapError, ValueError, FileNotFoundError) as exc:
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     except KeyboardInterrupt:

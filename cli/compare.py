@@ -21,6 +21,7 @@ from fedlap_privacy.cli.common import (
     print_json,
     print_schedule,
 )
+from fedlap_privacy.fl.stop import stop_between_rounds
 
 
 def _floats(text: str) -> list[float]:
@@ -117,7 +118,7 @@ def compare(
         elif event == "run_end":
             progress.advance(task)
 
-    with progress:
+    with progress, stop_between_rounds():
         report = guarded(
             lambda: run_comparison(base, targets, chosen, seeds, out, device, on_event, jobs)
         )

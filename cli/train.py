@@ -23,6 +23,7 @@ from fedlap_privacy.cli.common import (
     privacy_sentence,
 )
 from fedlap_privacy.fl.config import METHODS
+from fedlap_privacy.fl.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
 
 Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: ignore[misc]
 
@@ -174,12 +175,14 @@ def train(
             return resume_training(out, rounds, device, on_event)
         return start_training(cfg, out, device, on_event)
 
-    with progress:
+    with progress, stop_between_rounds():
         result = guarded(run)
     if json_output:
         print_json(result.summary)
-        return
-    _print_summary(result.summary, result.history)
+    else:
+        _print_summary(result.summary, result.history)
+    if result.summary["stopped"] == STOPPED:
+        raise typer.Exit(STOP_EXIT_CODE)
 
 
 def _require_flower() -> None:

@@ -21,7 +21,10 @@ smaller sigma than a 10-round run at epsilon 3):
 
 Epsilons of different notions are not comparable; the table says which notion each row has.
 Every run is a normal ``train`` output directory under ``OUT/runs`` (checkpoint, metrics,
-ledger), so any of them can be audited; a comparison re-run resumes runs already there.
+ledger), so any of them can be audited; a comparison re-run resumes runs already there. A
+comparison sent SIGTERM from the command line stops between two rounds of its current run
+(:mod:`fedlap_privacy.fl.stop`) and raises :class:`~fedlap_privacy.fl.stop.StopRequested`;
+running it again resumes.
 With one round count a run is ``OUT/runs/METHOD-BUDGET-seedS`` (the layout of earlier
 comparisons, which keep resuming); with several it is ``OUT/runs/METHOD-BUDGET-roundsR-seedS``,
 so going from one count to several in the same ``OUT`` trains the runs again.
@@ -58,6 +61,7 @@ from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, reso
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
 from fedlap_privacy.fl.run_files import load_history, load_run_config
 from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
+from fedlap_privacy.fl.stop import STOPPED, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
 
 __all__ = [
@@ -341,6 +345,10 @@ def run_comparison(
         started = time.perf_counter()
         run_dir = _run_dir(out, job, len(counts) > 1)
         summary = _train_or_resume(job.config, run_dir, device)
+        if summary["stopped"] == STOPPED:
+            raise StopRequested(
+                f"stopped on request after round {summary['rounds_run']} of {job.rounds} of "
+                f"{run_dir}; the same command resumes the comparison")
         history = load_history(run_dir)
         run = {
             "seed": seed,

@@ -66,6 +66,7 @@ from fedlap_privacy.fl.run_files import (
     load_private,
     public_config,
 )
+from fedlap_privacy.fl.stop import STOPPED, stop_requested
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
@@ -436,6 +437,8 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         if reason is None and cfg.target_eps is not None and run.ledger.notion != "none":
             if run.ledger.projected_epsilon(steps) > cfg.target_eps:
                 reason = f"target epsilon {cfg.target_eps} would be exceeded in round {m}"
+        if reason is None and stop_requested():
+            reason = STOPPED
         if reason is not None:
             stopped = reason
             break
