@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,9 @@ def train(
             return resume_training(out, rounds, device, on_event)
         return start_training(cfg, out, device, on_event)
 
-    with progress, stop_between_rounds():
+    # SIGTERM stops between rounds in-process; Flower's processes keep their own handling
+    stopping = stop_between_rounds() if engine is Engine.simulation else nullcontext()
+    with progress, stopping:
         result = guarded(run)
     if json_output:
         print_json(result.summary)
