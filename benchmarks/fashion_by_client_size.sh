@@ -11,7 +11,9 @@
 # compare run, against DP-FedAvg with its 1,600-record validation pick (B 256,
 # benchmarks/fashion_large_schedule.sh), applied unchanged; and the same two at epsilon 10
 # after one round on the 1,600-record clients (three FedLAP-DP runs at once, about 3.7 GB
-# each): about four more CPU hours.
+# each): about four more CPU hours. Then epsilon 10 with the large schedule after 3 rounds
+# at both sizes and after 1 round on the 12,000-record clients, FedLAP-DP against DP-FedAvg's
+# B 256 pick, two queues side by side: about three and a half more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
@@ -51,3 +53,25 @@ done
 wait
 "${cut[@]}" --methods dp-fedavg --seeds 3 --set batch_size=256 \
     --out "$OUT/1600-fedavg-B256-eps10" > /dev/null
+
+# epsilon 10: 3 rounds at both sizes, 1 round at 12,000 records; two queues at a time
+run10() {  # size rounds method seeds: one compare run per FedLAP-DP seed, one for DP-FedAvg
+  local size=$1 rounds=$2 method=$3 seed
+  shift 3
+  local args=("$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 10
+              --rounds "$rounds" --threads 1 --methods "$method")
+  [ "$size" = 1600 ] && args+=(--set client_records=1600)
+  if [ "$method" = dp-fedavg ]; then
+    "${args[@]}" --seeds 3 --set batch_size=256 \
+        --out "$OUT/$size-fedavg-B256-eps10-r$rounds" > /dev/null
+    return
+  fi
+  for seed in "$@"; do
+    "${args[@]}" --seeds 1 --seed "$seed" \
+        --out "$OUT/$size-fedlap-large-eps10-r$rounds-s$seed" > /dev/null
+  done
+}
+{ run10 1600 3 fedlap-dp 0 1 2; run10 1600 3 dp-fedavg; run10 12000 1 fedlap-dp 0 1; } &
+{ run10 12000 3 fedlap-dp 0 1 2; run10 12000 3 dp-fedavg; run10 12000 1 fedlap-dp 2
+  run10 12000 1 dp-fedavg; } &
+wait
