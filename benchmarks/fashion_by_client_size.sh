@@ -13,7 +13,9 @@
 # after one round on the 1,600-record clients (three FedLAP-DP runs at once, about 3.7 GB
 # each): about four more CPU hours. Then epsilon 10 with the large schedule after 3 rounds
 # at both sizes and after 1 round on the 12,000-record clients, FedLAP-DP against DP-FedAvg's
-# B 256 pick, two queues side by side: about three and a half more CPU hours.
+# B 256 pick, two queues side by side: about three and a half more CPU hours. Last, epsilon 3
+# after 10 rounds on the 12,000-record clients: FedLAP-DP (three seeds at once) against
+# DP-FedAvg's defaults and its B 256 pick: about four more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
@@ -54,24 +56,33 @@ wait
 "${cut[@]}" --methods dp-fedavg --seeds 3 --set batch_size=256 \
     --out "$OUT/1600-fedavg-B256-eps10" > /dev/null
 
-# epsilon 10: 3 rounds at both sizes, 1 round at 12,000 records; two queues at a time
-run10() {  # size rounds method seeds: one compare run per FedLAP-DP seed, one for DP-FedAvg
-  local size=$1 rounds=$2 method=$3 seed
-  shift 3
-  local args=("$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 10
+# the large schedule against DP-FedAvg (B 256 unless FEDAVG_B is set), one compare run per
+# FedLAP-DP seed and one for DP-FedAvg's three seeds
+run_large() {  # eps size rounds method seeds...
+  local eps=$1 size=$2 rounds=$3 method=$4 seed b=${FEDAVG_B:-256}
+  shift 4
+  local args=("$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps "$eps"
               --rounds "$rounds" --threads 1 --methods "$method")
   [ "$size" = 1600 ] && args+=(--set client_records=1600)
   if [ "$method" = dp-fedavg ]; then
-    "${args[@]}" --seeds 3 --set batch_size=256 \
-        --out "$OUT/$size-fedavg-B256-eps10-r$rounds" > /dev/null
+    "${args[@]}" --seeds 3 --set batch_size="$b" \
+        --out "$OUT/$size-fedavg-B$b-eps$eps-r$rounds" > /dev/null
     return
   fi
   for seed in "$@"; do
     "${args[@]}" --seeds 1 --seed "$seed" \
-        --out "$OUT/$size-fedlap-large-eps10-r$rounds-s$seed" > /dev/null
+        --out "$OUT/$size-fedlap-large-eps$eps-r$rounds-s$seed" > /dev/null
   done
 }
-{ run10 1600 3 fedlap-dp 0 1 2; run10 1600 3 dp-fedavg; run10 12000 1 fedlap-dp 0 1; } &
-{ run10 12000 3 fedlap-dp 0 1 2; run10 12000 3 dp-fedavg; run10 12000 1 fedlap-dp 2
-  run10 12000 1 dp-fedavg; } &
+# epsilon 10: 3 rounds at both sizes, 1 round at 12,000 records; two queues at a time
+{ run_large 10 1600 3 fedlap-dp 0 1 2; run_large 10 1600 3 dp-fedavg
+  run_large 10 12000 1 fedlap-dp 0 1; } &
+{ run_large 10 12000 3 fedlap-dp 0 1 2; run_large 10 12000 3 dp-fedavg
+  run_large 10 12000 1 fedlap-dp 2; run_large 10 12000 1 dp-fedavg; } &
+wait
+
+# epsilon 3, 10 rounds at 12,000 records: three FedLAP-DP seeds at once, then DP-FedAvg
+{ run_large 3 12000 10 fedlap-dp 0; FEDAVG_B=64 run_large 3 12000 10 dp-fedavg; } &
+{ run_large 3 12000 10 fedlap-dp 1; run_large 3 12000 10 dp-fedavg; } &
+run_large 3 12000 10 fedlap-dp 2 &
 wait
