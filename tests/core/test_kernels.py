@@ -180,7 +180,12 @@ def test_torchscript_and_export_run_the_modules(tmp_path: Path):
                                                                          depth=2)])
 @pytest.mark.parametrize("chunk", [None, 5])
 def test_fused_per_sample_grads_equal_the_hook_path(config, chunk):
-    model = build_model(config)
+    # A fixed init: with an unseeded one, about one draw in ten puts a pre-ReLU value within
+    # rounding of 0 (9.5e-8 seen), the two paths' rounding give it opposite signs, and that
+    # unit's gradient is passed by one and stopped by the other: a kink, not an error.
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build_model(config)
     g = torch.Generator().manual_seed(4)
     x = torch.randn(12, 1, config.image_size, config.image_size, generator=g)
     y = torch.randint(0, 10, (12,), generator=g)
