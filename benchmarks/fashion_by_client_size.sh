@@ -6,16 +6,17 @@
 # train's defaults for digits-sized clients). Two compare runs at a time, one thread each;
 # about two and a half CPU hours on the 2-core machine. The 1,600-record cells at epsilon 3
 # are also in benchmarks/fashion_small_clients.sh. Writes runs/by-size/<size>-<method>-eps<e>/.
-# Last, train's default for 12,000-record clients, the large schedule (B 256, T = 200 in a
+# Then train's default for 12,000-record clients, the large schedule (B 256, T = 200 in a
 # one-round run, 50 from three rounds on), at epsilon 3 after 1 and 3 rounds, one seed per
 # compare run, against DP-FedAvg with its 1,600-record validation pick (B 256,
 # benchmarks/fashion_large_schedule.sh), applied unchanged; and the same two at epsilon 10
 # after one round on the 1,600-record clients (three FedLAP-DP runs at once, about 3.7 GB
 # each): about four more CPU hours. Then epsilon 10 with the large schedule after 3 rounds
 # at both sizes and after 1 round on the 12,000-record clients, FedLAP-DP against DP-FedAvg's
-# B 256 pick, two queues side by side: about three and a half more CPU hours. Last, epsilon 3
+# B 256 pick, two queues side by side: about three and a half more CPU hours. Then epsilon 3
 # after 10 rounds on the 12,000-record clients: FedLAP-DP against DP-FedAvg's B 256 pick and
-# its defaults, two queues side by side: about four more CPU hours.
+# its defaults, two queues side by side: about four more CPU hours. Last, epsilon 10 after 10
+# rounds on the 1,600-record clients, the same way: about three and a half more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
@@ -86,4 +87,10 @@ wait
 { run_large 3 12000 10 fedlap-dp 0 2; } &
 { run_large 3 12000 10 fedlap-dp 1; run_large 3 12000 10 dp-fedavg
   FEDAVG_B=64 run_large 3 12000 10 dp-fedavg; } &
+wait
+
+# epsilon 10, 10 rounds at 1,600 records; two queues
+{ run_large 10 1600 10 fedlap-dp 0 2; } &
+{ run_large 10 1600 10 fedlap-dp 1; run_large 10 1600 10 dp-fedavg
+  FEDAVG_B=64 run_large 10 1600 10 dp-fedavg; } &
 wait
