@@ -82,15 +82,13 @@ run_large() {  # eps size rounds method seeds...
   run_large 10 12000 1 fedlap-dp 2; run_large 10 12000 1 dp-fedavg; } &
 wait
 
-# epsilon 3, 10 rounds at 12,000 records; two queues (a third run on two cores made each
-# FedLAP-DP round 768 s instead of 390-490 s)
-{ run_large 3 12000 10 fedlap-dp 0 2; } &
-{ run_large 3 12000 10 fedlap-dp 1; run_large 3 12000 10 dp-fedavg
-  FEDAVG_B=64 run_large 3 12000 10 dp-fedavg; } &
-wait
-
-# epsilon 10, 10 rounds at 1,600 records; two queues
-{ run_large 10 1600 10 fedlap-dp 0 2; } &
-{ run_large 10 1600 10 fedlap-dp 1; run_large 10 1600 10 dp-fedavg
-  FEDAVG_B=64 run_large 10 1600 10 dp-fedavg; } &
-wait
+# 10 rounds: FedLAP-DP's seeds 0-2 in two queues, DP-FedAvg's B 256 pick and its defaults
+# after seed 1 (a third run on two cores made each FedLAP-DP round 768 s instead of 390-490 s)
+run_ten() {  # eps size
+  { run_large "$1" "$2" 10 fedlap-dp 0 2; } &
+  { run_large "$1" "$2" 10 fedlap-dp 1; run_large "$1" "$2" 10 dp-fedavg
+    FEDAVG_B=64 run_large "$1" "$2" 10 dp-fedavg; } &
+  wait
+}
+run_ten 3 12000
+run_ten 10 1600
