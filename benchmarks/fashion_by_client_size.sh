@@ -16,7 +16,8 @@
 # B 256 pick, two queues side by side: about three and a half more CPU hours. Then epsilon 3
 # after 10 rounds on the 12,000-record clients: FedLAP-DP against DP-FedAvg's B 256 pick and
 # its defaults, two queues side by side: about four more CPU hours. Last, epsilon 10 after 10
-# rounds on the 1,600-record clients, the same way: about three and a half more CPU hours.
+# rounds on the 1,600-record clients and then on the 12,000-record ones, the same way: about
+# three and a half and four and a half more CPU hours.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}
@@ -92,3 +93,4 @@ run_ten() {  # eps size
 }
 run_ten 3 12000
 run_ten 10 1600
+run_ten 10 12000
