@@ -2,7 +2,9 @@
 
 :func:`gn_relu_pool` is the GroupNorm -> ReLU -> 2x2 average pooling block that follows
 every convolution of the FedLAP-DP ConvNet, differentiable to second order
-(:mod:`~fedlap_privacy.kernels.block`); :mod:`~fedlap_privacy.kernels.build` compiles and
+(:mod:`~fedlap_privacy.kernels.block`); :func:`cosine_rows_grad` is the gradient of gradient
+matching's row-wise cosine distance (:mod:`~fedlap_privacy.kernels.cosine`);
+:mod:`~fedlap_privacy.kernels.build` compiles and
 loads the C source (``FEDLAP_KERNELS=auto|off|require``). Importing this package imports
 torch; the package root does not import it.
 """
@@ -16,12 +18,14 @@ from fedlap_privacy.kernels.block import (
     reference_block,
 )
 from fedlap_privacy.kernels.build import KERNELS_ENV, kernel_mode, load_kernels
+from fedlap_privacy.kernels.cosine import cosine_rows_grad
 
 __all__ = [
     "KERNELS_ENV",
     "block_backward",
     "block_double_backward",
     "block_forward",
+    "cosine_rows_grad",
     "fusable",
     "gn_relu_pool",
     "kernel_mode",

@@ -110,15 +110,21 @@ def _ptr(t: Tensor) -> int:
 
 def _run(name: str, z: Tensor, head: tuple[object, ...], tail: tuple[object, ...]) -> None:
     """Call kernel ``name`` on every plane of ``z``, split over torch's thread count."""
+    run_split(name, z.dtype, z.shape[0] * z.shape[1], z.numel(), head, tail)
+
+
+def run_split(name: str, dtype: torch.dtype, units: int, elements: int,
+              head: tuple[object, ...], tail: tuple[object, ...]) -> None:
+    """Call kernel ``name`` as ``name(*head, lo, hi, *tail)`` on units ``[0, units)`` (planes,
+    rows) of ``elements`` scalars in all, split over torch's thread count where that pays."""
     library = load_kernels()
     if library is None:  # pragma: no cover - fusable() checked it
         raise RuntimeError("the fused kernels are not loaded")
-    fn = _kernel(library, name, z.dtype)
-    planes = z.shape[0] * z.shape[1]
-    parts = min(torch.get_num_threads(), planes, max(1, z.numel() // _MIN_ELEMENTS_PER_THREAD))
-    bounds = [planes * i // parts for i in range(parts + 1)]
+    fn = _kernel(library, name, dtype)
+    parts = min(torch.get_num_threads(), units, max(1, elements // _MIN_ELEMENTS_PER_THREAD))
+    bounds = [units * i // parts for i in range(parts + 1)]
     if parts == 1:
-        codes = [fn(*head, 0, planes, *tail)]
+        codes = [fn(*head, 0, units, *tail)]
     else:
         pool = _POOL.get(parts - 1)
         futures = [pool.submit(fn, *head, lo, hi, *tail)

@@ -1,16 +1,17 @@
 """Compile the package's C kernels once per machine and load them with :mod:`ctypes`.
 
-The kernels (``gn_relu_pool.c``) are plain C with no Python or torch headers, so a build
-takes well under a second with the system C compiler (``$CC``, else ``cc``), optimised for
-the processor it runs on (``-O3 -march=native``, retried without ``-march=native`` where the
-compiler refuses it). The shared library is cached in ``$FEDLAP_CACHE_DIR``, else
-``$XDG_CACHE_HOME/fedlap-privacy``, else ``~/.cache/fedlap-privacy``, under a name that
-hashes the source, the flags, the compiler and the processor's feature flags, so that an
-edited source, another compiler or a home directory shared with another machine never loads
-a stale or foreign build. The cache directory is created private (mode 0700), and one that
-another user owns or others may write to is not used: a library from it would run with the
-caller's rights. Builds are written under a temporary name and renamed into place, so
-processes that start together (Flower nodes) never load a partly written file.
+The kernels (``gn_relu_pool.c``, ``cosine_rows.c``) are plain C with no Python or torch
+headers, so a build takes well under a second with the system C compiler (``$CC``, else
+``cc``), optimised for the processor it runs on (``-O3 -march=native``, retried without
+``-march=native`` where the compiler refuses it). The shared library is cached in
+``$FEDLAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedlap-privacy``, else
+``~/.cache/fedlap-privacy``, under a name that hashes the sources, the flags, the compiler
+and the processor's feature flags, so that an edited source, another compiler or a home
+directory shared with another machine never loads a stale or foreign build. The cache
+directory is created private (mode 0700), and one that another user owns or others may write
+to is not used: a library from it would run with the caller's rights. Builds are written
+under a temporary name and renamed into place, so processes that start together (Flower
+nodes) never load a partly written file.
 
 ``FEDLAP_KERNELS`` chooses: ``auto`` (the default) uses the kernels and, where they cannot
 be built (no compiler, say), warns once and falls back to torch's own kernels, which compute
@@ -47,23 +48,22 @@ __all__ = [
 KERNELS_ENV = "FEDLAP_KERNELS"
 CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = ("auto", "off", "require")
-SOURCE = Path(__file__).with_name("gn_relu_pool.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("gn_relu_pool.c", "cosine_rows.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
-# the source once per scalar type: FN(name) is the exported name for that type
-_WRAPPER = """#include <math.h>
+# the sources once per scalar type: FN(name) is the exported name for that type
+_INCLUDES = "".join(f'#include "{source.name}"\n' for source in SOURCES)
+_WRAPPER = f"""#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #define scalar_t float
 #define FN(name) name##_f32
-#include "gn_relu_pool.c"
-#undef scalar_t
+{_INCLUDES}#undef scalar_t
 #undef FN
 #define scalar_t double
 #define FN(name) name##_f64
-#include "gn_relu_pool.c"
-"""
+{_INCLUDES}"""
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 #: argument types of each exported function (the same for both scalar types)
@@ -75,6 +75,8 @@ SIGNATURES: dict[str, list[type]] = {
     # z, gp, gamma, beta, mean, rstd, u, ug, ub, C, H, W, p0, p1, dz, dgp, dgam
     "gnrp_double_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P,
                              _P],
+    # a, b, start, norm_a, weight, eps, mse, r0, r1, grad
+    "cosine_rows_grad": [_P, _P, _P, _P, _P, _D, _D, _I, _I, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 
@@ -132,7 +134,7 @@ def _cache_dir() -> Path:
 def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
     """Build the library at ``target`` (atomically); None on success, else the reason."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    cmd = [compiler, *flags, "-I", str(SOURCE.parent), "-x", "c", "-", "-o", str(tmp), "-lm"]
+    cmd = [compiler, *flags, "-I", str(SOURCES[0].parent), "-x", "c", "-", "-o", str(tmp), "-lm"]
     try:
         done = subprocess.run(cmd, input=_WRAPPER, capture_output=True, text=True,
                               timeout=_COMPILE_TIMEOUT_S, check=False)
@@ -151,14 +153,14 @@ def _build() -> KernelLibrary:
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler found ({compiler!r}; set CC)")
-    source = SOURCE.read_bytes()
+    source = b"\0".join(path.read_bytes() for path in SOURCES)
     directory = _cache_dir()
     reasons = []
     for flags in ((*_BASE_FLAGS, _NATIVE_FLAG), _BASE_FLAGS):
         key = hashlib.sha256(b"\0".join(
             [source, _WRAPPER.encode(), " ".join(flags).encode(), compiler.encode(),
              _cpu_signature().encode()])).hexdigest()[:20]
-        target = directory / f"gn_relu_pool-{key}.so"
+        target = directory / f"kernels-{key}.so"
         reason = None if target.exists() else _compile(compiler, flags, target)
         if reason is not None:
             reasons.append(reason)
