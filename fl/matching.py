@@ -22,9 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.kernels import cosine_rows_grad, fusable
 
 __all__ = ["MatchTarget", "layer_distance", "match_distance"]
 
@@ -89,9 +91,10 @@ class MatchTarget:
         counts = torch.tensor([r.shape[0] for r in rows], device=reference.device)
         lengths = torch.tensor([r.shape[1] for r in rows], device=reference.device)
         # row id of every flattened coordinate
+        row_lengths = lengths.repeat_interleave(counts)
         self.row_of = torch.arange(int(counts.sum()), device=reference.device).repeat_interleave(
-            lengths.repeat_interleave(counts)
-        )
+            row_lengths)
+        self.start = F.pad(row_lengths.cumsum(0), (1, 0))  # row r is [start[r], start[r + 1])
         self.norm_real = torch.cat([torch.linalg.vector_norm(r, dim=1) for r in rows])
         # mean over a layer's rows; a layer whose real gradient is all zero adds nothing
         weights = [r.ne(0).any().to(r.dtype) / r.shape[0] for r in rows]
@@ -100,6 +103,57 @@ class MatchTarget:
 
     def distance(self, g_syn: Sequence[Tensor]) -> Tensor:
         """L_dis between the prepared real gradient and ``g_syn`` (the included layers)."""
+        b = self._flat_syn(g_syn)
+        if self.flat is None:
+            return b.new_zeros(())
+        dot, norm_syn = self._row_sums(b)
+        cosine = dot / (self.norm_real * norm_syn + _EPS)
+        total = ((1.0 - cosine) * self.row_weight).sum()
+        if self.mse_weight != 0.0:
+            total = total + self.mse_weight * (self.flat - b).square().sum()
+        return total
+
+    def gradient(self, g_syn: Sequence[Tensor]) -> list[Tensor]:
+        """dL_dis/dg_syn for the included layers, in closed form (the gradient of
+        :meth:`distance`, without autograd).
+
+        Per row r with real part ``a``, synthetic part ``b``, ``den = |a| |b| + 1e-6`` and
+        weight ``w_r``: ``-w_r (a / den - <a, b> |a| b / (|b| den^2))``, plus
+        ``-2 lambda (a - b)`` for the MSE term. A synthetic row of norm 0 takes only the
+        first term (the cosine's derivative along ``b`` is undefined there).
+        """
+        b = self._flat_syn(g_syn)
+        if self.flat is None:
+            return [torch.zeros_like(g) for g in g_syn]
+        if fusable(self.flat, b, self.norm_real, self.row_weight):
+            flat = cosine_rows_grad(self.flat, b, self.start, self.norm_real, self.row_weight,
+                                    _EPS, self.mse_weight)
+        else:
+            flat = self._gradient_torch(b)
+        return [part.view(shape) for part, shape in
+                zip(flat.split([s.numel() for s in self.shapes]), self.shapes, strict=True)]
+
+    def _gradient_torch(self, b: Tensor) -> Tensor:
+        """:meth:`gradient` with torch's operations (any device; the C kernel's oracle)."""
+        dot, norm_syn = self._row_sums(b)
+        den = self.norm_real * norm_syn + _EPS
+        along_a = self.row_weight / den
+        along_b = torch.where(norm_syn > 0, self.row_weight * dot * self.norm_real
+                              / (norm_syn * den * den), 0.0)
+        flat = along_b[self.row_of] * b - along_a[self.row_of] * self.flat
+        if self.mse_weight != 0.0:
+            flat = flat - 2.0 * self.mse_weight * (self.flat - b)
+        return flat
+
+    def _row_sums(self, b: Tensor) -> tuple[Tensor, Tensor]:
+        """Per row: the dot product with the real gradient and the synthetic norm."""
+        assert self.flat is not None
+        zeros = b.new_zeros(self.norm_real.shape[0])
+        dot = zeros.index_add(0, self.row_of, self.flat * b)
+        return dot, zeros.index_add(0, self.row_of, b * b).sqrt()
+
+    def _flat_syn(self, g_syn: Sequence[Tensor]) -> Tensor:
+        """The included synthetic gradients, checked against the real ones, as one vector."""
         if len(g_syn) != len(self.shapes):
             raise ConfigError(f"{len(self.shapes)} real gradients but {len(g_syn)} synthetic "
                               "ones")
@@ -109,17 +163,7 @@ class MatchTarget:
                     f"real and synthetic gradients differ in shape: {tuple(real_shape)} vs "
                     f"{tuple(syn.shape)}"
                 )
-        if self.flat is None:
-            return g_syn[0].new_zeros(()) if g_syn else torch.zeros(())
-        b = torch.cat([g.reshape(-1) for g in g_syn])
-        zeros = b.new_zeros(self.norm_real.shape[0])
-        dot = zeros.index_add(0, self.row_of, self.flat * b)
-        norm_syn = zeros.index_add(0, self.row_of, b * b).sqrt()
-        cosine = dot / (self.norm_real * norm_syn + _EPS)
-        total = ((1.0 - cosine) * self.row_weight).sum()
-        if self.mse_weight != 0.0:
-            total = total + self.mse_weight * (self.flat - b).square().sum()
-        return total
+        return torch.cat([g.reshape(-1) for g in g_syn]) if g_syn else torch.zeros(0)
 
 
 def match_distance(
