@@ -29,9 +29,7 @@ from the ``torch.Generator`` given, so a run is reproducible from its seed.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +38,7 @@ from torch import Tensor
 
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["DSA", "OPERATIONS", "Augmentation"]
+__all__ = ["DSA", "NO_AUGMENTATION", "OPERATIONS", "Augmentation", "DrawnAugmentation"]
 
 OPERATIONS = ("color", "crop", "cutout", "flip", "scale", "rotate")
 
@@ -100,10 +98,9 @@ class DSA:
         op = self.ops[min(int(values[0] * len(self.ops)), len(self.ops) - 1)]
         return Augmentation(op, tuple(values[1 : 1 + _DRAWS[op]]))
 
-    def draw(self, generator: torch.Generator) -> Callable[[Tensor], Tensor]:
+    def draw(self, generator: torch.Generator) -> DrawnAugmentation:
         """Draw ONE augmentation; return a function applying that same draw to any batch."""
-        aug = self.sample(generator)
-        return functools.partial(self.apply, aug=aug)
+        return DrawnAugmentation(self, self.sample(generator))
 
     def __call__(self, *batches: Tensor, generator: torch.Generator) -> tuple[Tensor, ...]:
         """Draw ONE augmentation and apply it to every batch (siamese); returns them in order."""
@@ -135,15 +132,67 @@ class DSA:
             return _cutout(x, u[0], u[1], self.cutout)
         if aug.op == "flip":
             return x.flip(3) if u[0] < self.flip else x
+        if aug.op in ("scale", "rotate"):
+            return F.grid_sample(x, _affine_grid(x, self._theta(aug)), align_corners=True)
+        raise ConfigError(f"unknown DSA operation {aug.op!r}")  # pragma: no cover
+
+
+    def vjp(self, x: Tensor, grad: Tensor, aug: Augmentation | None) -> Tensor:
+        """The gradient with respect to ``x`` of ``<grad, apply(x, aug)>``: the adjoint of the
+        drawn operation applied to ``grad`` (every operation is affine in ``x``), as autograd
+        through :meth:`apply` would compute it, in a few tensor operations."""
+        if aug is None or x.shape[0] == 0:
+            return grad
+        u = aug.u
+        if aug.op == "color":
+            # contrast then saturation, each its own adjoint (x -> s x + (1 - s) mean(x))
+            k = u[2] + self.contrast
+            g = grad * k + grad.mean(dim=(1, 2, 3), keepdim=True) * (1.0 - k)
+            s = u[1] * self.saturation
+            return g * s + g.mean(dim=1, keepdim=True) * (1.0 - s)
+        if aug.op == "crop":
+            return _translate(
+                grad,
+                *(
+                    -_randint(v, int(size * self.crop + 0.5))
+                    for v, size in zip(u, x.shape[2:], strict=True)
+                ),
+            )
+        if aug.op == "cutout":
+            return _cutout(grad, u[0], u[1], self.cutout)
+        if aug.op == "flip":
+            return grad.flip(3) if u[0] < self.flip else grad
+        if aug.op in ("scale", "rotate"):
+            grid = _affine_grid(x, self._theta(aug))
+            return torch.ops.aten.grid_sampler_2d_backward(
+                grad, x, grid, 0, 0, True, [True, False])[0]
+        raise ConfigError(f"unknown DSA operation {aug.op!r}")  # pragma: no cover
+
+    def _theta(self, aug: Augmentation) -> list[list[float]]:
+        """The affine matrix of a scale or rotate draw."""
+        u = aug.u
         if aug.op == "scale":
             lo = 1.0 / self.scale
             sx, sy = (lo + v * (self.scale - lo) for v in u)
-            return _affine(x, [[sx, 0.0, 0.0], [0.0, sy, 0.0]])
-        if aug.op == "rotate":
-            angle = math.radians((u[0] - 0.5) * 2.0 * self.rotate)
-            c, s = math.cos(angle), math.sin(angle)
-            return _affine(x, [[c, -s, 0.0], [s, c, 0.0]])
-        raise ConfigError(f"unknown DSA operation {aug.op!r}")  # pragma: no cover
+            return [[sx, 0.0, 0.0], [0.0, sy, 0.0]]
+        angle = math.radians((u[0] - 0.5) * 2.0 * self.rotate)
+        c, s = math.cos(angle), math.sin(angle)
+        return [[c, -s, 0.0], [s, c, 0.0]]
+
+
+@dataclass(frozen=True)
+class DrawnAugmentation:
+    """One draw bound to its :class:`DSA`: call it on any batch; :meth:`vjp` is its adjoint."""
+
+    dsa: DSA
+    aug: Augmentation | None
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.dsa.apply(x, self.aug)
+
+    def vjp(self, x: Tensor, grad: Tensor) -> Tensor:
+        """d<grad, self(x)>/dx (:meth:`DSA.vjp`)."""
+        return self.dsa.vjp(x, grad, self.aug)
 
 
 def _randint(u: float, shift: int) -> int:
@@ -172,8 +221,14 @@ def _cutout(x: Tensor, uy: float, ux: float, ratio: float) -> Tensor:
     return x * mask
 
 
-def _affine(x: Tensor, theta: list[list[float]]) -> Tensor:
-    """One affine transform for the whole batch (affine grid + bilinear, zero padding)."""
-    t = torch.tensor(theta, dtype=x.dtype, device=x.device).expand(x.shape[0], 2, 3)
-    grid = F.affine_grid(t, list(x.shape), align_corners=True)
-    return F.grid_sample(x, grid, align_corners=True)
+def _affine_grid(x: Tensor, theta: list[list[float]]) -> Tensor:
+    """The sampling grid of one affine transform for the whole batch (bilinear sampling with
+    zero padding, ``align_corners=True``, is applied by the caller): one image's grid, the
+    same for every image."""
+    t = torch.tensor(theta, dtype=x.dtype, device=x.device).unsqueeze(0)
+    grid = F.affine_grid(t, [1, *x.shape[1:]], align_corners=True)
+    return grid.expand(x.shape[0], -1, -1, -1)
+
+
+#: the identity, as a draw (for callers that augment optionally)
+NO_AUGMENTATION = DrawnAugmentation(DSA("none"), None)
