@@ -29,11 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlap_privacy.fl.augment import DSA, NO_AUGMENTATION, DrawnAugmentation
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.matching import MatchTarget
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
+from fedlap_privacy.second_order import supported_blocks, weight_grad_input_vjp
 
 __all__ = [
     "ClientUpdate",
@@ -79,7 +81,7 @@ def init_synthetic(
     labels = classes.repeat_interleave(ipc)
     if init == "noise":
         shape = (labels.numel(), *x.shape[1:])
-        images = torch.randn(shape, generator=generator, device=generator.device).to(x.device)
+        images = torch.randn(shape, generator=generator, device=generator.device).to(x)
     else:
         picks = []
         for c in classes:
@@ -135,6 +137,38 @@ def _model_steps(
     return False
 
 
+def _matching_gradient(
+    model: nn.Module, images: Tensor, labels: Tensor, aug: Callable[[Tensor], Tensor],
+    target: MatchTarget, include: list[bool], blocks: list[tuple[nn.Conv2d, nn.GroupNorm]] | None,
+) -> Tensor:
+    """dL_dis/d images for one synthetic-image update (Eq. 9-10 through the augmentation).
+
+    With ``blocks`` (:func:`fedlap_privacy.second_order.supported_blocks`: the package's ConvNet
+    on the CPU) and a DSA draw, the second-order pass is written out
+    (:func:`fedlap_privacy.second_order.weight_grad_input_vjp`), and so is the augmentation's
+    (:meth:`~fedlap_privacy.fl.augment.DrawnAugmentation.vjp`); elsewhere autograd
+    differentiates its own backward graph (``create_graph=True``). Both compute the same
+    gradient up to rounding.
+    """
+    if blocks is None or not isinstance(aug, DrawnAugmentation):
+        leaf = images.detach().requires_grad_(True)
+        params = list(model.parameters())
+        matched = [p for p, keep in zip(params, include, strict=True) if keep]
+        with torch.enable_grad():
+            loss = F.cross_entropy(model(aug(leaf)), labels)
+            g_syn = torch.autograd.grad(loss, matched, create_graph=True)
+            return torch.autograd.grad(target.distance(g_syn), [leaf])[0]
+
+    def adjoint(grads: list[Tensor]) -> list[Tensor | None]:
+        u = iter(target.gradient([g for g, keep in zip(grads, include, strict=True) if keep]))
+        return [next(u) if keep else None for keep in include]
+
+    with torch.no_grad():
+        images = images.detach()
+        bar_x = weight_grad_input_vjp(model, blocks, aug(images), labels, adjoint)
+        return aug.vjp(images, bar_x)
+
+
 def client_approximation(
     global_model: nn.Module,
     x: Tensor,
@@ -158,7 +192,7 @@ def client_approximation(
     opt = torch.optim.SGD([images], lr=cfg.lr_img, momentum=cfg.img_momentum)
     rate = cfg.batch_size / x.shape[0]
     include = [not zero for zero in structurally_zero(model)]
-    matched = [p for p, keep in zip(params, include, strict=True) if keep]  # dL/dw needed
+    blocks = supported_blocks(model, images)  # the written-out second-order pass applies
     accesses = 0
     for _ in range(cfg.reinits):
         with torch.no_grad():
@@ -168,16 +202,15 @@ def client_approximation(
             if distance(model, anchor) >= cfg.radius:
                 break
             for _ in range(cfg.real_batches):
-                aug = augment(generator) if augment is not None else (lambda t: t)
+                aug = augment(generator) if augment is not None else NO_AUGMENTATION
                 batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
                 g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
                 accesses += 1
                 # the real side of L_dis once per real batch, reused by the R_s updates
                 target = MatchTarget(g_real, cfg.mse_weight, include=include)
                 for _ in range(cfg.syn_steps):
-                    loss = F.cross_entropy(model(aug(images)), syn.labels)
-                    g_syn = torch.autograd.grad(loss, matched, create_graph=True)
-                    (images.grad,) = torch.autograd.grad(target.distance(g_syn), [images])
+                    images.grad = _matching_gradient(model, images, syn.labels, aug, target,
+                                                     include, blocks)
                     opt.step()
             current = SyntheticSet(images.detach(), syn.labels)
             if _model_steps(model, current, cfg.local_model_steps, lr_net, anchor, cfg.radius):
@@ -317,8 +350,6 @@ class FedLAP(Method):
         super().__init__(cfg, device)
         self.augment: AugmentationDraw | None = None
         if cfg.dsa:
-            from fedlap_privacy.fl.augment import DSA
-
             self.augment = DSA().draw
 
     def lr(self, round_: int) -> float:

@@ -266,6 +266,7 @@ def test_matching_step_equals_the_modules_run():
     from fedlap_privacy.fl.fedlap import structurally_zero
     from fedlap_privacy.fl.matching import MatchTarget
 
+    torch.manual_seed(0)  # the weights, whatever ran before
     model = build_model(ModelConfig(1, 28, 10))
     g = torch.Generator().manual_seed(5)
     images = torch.randn(20, 1, 28, 28, generator=g, requires_grad=True)

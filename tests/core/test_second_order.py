@@ -1,0 +1,92 @@
+"""The written-out second-order pass of gradient matching (fedlap_privacy.second_order).
+
+Autograd is the oracle: differentiating its own backward graph (``create_graph=True``) it
+computes ``d/dx D(grad_w CE(model(x), y))``; :func:`weight_grad_input_vjp` must give the
+same to 1e-10 in float64 and to float32 rounding in float32, on every ConvNet shape the
+package builds (8x8 with two blocks, 28x28 whose first convolution pads by 3, 3-channel
+32x32), for any dD/dg, including parameters D leaves out. Where it cannot stand in for
+autograd (not the ConvNet, kernels off, hooks), :func:`supported_blocks` says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlap_privacy.kernels import KERNELS_ENV
+from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.second_order import supported_blocks, weight_grad_input_vjp
+
+CONFIGS = [ModelConfig(1, 8, 10, width=32, depth=2), ModelConfig(1, 28, 10, width=8),
+           ModelConfig(3, 32, 10, width=6)]
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.environ.get(KERNELS_ENV, "").strip().lower() == "off":
+        pytest.skip("FEDLAP_KERNELS=off")
+    monkeypatch.setenv(KERNELS_ENV, "require")
+
+
+def _autograd(model, x, y, u):
+    """d/dx <u, g(x)> by autograd's double backward (the parameters whose u is None left out)."""
+    x = x.clone().requires_grad_(True)
+    params = [p for p, ui in zip(model.parameters(), u, strict=True) if ui is not None]
+    loss = F.cross_entropy(model(x), y)
+    g = torch.autograd.grad(loss, params, create_graph=True)
+    inner = sum((gi * ui).sum() for gi, ui in
+                zip(g, [ui for ui in u if ui is not None], strict=True))
+    return torch.autograd.grad(inner, [x])[0], [gi.detach() for gi in g]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.in_channels}x{c.image_size}")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_equals_autograds_double_backward(config: ModelConfig, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    model = build_model(config).to(dtype)
+    params = list(model.parameters())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, config.in_channels, config.image_size, config.image_size,
+                    generator=g, dtype=dtype)
+    y = torch.randint(0, 10, (6,), generator=g)
+    blocks = supported_blocks(model, x)
+    assert blocks is not None
+    for left_out in ((), (1, 5), tuple(range(0, len(params), 2))):  # conv biases; half
+        u = [None if i in left_out else torch.randn(p.shape, generator=g, dtype=dtype)
+             for i, p in enumerate(params)]
+        expect, grads = _autograd(model, x, y, u)
+        seen: list[list[torch.Tensor]] = []
+
+        def adjoint(weight_grads: list[torch.Tensor], u=u, seen=seen):
+            seen.append(weight_grads)
+            return u
+
+        got = weight_grad_input_vjp(model, blocks, x, y, adjoint)
+        tol = 1e-10 if dtype == torch.float64 else 1e-4
+        scale = expect.abs().max().item()
+        torch.testing.assert_close(got, expect, rtol=0, atol=tol * scale)
+        # the adjoint saw the weight gradient itself, in parameter order
+        kept = [w for w, ui in zip(seen[0], u, strict=True) if ui is not None]
+        for a, b in zip(kept, grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=tol * max(1.0, b.abs().max().item()))
+    assert all(p.grad is None for p in params)  # nothing left on the model
+
+
+def test_supported_only_where_it_computes_what_autograd_would() -> None:
+    model = build_model(CONFIGS[0])
+    x = torch.randn(2, 1, 8, 8)
+    assert supported_blocks(model, x) is not None
+    assert supported_blocks(torch.nn.Sequential(torch.nn.Flatten()), x) is None
+    handle = model.classifier.register_forward_hook(lambda *_: None)
+    assert supported_blocks(model, x) is None  # the written-out pass would skip the hook
+    handle.remove()
+    handle = model.features[0].register_forward_pre_hook(lambda *_: None)
+    assert supported_blocks(model, x) is None
+    handle.remove()
+    assert supported_blocks(model, x.half()) is None  # no kernels for float16
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KERNELS_ENV, "off")
+        assert supported_blocks(model, x) is None
