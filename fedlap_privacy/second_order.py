@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward
 from fedlap_privacy.models import ConvNet
 
-__all__ = ["supported_blocks", "weight_grad_input_vjp"]
+__all__ = ["supported_blocks", "weight_grad", "weight_grad_input_vjp"]
 
 #: from the weight gradient (one tensor per parameter, in ``model.parameters()`` order) to
 #: dD/dg in the same order; None for a parameter D does not depend on
@@ -124,7 +124,9 @@ class _Tape:
     """What the forward and backward pass keep per block ``l`` (lists indexed by block) and
     for the classifier: input ``a_{l-1}``, pre-activation ``z_l``, the block's statistics,
     its incoming gradient ``ga_l`` and the gradient ``gz_l``; the classifier's input ``f``,
-    the softmax ``p`` and ``go = dCE/dlogits``; the weight gradient by parameter id."""
+    the softmax ``p``, each record's share of the loss ``share`` (``(N, 1)``) and
+    ``go = share (p - onehot)``, the gradient of the loss with respect to the logits; the
+    weight gradient by parameter id."""
 
     inputs: list[Tensor]
     columns: Tensor | None  # im2col of the images where the first block uses it
@@ -134,6 +136,7 @@ class _Tape:
     gz: list[Tensor]
     f: Tensor
     p: Tensor
+    share: Tensor
     go: Tensor
     grads: dict[int, Tensor]
 
@@ -146,8 +149,9 @@ def _out_shape(a: Tensor, conv: nn.Conv2d) -> torch.Size:
 
 
 def _forward_backward(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
-                      y: Tensor) -> _Tape:
-    """Step 1: the forward pass and the backward pass of the batch-mean cross-entropy."""
+                      y: Tensor, weights: Tensor | None = None) -> _Tape:
+    """Step 1: the forward pass and the backward pass of the cross-entropy, the batch mean or,
+    with ``weights``, ``sum_i w_i CE_i / sum_i w_i``."""
     classifier = model.classifier
     inputs, pre, stats = [], [], []
     a = x
@@ -168,9 +172,11 @@ def _forward_backward(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm
     if classifier.bias is not None:
         logits += classifier.bias
     p = torch.softmax(logits, dim=1)
+    share = (p.new_full((x.shape[0], 1), 1.0 / x.shape[0]) if weights is None
+             else (weights.to(p.dtype) / weights.to(p.dtype).sum()).unsqueeze(1))
     go = p.clone()
     go[torch.arange(x.shape[0], device=x.device), y] -= 1
-    go /= x.shape[0]
+    go *= share
     grads = {id(classifier.weight): go.t() @ f}
     if classifier.bias is not None:
         grads[id(classifier.bias)] = go.sum(0)
@@ -185,7 +191,18 @@ def _forward_backward(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm
             grads[id(conv.bias)] = gz.sum((0, 2, 3))
         ga, grads[id(conv.weight)], _ = _conv_backward(gz, inputs[i], conv.weight, conv,
                                                        [i > 0, True])
-    return _Tape(inputs, columns, pre, stats, incoming, gzs, f, p, go, grads)
+    return _Tape(inputs, columns, pre, stats, incoming, gzs, f, p, share, go, grads)
+
+
+def weight_grad(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
+                y: Tensor, weights: Tensor | None = None) -> list[Tensor]:
+    """The gradient of the batch-mean cross-entropy (with ``weights``, of
+    ``sum_i w_i CE_i / sum_i w_i``) with respect to ``model.parameters()``, in their order,
+    from the written-out forward and backward pass (step 1 of the module docstring), without
+    autograd. ``blocks`` is :func:`supported_blocks` of ``model`` and ``x`` (not None)."""
+    with torch.no_grad():
+        grads = _forward_backward(model, blocks, x, y, weights).grads
+        return [grads[id(q)] for q in model.parameters()]
 
 
 def weight_grad_input_vjp(
@@ -235,7 +252,7 @@ def weight_grad_input_vjp(
             bar_go += t.f @ u_cw.t()
         if u_cb is not None:
             bar_go += u_cb
-        bar_logits = t.p * (bar_go - (t.p * bar_go).sum(1, keepdim=True)) / x.shape[0]
+        bar_logits = t.p * (bar_go - (t.p * bar_go).sum(1, keepdim=True)) * t.share
         bar_f = bar_logits @ classifier.weight
         if u_cw is not None:
             bar_f += t.go @ u_cw

@@ -35,7 +35,7 @@ from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.matching import MatchTarget
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
-from fedlap_privacy.second_order import supported_blocks, weight_grad_input_vjp
+from fedlap_privacy.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
 
 __all__ = [
     "ClientUpdate",
@@ -121,14 +121,31 @@ def structurally_zero(model: nn.Module) -> list[bool]:
     return [flags.get(id(p), False) for p in model.parameters()]
 
 
+def _loss_grad(model: nn.Module, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]] | None,
+               x: Tensor, y: Tensor, weights: Tensor | None = None) -> list[Tensor]:
+    """The gradient of the batch-mean cross-entropy (``sum_i w_i CE_i / sum_i w_i`` with
+    ``weights``) with respect to ``model.parameters()``: written out for the ConvNet on the
+    CPU (``blocks``, :func:`fedlap_privacy.second_order.weight_grad`), by autograd
+    elsewhere; the same up to rounding."""
+    if blocks is not None:
+        return weight_grad(model, blocks, x, y, weights)
+    with torch.enable_grad():
+        logits = model(x)
+        if weights is None:
+            loss = F.cross_entropy(logits, y)
+        else:
+            loss = (F.cross_entropy(logits, y, reduction="none") * weights).sum() / weights.sum()
+        return list(torch.autograd.grad(loss, list(model.parameters())))
+
+
 def _model_steps(
     model: nn.Module, syn: SyntheticSet, steps: int, lr: float, anchor: list[Tensor], radius: float
 ) -> bool:
     """``steps`` SGD steps on the synthetic set; True if the trust region was reached."""
     params = list(model.parameters())
+    blocks = supported_blocks(model, syn.images)
     for _ in range(steps):
-        loss = F.cross_entropy(model(syn.images), syn.labels)
-        grads = torch.autograd.grad(loss, params)
+        grads = _loss_grad(model, blocks, syn.images, syn.labels)
         with torch.no_grad():
             for p, g in zip(params, grads, strict=True):
                 p.sub_(lr * g)
@@ -279,21 +296,21 @@ def server_optimisation(
     images = torch.cat([s.images for s in sets])
     labels = torch.cat([s.labels for s in sets])
     record_w = torch.cat(
-        [torch.full((len(s.labels),), w / len(s.labels), device=images.device)
+        [torch.full((len(s.labels),), w / len(s.labels), dtype=images.dtype, device=images.device)
          for s, w in zip(sets, weights, strict=True)]
     )
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                          fused=_fused_sgd(model))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=lr, momentum=momentum, fused=_fused_sgd(model))
+    blocks = supported_blocks(model, images)
     steps = 0
     for _ in range(epochs):
         order = torch.randperm(len(labels), generator=generator, device=generator.device)
         for start in range(0, len(labels), batch_size):
             idx = order[start : start + batch_size].to(images.device)
             batch = images[idx] if augment is None else augment(generator)(images[idx])
-            losses = F.cross_entropy(model(batch), labels[idx], reduction="none")
-            loss = (losses * record_w[idx]).sum() / record_w[idx].sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            grads = _loss_grad(model, blocks, batch, labels[idx], record_w[idx])
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
             opt.step()
             steps += 1
             if radius is not None and project_to_ball(model, anchor, radius):

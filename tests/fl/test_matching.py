@@ -146,8 +146,8 @@ def test_match_target_gradient_is_the_derivative_of_its_distance() -> None:
     norm gives NaN, it is finite: the cosine's derivative along the real row."""
     from fedlap_privacy.fl.matching import MatchTarget
 
-    real = _grads(3) + [torch.zeros(2, 3, dtype=torch.float64)]
-    syn = _grads(4) + [torch.randn(2, 3, dtype=torch.float64)]
+    real = [*_grads(3), torch.zeros(2, 3, dtype=torch.float64)]
+    syn = [*_grads(4), torch.randn(2, 3, dtype=torch.float64)]
     for mse, include in ((0.0, None), (0.3, [True, False, True, True, True])):
         target = MatchTarget(real, mse, include=include)
         parts = [syn[i].clone().requires_grad_(True) for i in target.included]
