@@ -1,5 +1,5 @@
-"""The input gradient of a function of the ConvNet's weight gradient, written out layer by layer
-(docs/algorithms.md#written-out-matching-gradient).
+"""The ConvNet's weight gradient and the input gradient of a function of it, written out
+layer by layer (docs/algorithms.md#written-out-matching-gradient).
 
 Gradient matching (FedLAP-DP, Wang et al., PoPETs 2024, Eq. 9-10) moves the synthetic
 images ``x`` along ``d/dx D(g(x))``, where ``g(x) = grad_w CE(model(x), y)`` is the
@@ -23,7 +23,12 @@ autograd:
 
 That is 4 convolutions per block where autograd's graph makes 6 (and computes a weight
 gradient of the double backward that nobody asked for), and none of autograd's per-node
-bookkeeping. The test suite holds it to autograd's result (its oracle).
+bookkeeping. The first block (at most 3 input channels: the images) convolves through its
+input's columns (im2col, one batched matrix product), which the forward and step 3 share,
+and takes torch's native input-gradient kernel (both several times faster than oneDNN's
+there). :func:`weight_grad` is step 1 alone: the first-order gradient of the (optionally
+record-weighted) mean cross-entropy, for the local and the server steps. The test suite
+holds both to autograd's results (their oracle).
 """
 
 from __future__ import annotations
@@ -38,14 +43,17 @@ from torch import Tensor, nn
 from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward
 from fedlap_privacy.models import ConvNet
 
-__all__ = ["supported_blocks", "weight_grad", "weight_grad_input_vjp"]
+__all__ = ["Blocks", "supported_blocks", "weight_grad", "weight_grad_input_vjp"]
+
+#: the ConvNet's (convolution, normalisation) pairs, as :meth:`ConvNet.fused_blocks` gives them
+Blocks = list[tuple[nn.Conv2d, nn.GroupNorm]]
 
 #: from the weight gradient (one tensor per parameter, in ``model.parameters()`` order) to
 #: dD/dg in the same order; None for a parameter D does not depend on
 Adjoint = Callable[[list[Tensor]], Sequence[Tensor | None]]
 
 
-def supported_blocks(model: nn.Module, x: Tensor) -> list[tuple[nn.Conv2d, nn.GroupNorm]] | None:
+def supported_blocks(model: nn.Module, x: Tensor) -> Blocks | None:
     """The ConvNet's blocks when :func:`weight_grad_input_vjp` computes what autograd would
     on ``x``: the fused blocks run (:meth:`ConvNet.fused_blocks`), every convolution has one
     group, the classifier is a plain ``Linear`` and nothing hooks the modules this path
@@ -148,7 +156,7 @@ def _out_shape(a: Tensor, conv: nn.Conv2d) -> torch.Size:
     return torch.Size([a.shape[0], conv.out_channels, *size])
 
 
-def _forward_backward(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
+def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
                       y: Tensor, weights: Tensor | None = None) -> _Tape:
     """Step 1: the forward pass and the backward pass of the cross-entropy, the batch mean or,
     with ``weights``, ``sum_i w_i CE_i / sum_i w_i``."""
@@ -194,7 +202,7 @@ def _forward_backward(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm
     return _Tape(inputs, columns, pre, stats, incoming, gzs, f, p, share, go, grads)
 
 
-def weight_grad(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
+def weight_grad(model: ConvNet, blocks: Blocks, x: Tensor,
                 y: Tensor, weights: Tensor | None = None) -> list[Tensor]:
     """The gradient of the batch-mean cross-entropy (with ``weights``, of
     ``sum_i w_i CE_i / sum_i w_i``) with respect to ``model.parameters()``, in their order,
@@ -207,7 +215,7 @@ def weight_grad(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x:
 
 def weight_grad_input_vjp(
     model: ConvNet,
-    blocks: list[tuple[nn.Conv2d, nn.GroupNorm]],
+    blocks: Blocks,
     x: Tensor,
     y: Tensor,
     adjoint: Adjoint,

@@ -22,6 +22,10 @@ scale      x and y scaled independently by ``U(1/1.2, 1.2)`` (affine grid, bilin
 rotate     rotation by ``U(-15, 15)`` degrees (affine grid, bilinear, zeros)
 =========  ==================================================================================
 
+Every operation is affine in the images, so :meth:`DSA.vjp` writes out its adjoint (the
+vector-Jacobian product autograd would compute through :meth:`DSA.apply`), which the
+written-out matching step of FedLAP-DP uses (docs/algorithms.md#written-out-matching-gradient).
+
 The draw holds unit-interval numbers; pixel amounts are derived from each batch's image size
 when applied, so one draw fits any size (1 or 3 channels, 8x8 to 32x32). Random numbers come
 from the ``torch.Generator`` given, so a run is reproducible from its seed.
@@ -135,7 +139,6 @@ class DSA:
         if aug.op in ("scale", "rotate"):
             return F.grid_sample(x, _affine_grid(x, self._theta(aug)), align_corners=True)
         raise ConfigError(f"unknown DSA operation {aug.op!r}")  # pragma: no cover
-
 
     def vjp(self, x: Tensor, grad: Tensor, aug: Augmentation | None) -> Tensor:
         """The gradient with respect to ``x`` of ``<grad, apply(x, aug)>``: the adjoint of the

@@ -35,7 +35,12 @@ from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.matching import MatchTarget
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
-from fedlap_privacy.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
+from fedlap_privacy.second_order import (
+    Blocks,
+    supported_blocks,
+    weight_grad,
+    weight_grad_input_vjp,
+)
 
 __all__ = [
     "ClientUpdate",
@@ -121,7 +126,7 @@ def structurally_zero(model: nn.Module) -> list[bool]:
     return [flags.get(id(p), False) for p in model.parameters()]
 
 
-def _loss_grad(model: nn.Module, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]] | None,
+def _loss_grad(model: nn.Module, blocks: Blocks | None,
                x: Tensor, y: Tensor, weights: Tensor | None = None) -> list[Tensor]:
     """The gradient of the batch-mean cross-entropy (``sum_i w_i CE_i / sum_i w_i`` with
     ``weights``) with respect to ``model.parameters()``: written out for the ConvNet on the
@@ -156,7 +161,7 @@ def _model_steps(
 
 def _matching_gradient(
     model: nn.Module, images: Tensor, labels: Tensor, aug: Callable[[Tensor], Tensor],
-    target: MatchTarget, include: list[bool], blocks: list[tuple[nn.Conv2d, nn.GroupNorm]] | None,
+    target: MatchTarget, include: list[bool], blocks: Blocks | None,
 ) -> Tensor:
     """dL_dis/d images for one synthetic-image update (Eq. 9-10 through the augmentation).
 
