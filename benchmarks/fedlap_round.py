@@ -9,7 +9,8 @@ One client round of FedLAP-DP (paper Algorithm 3; Wang et al., PoPETs 2024) spli
 * local steps: the R_l model steps on the synthetic set;
 * server optimisation (Eq. 14/16) on five clients' synthetic sets;
 
-each also as a ratio to a plain forward+backward of a 64-record batch of the same model.
+each also as a ratio to a plain forward+backward of a 64-record batch of the same model, and
+the client round (the first three) as a whole.
 
 Four variants, each in its own process (the C allocator and the kernel choice are
 process-wide), interleaved repeat by repeat so that they see the same machine load, with
@@ -18,7 +19,7 @@ the same seeds:
 * "before": the reference implementation kept verbatim in this file (the package's code
   when this benchmark was written) with glibc's default allocator and torch's kernels
   (``FEDLAP_KERNELS=off``: the ConvNet runs its modules, per-record gradients take the hook
-  path, as they did then);
+  path for the whole batch at once, as they did then);
 * "after": the package's :func:`client_approximation` and :func:`server_optimisation`
   (phases timed by wrapping ``fl.fedlap._real_gradient`` and ``fl.fedlap._model_steps``)
   with the allocator every ``fedlap-privacy`` command sets
@@ -167,8 +168,9 @@ def ref_client_approximation(
                 aug = augment(generator) if augment is not None else (lambda t: t)
                 batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
                 start = _clock()
+                # the whole batch's per-record gradients at once, as then (no chunks)
                 g_real = dp_gradient(model, aug(x[batch]), y[batch], cfg.clip, cfg.sigma,
-                                     cfg.batch_size, generator)
+                                     cfg.batch_size, generator, chunk_size=None)
                 times["dp gradients"] += _clock() - start
                 start = _clock()
                 for _ in range(cfg.syn_steps):
@@ -405,6 +407,10 @@ def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str
             full[v] += med[v] * s.scale[phase]
         print(f"   {phase:14s} " + " ".join(f"{med[v]:22.2f}" for v in labels)
               + f" {med['before'] / med['after']:8.2f}x {med['after'] / units['after']:9.0f}")
+    client = {v: totals[v] - statistics.median(r["times"]["server"] for r in results[v])
+              for v in labels}
+    print(f"   {'client round':14s} " + " ".join(f"{client[v]:22.3f}" for v in labels)
+          + f" {client['before'] / client['after']:8.2f}x")
     print(f"   {'total':14s} " + " ".join(f"{totals[v]:22.2f}" for v in labels)
           + f" {totals['before'] / totals['after']:8.2f}x")
     if any(v != 1.0 for v in s.scale.values()):
