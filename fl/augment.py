@@ -125,13 +125,8 @@ class DSA:
             mean = x.mean(dim=(1, 2, 3), keepdim=True)
             return (x - mean) * (u[2] + self.contrast) + mean
         if aug.op == "crop":
-            return _translate(
-                x,
-                *(
-                    _randint(v, int(s * self.crop + 0.5))
-                    for v, s in zip(u, x.shape[2:], strict=True)
-                ),
-            )
+            dy, dx = self._shift(aug, x)
+            return _translate(x, dy, dx)
         if aug.op == "cutout":
             return _cutout(x, u[0], u[1], self.cutout)
         if aug.op == "flip":
@@ -154,13 +149,8 @@ class DSA:
             s = u[1] * self.saturation
             return g * s + g.mean(dim=1, keepdim=True) * (1.0 - s)
         if aug.op == "crop":
-            return _translate(
-                grad,
-                *(
-                    -_randint(v, int(size * self.crop + 0.5))
-                    for v, size in zip(u, x.shape[2:], strict=True)
-                ),
-            )
+            dy, dx = self._shift(aug, x)
+            return _translate(grad, -dy, -dx)
         if aug.op == "cutout":
             return _cutout(grad, u[0], u[1], self.cutout)
         if aug.op == "flip":
@@ -170,6 +160,12 @@ class DSA:
             return torch.ops.aten.grid_sampler_2d_backward(
                 grad, x, grid, 0, 0, True, [True, False])[0]
         raise ConfigError(f"unknown DSA operation {aug.op!r}")  # pragma: no cover
+
+    def _shift(self, aug: Augmentation, x: Tensor) -> tuple[int, int]:
+        """The (rows, columns) shift of a crop draw on ``x``'s image size."""
+        dy, dx = (_randint(v, int(size * self.crop + 0.5))
+                  for v, size in zip(aug.u, x.shape[2:], strict=True))
+        return dy, dx
 
     def _theta(self, aug: Augmentation) -> list[list[float]]:
         """The affine matrix of a scale or rotate draw."""
