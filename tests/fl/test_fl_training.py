@@ -47,7 +47,9 @@ def _data(n: int = 64, seed: int = 0):
     return torch.randn(n, 1, 8, 8, generator=g), torch.randint(0, 2, (n,), generator=g)
 
 
-def test_client_stays_in_trust_region_and_keeps_labels():
+def test_client_stays_in_trust_region_and_keeps_labels(monkeypatch: pytest.MonkeyPatch):
+    import fedlap_privacy.fl.fedlap as fedlap
+
     model = _model()
     x, y = _data()
     g = torch.Generator().manual_seed(1)
@@ -55,21 +57,21 @@ def test_client_stays_in_trust_region_and_keeps_labels():
     labels = syn.labels.clone()
     radius = 0.05  # tiny, so the local steps hit it
     cfg = tiny(method="fedlap-dp", radius=radius, lr_net=5.0, max_loops=4, local_model_steps=3)
-    seen: list[float] = []
+    seen: dict[str, list[float]] = {}
     anchor = clone_params(model)
-    orig = torch.nn.Module.__call__
 
-    def spy(self, *args, **kwargs):  # record the distance of every weight the client uses
-        if self is not model and isinstance(self, type(model)):
-            seen.append(distance(self, anchor))
-        return orig(self, *args, **kwargs)
+    def spy(name, fn):  # record the distance of every weight a gradient is taken at
+        def wrapper(client_model, *args, **kwargs):
+            seen.setdefault(name, []).append(distance(client_model, anchor))
+            return fn(client_model, *args, **kwargs)
+        return wrapper
 
-    torch.nn.Module.__call__ = spy
-    try:
-        update = client_approximation(model, x, y, syn, cfg, 5.0, g, None)
-    finally:
-        torch.nn.Module.__call__ = orig
-    assert seen and max(seen) <= radius * (1 + 1e-5)
+    # every use of the weights: the DP gradient, the matching steps, the local steps
+    for name in ("_real_gradient", "_matching_gradient", "_loss_grad"):
+        monkeypatch.setattr(fedlap, name, spy(name, getattr(fedlap, name)))
+    update = client_approximation(model, x, y, syn, cfg, 5.0, g, None)
+    assert set(seen) == {"_real_gradient", "_matching_gradient", "_loss_grad"}
+    assert max(max(d) for d in seen.values()) <= radius * (1 + 1e-5)
     assert torch.equal(update.synthetic.labels, labels)
     assert not torch.equal(update.synthetic.images, syn.images)  # the images did learn
     # the trust region stopped the trajectory early: fewer accesses than the worst case
