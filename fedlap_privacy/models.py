@@ -81,21 +81,22 @@ class ConvNet(nn.Module):
         if x.device.type != "cpu" or _global_hooks():
             return None
         layers = list(self.features)
-        if len(layers) % 4 or _hooked(self.features):
+        if len(layers) % 4 or has_hooks(self.features):
             return None
         blocks = []
         for conv, norm, relu, pool in zip(*[iter(layers)] * 4, strict=True):
             if not (type(conv) is nn.Conv2d and type(norm) is nn.GroupNorm
                     and type(relu) is nn.ReLU and type(pool) is nn.AvgPool2d
                     and norm.num_groups == norm.num_channels
-                    and _pool_2x2(pool)) or any(_hooked(m) for m in (norm, relu, pool)):
+                    and _pool_2x2(pool)) or any(has_hooks(m) for m in (norm, relu, pool)):
                 return None
             blocks.append((conv, norm))
         params = [p for _, norm in blocks for p in (norm.weight, norm.bias)]
         return blocks if blocks and fusable(x, *params) else None
 
 
-def _hooked(m: nn.Module) -> bool:
+def has_hooks(m: nn.Module) -> bool:
+    """Whether a forward or backward hook is registered on ``m`` itself."""
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or m._backward_pre_hooks)
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward
-from fedlap_privacy.models import ConvNet
+from fedlap_privacy.models import ConvNet, has_hooks
 
 __all__ = ["Blocks", "supported_blocks", "weight_grad", "weight_grad_input_vjp"]
 
@@ -64,14 +64,9 @@ def supported_blocks(model: nn.Module, x: Tensor) -> Blocks | None:
     if blocks is None or type(model.classifier) is not nn.Linear:
         return None
     modules = [model, model.features, model.classifier, *(conv for conv, _ in blocks)]
-    if any(conv.groups != 1 for conv, _ in blocks) or any(_hooked(m) for m in modules):
+    if any(conv.groups != 1 for conv, _ in blocks) or any(has_hooks(m) for m in modules):
         return None
     return blocks
-
-
-def _hooked(m: nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or m._backward_pre_hooks)
 
 
 def _conv(x: Tensor, weight: Tensor, conv: nn.Conv2d, bias: Tensor | None = None) -> Tensor:
