@@ -175,8 +175,11 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
     if classifier.bias is not None:
         logits += classifier.bias
     p = torch.softmax(logits, dim=1)
-    share = (p.new_full((x.shape[0], 1), 1.0 / x.shape[0]) if weights is None
-             else (weights.to(p.dtype) / weights.to(p.dtype).sum()).unsqueeze(1))
+    if weights is None:
+        share = p.new_full((x.shape[0], 1), 1.0 / x.shape[0])
+    else:
+        w = weights.to(p.dtype)
+        share = (w / w.sum()).unsqueeze(1)
     go = p.clone()
     go[torch.arange(x.shape[0], device=x.device), y] -= 1
     go *= share
@@ -184,17 +187,19 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
     if classifier.bias is not None:
         grads[id(classifier.bias)] = go.sum(0)
     ga = (go @ classifier.weight).view_as(a)
-    incoming, gzs = list(pre), list(pre)  # placeholders, each overwritten below
+    incoming, gzs = [], []  # filled from the last block down, reversed below
     for i in reversed(range(len(blocks))):
         conv, norm = blocks[i]
         gz, sgx, sgy = block_backward(pre[i], ga, norm.weight, norm.bias, *stats[i])
-        incoming[i], gzs[i] = ga, gz
+        incoming.append(ga)
+        gzs.append(gz)
         grads[id(norm.weight)], grads[id(norm.bias)] = sgx.sum(0), sgy.sum(0)
         if conv.bias is not None:
             grads[id(conv.bias)] = gz.sum((0, 2, 3))
         ga, grads[id(conv.weight)], _ = _conv_backward(gz, inputs[i], conv.weight, conv,
                                                        [i > 0, True])
-    return _Tape(inputs, columns, pre, stats, incoming, gzs, f, p, share, go, grads)
+    return _Tape(inputs, columns, pre, stats, incoming[::-1], gzs[::-1], f, p, share, go,
+                 grads)
 
 
 def weight_grad(model: ConvNet, blocks: Blocks, x: Tensor,
