@@ -8,7 +8,15 @@ and the competing process share the machine). Prints wall times and the ratio
 "with a competing process / alone" for each thread setting; the policy should keep it near
 or below 2 while oversubscribed OpenMP threads spin.
 
-    python benchmarks/threads.py [--repeats 2]
+Then times the whole default ``fedlap-privacy train --rounds 2`` (a fresh process each time,
+since GNU OpenMP reads its wait policy when torch loads) alone and beside one busy torch
+process (training-like small convolutions and matrix products on torch's default threads),
+under the package's default ``OMP_WAIT_POLICY=PASSIVE`` (:mod:`fedlap_privacy.runtime_env`),
+under GNU OpenMP's own default (spin 300,000 iterations before sleeping, what torch does when
+nothing is set) and with one thread. A run slower than ``--cap`` seconds is stopped and
+reported as at least the cap.
+
+    python benchmarks/threads.py [--repeats 2] [--whole-run-repeats 1] [--cap 150]
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -31,11 +41,65 @@ from fedlap_privacy.models import build_model
 from fedlap_privacy.threads import threads_for, usable_cpus
 
 SPIN = "while True:\n    pass\n"
+#: one busy torch process on torch's default threads: a training-like loop of small operations
+BUSY_TORCH = (
+    "import torch\n"
+    "x = torch.randn(64, 16, 14, 14); w = torch.randn(16, 16, 3, 3); m = torch.randn(256, 256)\n"
+    "while True:\n"
+    "    torch.nn.functional.conv2d(x, w, padding=1).relu_(); m @ m\n"
+)
+#: environment of each whole-run setting (on top of the caller's, less these variables)
+WAIT_SETTINGS = {
+    "package default (OMP_WAIT_POLICY=PASSIVE)": {},
+    "GNU OpenMP default (spin 300,000)": {"GOMP_SPINCOUNT": "300000"},
+    "one thread, passive": {"OMP_NUM_THREADS": "1"},
+}
+_CLEARED = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def train_seconds(extra_env: dict[str, str], cap: float) -> float:
+    """Wall time of ``fedlap-privacy train --rounds 2`` in a fresh process (at most ``cap``)."""
+    env = {k: v for k, v in os.environ.items() if k not in _CLEARED} | extra_env
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "fedlap_privacy", "train", "--rounds", "2",
+               "--out", str(Path(tmp) / "run")]
+        start = time.perf_counter()
+        try:
+            subprocess.run(cmd, env=env, check=True, timeout=cap, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return cap
+        return time.perf_counter() - start
+
+
+def whole_runs(repeats: int, cap: float) -> None:
+    """The wait-policy table of the module docstring."""
+    print(f"default 2-round train, whole process, wall time (cap {cap:.0f} s)")
+    times: dict[tuple[str, bool], list[float]] = {}
+    for _ in range(repeats):
+        for busy in (False, True):
+            competitor = (subprocess.Popen([sys.executable, "-c", BUSY_TORCH]) if busy
+                          else None)
+            try:
+                for name, extra in WAIT_SETTINGS.items():
+                    times.setdefault((name, busy), []).append(train_seconds(extra, cap))
+            finally:
+                if competitor is not None:
+                    competitor.kill()
+                    competitor.wait()
+    for name in WAIT_SETTINGS:
+        alone = statistics.median(times[(name, False)])
+        busy = statistics.median(times[(name, True)])
+        at_least = ">=" if busy >= cap else "  "
+        print(f"  {name:42s} alone {alone:6.1f} s   beside a busy torch process "
+              f"{at_least}{busy:6.1f} s   ratio {at_least}{busy / alone:5.2f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--whole-run-repeats", type=int, default=1)
+    parser.add_argument("--cap", type=float, default=150.0)
     args = parser.parse_args()
     cfg = TrainConfig()
     data = load_dataset("digits")
@@ -77,6 +141,8 @@ def main() -> None:
         busy = statistics.median(times[(name, True)])
         print(f"  {name:32s} alone {alone:6.2f} s   with a busy process {busy:6.2f} s   "
               f"ratio {busy / alone:5.2f}")
+    if args.whole_run_repeats > 0:
+        whole_runs(args.whole_run_repeats, args.cap)
 
 
 if __name__ == "__main__":

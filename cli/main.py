@@ -1,15 +1,11 @@
 """The ``fedlap-privacy`` command. Sub-commands parse, call one function, print; no logic.
 
 Sub-command modules import torch only inside their functions, so ``plan`` starts fast.
+Importing the package first sets torch's environment defaults
+(:mod:`fedlap_privacy.runtime_env`) before torch loads.
 """
 
 from __future__ import annotations
-
-import os
-
-# torch's CPU allocator with transparent huge pages: fewer page faults on the large per-record
-# gradient tensors (measured 1.5-2x on the DP step, benchmarks/dp_step.py). Read at torch import.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import typer
 

@@ -77,3 +77,36 @@ def test_apply_sets_torch_threads(monkeypatch):
         assert apply_thread_policy(requested=2) == 2 and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def _gomp_spin_count(code: str, **env: str) -> str:
+    """GNU OpenMP's spin count in a fresh process running ``code``, as libgomp reports it when
+    it loads (OMP_DISPLAY_ENV=verbose)."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_DISPLAY_ENV")}
+    out = subprocess.run([sys.executable, "-c", code], env=base | env | {
+        "OMP_DISPLAY_ENV": "verbose"}, capture_output=True, text=True, check=True)
+    return re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr).group(1)
+
+
+def test_openmp_threads_wait_passively_unless_the_user_chose():
+    """Spinning OpenMP threads made a 2-round train 34x slower beside one busy torch process:
+    importing the package (every entry point does, before torch) makes them sleep at once."""
+    assert _gomp_spin_count("import torch") == "300000"  # torch alone: libgomp spins
+    assert _gomp_spin_count("import fedlap_privacy.cli.main, torch") == "0"
+    assert _gomp_spin_count("import fedlap_privacy, torch", OMP_WAIT_POLICY="ACTIVE") != "0"
+    assert _gomp_spin_count("import fedlap_privacy, torch", GOMP_SPINCOUNT="5000") == "5000"
+
+
+def test_runtime_defaults_respect_the_users_settings():
+    from fedlap_privacy.runtime_env import apply_runtime_defaults
+
+    env = {"THP_MEM_ALLOC_ENABLE": "0"}
+    assert apply_runtime_defaults(env) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert env == {"THP_MEM_ALLOC_ENABLE": "0", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert apply_runtime_defaults({"GOMP_SPINCOUNT": "10"}) == {"THP_MEM_ALLOC_ENABLE": "1"}
