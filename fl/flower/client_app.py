@@ -7,11 +7,13 @@ Contract (docs/threat-model.md, "Cross-silo deployment"): the node answers two m
   configuration against the node's policy.
 * ``train``: in this order, and nothing is read from the records before step 3 —
   1. the instruction is decoded with the strict parser (:func:`.run_config.parse_config`);
-  2. :meth:`NodePolicy.check` (the full :meth:`TrainConfig.validate` and the policy);
+  2. :meth:`NodePolicy.check` (the full :meth:`TrainConfig.validate` and the policy; the
+     round's number and learning rate must be numbers, the rate within ``max-lr``);
   3. the node's partition is loaded (:mod:`.partition`: its own data file, or the simulated
      split) and its ledger (:mod:`.node_ledger`) admits the round (no replay, no change of
      the run, within the node's budget) and records it at its full T, persisted;
-  4. :meth:`Method.client` runs with the node's own DP generator
+  4. :meth:`Method.client` runs on the broadcast weights, with the node's own LDP-FL ranges
+     (:func:`.policy.node_round_info`: never the server's) and the node's own DP generator
      (:func:`~fedlap_privacy.fl.randomness.dp_generator`: OS-seeded; seeded only if the
      policy allows ``reproducible-noise``), the method's node-local state kept in
      ``context.state``.
@@ -31,11 +33,11 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedlap_privacy.errors import ConfigError, DataError
-from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config import TrainConfig, typed_value
 from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
 from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
 from fedlap_privacy.fl.flower.partition import NodeData, load_partition
-from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal
+from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal, node_round_info
 from fedlap_privacy.fl.flower.run_config import parse_config
 from fedlap_privacy.fl.methods import RoundInfo, build_method
 from fedlap_privacy.fl.randomness import dp_generator
@@ -84,7 +86,8 @@ def _describe(msg: Message, context: Context) -> Message:
     """Discovery: the partition this node holds, N_k and its content hash (public metadata)."""
     try:
         cfg = _instruction_config(msg.content)
-        NodePolicy.from_node_config(dict(context.node_config)).check_config(cfg)
+        NodePolicy.from_node_config(dict(context.node_config)).check_config(cfg,
+                                                                           discovery=True)
         data = load_partition(cfg, dict(context.node_config), torch.device("cpu"))
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
@@ -97,11 +100,11 @@ def _round_info(content: RecordDict, device: torch.device) -> RoundInfo:
     run = content.config_records.get("round")
     if run is None or not all(k in run for k in ("round", "rounds", "lr")):
         raise ConfigError("the instruction has no round, rounds and lr")
-    values = (run["round"], run["rounds"], run["lr"])
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        raise ConfigError("the instruction's round, rounds and lr must be numbers")
-    return RoundInfo(int(run["round"]), int(run["rounds"]), float(run["lr"]),
-                     unpack(content, "extras", device))
+    round_, rounds = (typed_value(k, int, run[k]) for k in ("round", "rounds"))
+    lr = typed_value("lr", float, run["lr"])
+    if round_ < 1 or rounds < 1:
+        raise ConfigError(f"the instruction's round {round_} and rounds {rounds} must be >= 1")
+    return RoundInfo(round_, rounds, lr, unpack(content, "extras", device))
 
 
 def _admit(msg: Message, context: Context, device: torch.device
@@ -127,6 +130,7 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, content: Reco
     model = build_model(default_model_config(cfg, data.shape)).to(device)
     weights = content.array_records["weights"].to_torch_state_dict()
     model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+    info = node_round_info(cfg, info, model.state_dict())
     state: dict[str, Any] = {}
     if "state-tree" in context.state.config_records:
         saved = unpack(context.state, "state", device)

@@ -10,13 +10,16 @@ Contract (docs/threat-model.md, "Cross-silo deployment"):
   the instructed batch size (q = B / N_k: against the server, client sampling amplifies
   nothing), at the node's delta and accountant (a method without such a guarantee, admitted
   only by a node that trusts the server, gets a ledger of notion "none": replays are still
-  refused, no budget applies);
+  refused, no budget applies); an LDP-FL run, admitted only by a node that names it, gets a
+  ledger of notion "local" (per-weight epsilon, basic composition over rounds);
 * :meth:`NodeLedger.admit` refuses, without writing anything: a round number already
   answered or not after the last one (a replay), an instruction that changes the run's
   configuration (anything but ``rounds``) or the node's records within a run, and a round
   whose projected epsilon — this run's composition with the round at its full T, plus the
-  epsilon of every earlier run on the same records (basic composition across runs: their
-  deltas add too) — exceeds the node's budget;
+  epsilon of every earlier run of the SAME notion on the same records (basic composition
+  across runs: their deltas add too) — exceeds the node's budget for that notion
+  (:meth:`NodePolicy.budget`: ``epsilon`` for record-level, ``local-epsilon`` for local DP);
+  one notion's epsilon is never charged against another's budget;
 * :meth:`NodeLedger.record` enters an admitted round at its full T and persists it BEFORE
   the node touches its data, so an answer that crashes half-way is still counted.
 """
@@ -34,8 +37,8 @@ from fedlap_privacy.accountant import FedLAPSchedule
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal
-from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
+from fedlap_privacy.fl.flower.policy import PRICING, NodePolicy, PolicyRefusal
+from fedlap_privacy.ledger import Notion, PrivacyLedger, ledger_digest
 
 __all__ = ["FORMAT", "NodeLedger", "default_state_dir"]
 
@@ -104,15 +107,19 @@ class NodeLedger:
             raise PolicyRefusal(f"the instruction changes {k.replace('_', '-')} within {run} "
                                 f"(was {self.config.get(k)!r}, now {getattr(cfg, k)!r})")
         self._reschedule(steps)
-        if self.ledger.notion == "none":
+        budget = policy.budget(self.ledger.notion)
+        if budget is None:
             return math.inf  # no guarantee to budget: the node's policy trusts the server
         projected = self.ledger.projected_epsilon(steps)
         earlier = self.earlier_epsilon()
-        if projected + earlier > policy.epsilon:
+        if projected + earlier > budget:
             spent = f"this run {projected:.4g}" + (f" + earlier runs {earlier:.4g}"
                                                    if earlier else "")
-            raise PolicyRefusal(f"round {round_} would spend epsilon {projected + earlier:.4g} "
-                                f"({spent}), above the node's budget {policy.epsilon:g}")
+            what = "epsilon" if self.ledger.notion == "record-level" else (
+                f"{self.ledger.notion} epsilon")
+            key = PRICING[Notion(self.ledger.notion)].budget
+            raise PolicyRefusal(f"round {round_} would spend {what} {projected + earlier:.4g} "
+                                f"({spent}), above the node's budget {budget:g} ({key})")
         return projected
 
     def _reschedule(self, steps: int) -> None:
@@ -123,14 +130,16 @@ class NodeLedger:
                 local_steps=steps, client_fraction=1.0)
 
     def earlier_epsilon(self) -> float:
-        """Epsilon of the node's other runs on the same records (basic composition)."""
+        """Epsilon of the node's other runs of this run's notion on the same records (basic
+        composition; a run of another notion is another budget's)."""
         total = 0.0
         for other in sorted(self.path.parent.glob("run-*.json")):
             if other == self.path:
                 continue
             saved = _read(other)
             last = saved["entries"][-1] if saved["entries"] else None
-            if saved["content_hash"] == self.content_hash and last and last["notion"] != "none":
+            if (saved["content_hash"] == self.content_hash and last
+                    and last["notion"] == self.ledger.notion != "none"):
                 eps = last["epsilon"]
                 total += math.inf if eps is None else float(eps)
         return total

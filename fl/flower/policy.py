@@ -5,25 +5,40 @@ A client institution does not trust the server with its privacy (docs/threat-mod
 configuration and the round's public broadcast) is refused with one line naming the rule
 unless ALL of these hold, and nothing is read from the node's records before it passes:
 
-* the full :meth:`TrainConfig.validate` (sigma and clip finite and positive, no ``init=real``
-  for DP, ALI-DPFL's first tau within ``tau_max``, ...);
-* ``allowed-methods`` (default: every method with a formal guarantee) and the node's
-  ``threat-model``: ``server`` (default) admits only methods whose epsilon holds against the
-  server (record-level and local DP; DP-NormFedAvg's client-level epsilon assumes a trusted
-  server and is refused); ``trusted-server`` admits any allowed method (a node that trusts
-  the server, e.g. in a test federation). A node sees only the rounds it answered and cannot
-  check the server's client sampling, so its ledger never assumes hidden selection;
-* Gaussian methods: sigma >= ``min-sigma``, clip <= ``max-clip``, the run's delta <= the
-  node's ``delta``;
+* every number of the configuration is finite and >= 0 (no NaN, inf or negative value),
+  then the full :meth:`TrainConfig.validate` (sigma and clip finite and positive, no
+  ``init=real`` for DP, ALI-DPFL's first tau within ``tau_max``, ...);
+* ``allowed-methods``. Each method is priced under the notion it really has
+  (:data:`PRICING`): its epsilon bounds each of the node's records (record-level), a whole
+  client against observers of the model with noise the SERVER adds (client-level), each
+  reported weight of one round and no record (local, LDP-FL), or nothing (none). The
+  default admits the record-level methods only; a method of any other notion is admitted
+  only when the node names it. Then the node's ``threat-model``: ``server`` (default)
+  admits only notions whose epsilon holds against the server (record-level and local);
+  ``trusted-server`` admits any allowed method. A node sees only the rounds it answered and
+  cannot check the server's client sampling, so its ledger never assumes hidden selection;
+* Gaussian methods: a sigma (at discovery a run may still leave it to the server to plan
+  from its target epsilon; each round's instruction must carry it), sigma >= ``min-sigma``,
+  clip <= ``max-clip``, the run's delta <= the node's ``delta``;
+* the round's learning rate in (0, ``max-lr``] (the server broadcasts it);
 * accesses to private data this round (T of Theorem 5.8; ALI-DPFL: the broadcast tau, which
-  must also be within ``tau_max``) <= ``max-accesses``; FedLAP-DP must optimise its
-  synthetic set (``syn-steps`` >= 1);
+  must also be within ``tau_max``) <= ``max-accesses``. A method whose epsilon does not
+  price the batch size and the local steps (any notion but record-level, where q = B / N_k
+  and T are accounted) must also keep ``local-steps`` <= ``max-accesses`` and
+  ``batch-size`` >= ``min-batch-size``; FedLAP-DP must optimise its synthetic set
+  (``syn-steps`` >= 1);
 * ``reproducible-noise`` (noise derived from a seed the server knows) only with
   ``allow-reproducible-noise = true``.
 
-The budget (``epsilon`` at the node's ``delta``) and replays are the node ledger's
-(:mod:`.node_ledger`). Policy sources: node config keys, over the TOML file named by the
-node config key ``policy-file``; an unknown key or a value of the wrong type is refused.
+Nothing else the server broadcasts changes what the upload reveals unchecked: LDP-FL's
+weight ranges are the node's own (:func:`node_round_info`), never the server's.
+
+The budgets are the node ledger's (:mod:`.node_ledger`): one per notion that the node can
+account itself, never one notion's epsilon against another's budget: ``epsilon`` (at the
+node's ``delta``) for record-level DP, ``local-epsilon`` for local DP (per-weight epsilon
+composed over rounds and runs). Policy sources: node config keys, over the TOML file named
+by the node config key ``policy-file``; an unknown key or a value of the wrong type is
+refused.
 """
 
 from __future__ import annotations
@@ -35,14 +50,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.ldpfl import layer_ranges
 from fedlap_privacy.fl.method_table import METHOD_TABLE
 from fedlap_privacy.fl.methods import RoundInfo
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion
 
-__all__ = ["NODE_THREAT_MODELS", "NodePolicy", "PolicyRefusal", "accesses_of"]
+__all__ = ["NODE_THREAT_MODELS", "PRICING", "NodePolicy", "PolicyRefusal", "Pricing",
+           "accesses_of", "node_round_info"]
 
 #: the threat models a node ledger can hold for (see the module docstring)
 NODE_THREAT_MODELS = ("server", "trusted-server")
@@ -55,20 +74,41 @@ class PolicyRefusal(FedlapError):
     """The node refuses an instruction (one line naming the rule)."""
 
 
-def _formal_methods() -> tuple[str, ...]:
-    return tuple(m for m, spec in METHOD_TABLE.items() if spec.notion != Notion.NONE)
+@dataclass(frozen=True)
+class Pricing:
+    """How a node prices the methods of one notion (module docstring)."""
+
+    bounds: str  # what the method's epsilon bounds, in the words of a refusal
+    budget: str | None  # the policy key of the node's budget for it; None: none it can keep
+
+
+#: every notion under what it really bounds, and the node budget that pays for it
+PRICING: dict[Notion, Pricing] = {
+    Notion.RECORD: Pricing("each of the node's records", "epsilon"),
+    Notion.LOCAL: Pricing("each reported weight of a round, no record", "local-epsilon"),
+    Notion.CLIENT: Pricing("a whole client against observers of the model, with noise the "
+                           "server adds", None),
+    Notion.NONE: Pricing("nothing", None),
+}
+
+
+def _record_level_methods() -> tuple[str, ...]:
+    return tuple(m for m, spec in METHOD_TABLE.items() if spec.notion == Notion.RECORD)
 
 
 @dataclass(frozen=True)
 class NodePolicy:
     """The node's rules (module docstring); defaults protect a node that configured nothing."""
 
-    allowed_methods: tuple[str, ...] = dataclasses.field(default_factory=_formal_methods)
+    allowed_methods: tuple[str, ...] = dataclasses.field(default_factory=_record_level_methods)
     min_sigma: float = 0.5
     max_clip: float = math.inf  # privacy does not depend on it (sigma is a multiplier)
     max_accesses: int = 200
+    max_lr: float = 10.0  # the round's learning rate, broadcast by the server
+    min_batch_size: int = 16  # methods whose epsilon does not price B (not record-level)
     delta: float = 1e-5  # the node's delta: the largest a run may use; its ledger's delta
-    epsilon: float = 10.0  # the node's budget over every run on its records
+    epsilon: float = 10.0  # the node's record-level budget over every run on its records
+    local_epsilon: float = 10.0  # its local-DP budget (per weight), if it admits ldp-fl
     threat_model: str = "server"
     accountant: str = "rdp"
     allow_reproducible_noise: bool = False
@@ -80,8 +120,12 @@ class NodePolicy:
             (self.min_sigma >= 0 and math.isfinite(self.min_sigma), "min-sigma must be >= 0"),
             (self.max_clip > 0, "max-clip must be > 0"),
             (self.max_accesses >= 1, "max-accesses must be >= 1"),
+            (0 < self.max_lr and math.isfinite(self.max_lr), "max-lr must be finite, > 0"),
+            (self.min_batch_size >= 1, "min-batch-size must be >= 1"),
             (0 < self.delta < 1, "delta must be in (0, 1)"),
             (self.epsilon > 0 and math.isfinite(self.epsilon), "epsilon must be finite, > 0"),
+            (self.local_epsilon > 0 and math.isfinite(self.local_epsilon),
+             "local-epsilon must be finite, > 0"),
             (self.threat_model in NODE_THREAT_MODELS,
              f"threat-model {self.threat_model!r} must be server or trusted-server (a node "
              "sees only the rounds it answered: hidden selection cannot be checked)"),
@@ -117,43 +161,80 @@ class NodePolicy:
         values.update({k: v for k, v in node_config.items() if k not in NODE_KEYS})
         return cls.from_values(values)
 
+    def budget(self, notion: str) -> float | None:
+        """The node's budget for ``notion`` (:data:`PRICING`); None: no budget it can keep."""
+        key = PRICING[Notion(notion)].budget
+        return None if key is None else float(getattr(self, key.replace("-", "_")))
+
     def check(self, cfg: TrainConfig, info: RoundInfo) -> int:
         """Refuse (:class:`PolicyRefusal`) or return the round's accounted accesses T."""
         self.check_config(cfg)
+        lr = info.lr
+        if not (math.isfinite(lr) and 0 < lr <= self.max_lr):
+            raise PolicyRefusal(f"learning rate {lr:g} outside the node's bounds "
+                                f"(0, {self.max_lr:g}] (max-lr)")
         steps = accesses_of(cfg, info)
         if steps > self.max_accesses:
             raise PolicyRefusal(f"{steps} accesses per round above the node's maximum "
                                 f"{self.max_accesses}")
         return steps
 
-    def check_config(self, cfg: TrainConfig) -> None:
-        """The rules that depend on the run's configuration only (also at discovery)."""
+    def check_config(self, cfg: TrainConfig, *, discovery: bool = False) -> None:
+        """The rules that depend on the run's configuration only (also at ``discovery``,
+        where a Gaussian run may still leave its sigma to the server's plan)."""
         try:
+            _check_numbers(cfg)
             cfg.validate()
         except ConfigError as exc:
             raise PolicyRefusal(f"invalid instruction: {exc}") from None
-        if cfg.method not in self.allowed_methods:
-            raise PolicyRefusal(f"method {cfg.method} is not allowed by the node's policy "
-                                f"(allowed: {', '.join(self.allowed_methods) or 'none'})")
-        if self.threat_model == "server" and "server" not in NOTION_THREAT_MODELS[cfg.notion]:
-            raise PolicyRefusal(f"{cfg.method} has no guarantee against the server "
-                                f"({cfg.notion} privacy), the node's threat model")
+        self._check_method(cfg)
         if cfg.private:
-            assert cfg.sigma is not None  # validate: a DP run has sigma or a target
-            if cfg.sigma < self.min_sigma:
-                raise PolicyRefusal(f"sigma {cfg.sigma:g} below the node's minimum "
-                                    f"{self.min_sigma:g}")
-            if cfg.clip > self.max_clip:
-                raise PolicyRefusal(f"clip {cfg.clip:g} above the node's maximum "
-                                    f"{self.max_clip:g}")
-            if cfg.delta > self.delta:
-                raise PolicyRefusal(f"delta {cfg.delta:g} above the node's {self.delta:g}")
+            self._check_gaussian(cfg, discovery)
+        if cfg.notion != Notion.RECORD:
+            self._check_unpriced(cfg)
         if cfg.reproducible_noise and not self.allow_reproducible_noise:
             raise PolicyRefusal("reproducible-noise (noise the server can recompute from the "
                                 "seed) is refused by the node's policy")
         if cfg.is_fedlap and cfg.syn_steps < 1:
             raise PolicyRefusal(f"syn-steps {cfg.syn_steps}: FedLAP-DP must optimise its "
                                 "synthetic set (it would upload its initialisation)")
+
+    def _check_method(self, cfg: TrainConfig) -> None:
+        if cfg.method not in self.allowed_methods:
+            opt_in = "" if cfg.notion == Notion.RECORD else (
+                f"; its {cfg.notion} epsilon bounds {PRICING[cfg.notion].bounds}, so only a "
+                "policy naming it admits it")
+            raise PolicyRefusal(f"method {cfg.method} is not allowed by the node's policy "
+                                f"(allowed: {', '.join(self.allowed_methods) or 'none'})"
+                                f"{opt_in}")
+        if self.threat_model == "server" and "server" not in NOTION_THREAT_MODELS[cfg.notion]:
+            raise PolicyRefusal(f"{cfg.method} has no guarantee against the server "
+                                f"({cfg.notion} privacy), the node's threat model")
+
+    def _check_gaussian(self, cfg: TrainConfig, discovery: bool) -> None:
+        if cfg.sigma is None:
+            if discovery and cfg.target_eps is not None:
+                return  # the server plans sigma; every round's instruction carries it
+            raise PolicyRefusal(f"invalid instruction: {cfg.method} needs a sigma (empty: "
+                                "the node does not plan one)")
+        if cfg.sigma < self.min_sigma:
+            raise PolicyRefusal(f"sigma {cfg.sigma:g} below the node's minimum "
+                                f"{self.min_sigma:g}")
+        if cfg.clip > self.max_clip:
+            raise PolicyRefusal(f"clip {cfg.clip:g} above the node's maximum "
+                                f"{self.max_clip:g}")
+        if cfg.delta > self.delta:
+            raise PolicyRefusal(f"delta {cfg.delta:g} above the node's {self.delta:g}")
+
+    def _check_unpriced(self, cfg: TrainConfig) -> None:
+        """Batch size and local steps of a method whose epsilon does not account them."""
+        if cfg.batch_size < self.min_batch_size:
+            raise PolicyRefusal(f"batch size {cfg.batch_size} below the node's minimum "
+                                f"{self.min_batch_size} for {cfg.method}, whose epsilon does "
+                                "not price it (min-batch-size)")
+        if cfg.local_steps > self.max_accesses:
+            raise PolicyRefusal(f"{cfg.local_steps} local steps above the node's maximum "
+                                f"{self.max_accesses} accesses per round")
 
 
 def accesses_of(cfg: TrainConfig, info: RoundInfo) -> int:
@@ -166,6 +247,29 @@ def accesses_of(cfg: TrainConfig, info: RoundInfo) -> int:
     if tau > cfg.tau_max:
         raise PolicyRefusal(f"ALI-DPFL tau {tau} above tau_max {cfg.tau_max}")
     return tau
+
+
+def node_round_info(cfg: TrainConfig, info: RoundInfo, weights: dict[str, Tensor]
+                    ) -> RoundInfo:
+    """The round as the node runs it on the broadcast ``weights`` (its model's state dict):
+    LDP-FL's per-layer ranges are the node's own, by the method's rule
+    (:func:`fedlap_privacy.fl.ldpfl.layer_ranges` of the global model, public), whatever the
+    server sent: a server's range decides what each reported weight reveals."""
+    if cfg.method != "ldp-fl":
+        return info
+    extras = {**info.extras, "ranges": layer_ranges(weights)}
+    return dataclasses.replace(info, extras=extras)
+
+
+def _check_numbers(cfg: TrainConfig) -> None:
+    """Every number of the configuration finite and >= 0 (none of its fields may be less)."""
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"{field.name.replace('_', '-')} {value!r} must be a finite "
+                              "number >= 0")
 
 
 def _typed(key: str, default: Any, raw: Any) -> Any:
