@@ -158,6 +158,7 @@ def test_a_link_root_owns_is_followed_and_its_target_checked(monkeypatch: pytest
         _works(load_kernels())
     assert len(_libraries(real / "cache" / "kernels")) == 1
     kbuild._load.cache_clear()
+    shutil.rmtree(real / "cache")
     real.chmod(0o777)
     _refused(tmp_path / "link" / "cache", "real is writable by other users")
 
@@ -199,6 +200,8 @@ def test_a_cache_directory_swapped_during_the_compile_is_not_loaded_from(
 
     def compile_then_swap(cmd, *args, **kwargs):
         done = real_run(cmd, *args, **kwargs)
+        if (cache / "kernels.moved").exists():
+            return done
         output = Path(cmd[cmd.index("-o") + 1])
         kernels.rename(cache / "kernels.moved")
         planted = kernels / output.relative_to(kernels)
@@ -225,7 +228,7 @@ def test_an_unsafe_cache_and_temporary_directory_fail_require_in_one_line(
     monkeypatch.setenv(kbuild.CACHE_ENV, str(shared / "cache"))
     monkeypatch.setattr("tempfile.tempdir", str(shared))
     with pytest.warns(RuntimeWarning, match="does not cache"):
-        with pytest.raises(ConfigError, match="could not be built: .*writable by other users"
+        with pytest.raises(ConfigError, match=r"could not be built: .*writable by other users"
                            ) as raised:
             load_kernels()
     assert "\n" not in str(raised.value)
