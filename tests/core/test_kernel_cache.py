@@ -95,6 +95,18 @@ def test_a_cache_others_can_write_to_or_whose_ancestor_they_can_is_refused(
     _refused(cache, "writable by other users")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a folder away")
+@pytest.mark.parametrize("owned", ["kernels", "parent"])
+def test_a_cache_another_user_owns_or_whose_ancestor_they_own_is_refused(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, owned: str):
+    """The owner of a folder can rename anything in it, whatever its mode."""
+    cache = tmp_path / "parent" / "cache"
+    (cache / "kernels").mkdir(parents=True, mode=0o700)
+    os.chown(cache / "kernels" if owned == "kernels" else cache.parent, 65534, 65534)
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(cache))
+    _refused(cache, "belongs to another user")
+
+
 def test_a_sticky_ancestor_like_tmp_is_allowed(monkeypatch: pytest.MonkeyPatch,
                                                 tmp_path: Path):
     """In a sticky folder others can write to, only the owner renames an entry: /tmp's
