@@ -74,8 +74,8 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in ("gn_relu_pool.c", "c
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
-_NOFOLLOW = os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW  # O_NONBLOCK: a FIFO does not hang
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW  # a FIFO does not hang
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
 _LIBRARY_LIMIT = 64 << 20
 _MANIFEST_LIMIT = 256

@@ -28,8 +28,7 @@ import os
 import secrets
 import stat
 
-__all__ = ["UnsafePath", "make_private_subdir", "open_private_dir",
-           "remove_private_subdir"]
+__all__ = ["UnsafePath", "make_private_subdir", "open_private_dir", "remove_private_subdir"]
 
 _DIR_FLAGS = (os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_PATH", 0))
@@ -55,7 +54,7 @@ def _check(st: os.stat_result, shown: str, *, ancestor: bool) -> None:
         raise UnsafePath(f"{shown} belongs to another user (uid {st.st_uid})")
     if st.st_mode & 0o022 and not (ancestor and st.st_mode & stat.S_ISVTX):
         raise UnsafePath(f"{shown} is writable by other users "
-                              f"(mode {stat.S_IMODE(st.st_mode):o})")
+                         f"(mode {stat.S_IMODE(st.st_mode):o})")
 
 
 def _open_component(parent: int, name: str, shown: str) -> int:
@@ -113,7 +112,7 @@ def open_private_dir(path: str, *, create: bool, parent_only: bool = False
             if stat.S_ISLNK(entry.st_mode):
                 if entry.st_uid != 0:
                     raise UnsafePath(f"{shown} is a symbolic link (give the directory "
-                                          f"it points to instead)")
+                                     f"it points to instead)")
                 links += 1
                 if links > _MAX_LINKS:
                     raise UnsafePath(f"{shown}: too many symbolic links")

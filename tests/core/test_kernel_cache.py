@@ -175,28 +175,37 @@ def test_a_link_root_owns_is_followed_and_its_target_checked(monkeypatch: pytest
     _refused(tmp_path / "link" / "cache", "real is writable by other users")
 
 
+@pytest.mark.parametrize(("swap", "match"), [
+    ("bytes", "does not match the SHA-256 recorded at its build"),
+    ("link", "Too many levels of symbolic links"),
+])
 def test_a_swapped_library_is_detected_and_not_loaded(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path):
-    """Different bytes at the cached library's path (an earlier process's cache, copied, so
-    that this process has not loaded that path yet): its hash no longer matches the one
-    recorded at the build, so it is rebuilt, never loaded."""
+                                                      tmp_path: Path, swap: str, match: str):
+    """Different bytes at the cached library's path, or a link there to another library (in
+    an earlier process's cache, copied, so that this process has not loaded that path yet):
+    the hash no longer matches the one recorded at the build, or the link is not followed,
+    so the library is built again, never loaded."""
     monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path / "first"))
     first = load_kernels()
     assert first is not None
     shutil.copytree(tmp_path / "first", tmp_path / "cache")
     cached = tmp_path / "cache" / "kernels" / first.path.name
     evil, marker = _evil_library(tmp_path)
-    os.replace(evil, cached)
+    if swap == "bytes":
+        os.replace(evil, cached)
+    else:
+        cached.unlink()
+        cached.symlink_to(evil)
     kbuild._load.cache_clear()
     monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path / "cache"))
     try:
-        with pytest.warns(RuntimeWarning, match="does not match the SHA-256 recorded"):
+        with pytest.warns(RuntimeWarning, match=match):
             library = load_kernels()
     finally:
         assert not marker.exists(), "the swapped library was loaded"
     _works(library)
     assert library is not None and library.path == cached
-    assert cached.read_bytes() == first.path.read_bytes()  # built again
+    assert not cached.is_symlink() and cached.read_bytes() == first.path.read_bytes()
 
 
 def test_a_cache_directory_swapped_during_the_compile_is_not_loaded_from(
