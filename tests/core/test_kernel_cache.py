@@ -82,7 +82,7 @@ def _refused(cache: Path, match: str) -> kbuild.KernelLibrary:
 
 
 @pytest.mark.parametrize("writable", ["kernels", "cache", "parent"])
-@pytest.mark.parametrize("mode", [0o777, 0o770])
+@pytest.mark.parametrize("mode", [0o777, 0o770], ids=["world", "group"])
 def test_a_cache_others_can_write_to_or_whose_ancestor_they_can_is_refused(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, writable: str, mode: int):
     """Where another user can rename ``kernels/`` (or a folder above it) they can put their
