@@ -4,14 +4,28 @@ The kernels (``gn_relu_pool.c``, ``cosine_rows.c``) are plain C with no Python o
 headers, so a build takes well under a second with the system C compiler (``$CC``, else
 ``cc``), optimised for the processor it runs on (``-O3 -march=native``, retried without
 ``-march=native`` where the compiler refuses it). The shared library is cached in
-``$FEDLAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedlap-privacy``, else
-``~/.cache/fedlap-privacy``, under a name that hashes the sources, the flags, the compiler
-and the processor's feature flags, so that an edited source, another compiler or a home
-directory shared with another machine never loads a stale or foreign build. The cache
-directory is created private (mode 0700), and one that another user owns or others may write
-to is not used: a library from it would run with the caller's rights. Builds are written
-under a temporary name and renamed into place, so processes that start together (Flower
-nodes) never load a partly written file.
+``$FEDLAP_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/fedlap-privacy/kernels``, else
+``~/.cache/fedlap-privacy/kernels``, under a name that hashes the sources, the flags, the
+compiler and the processor's feature flags, so that an edited source, another compiler or a
+home directory shared with another machine never loads a stale or foreign build.
+
+A library loaded with ctypes runs with the caller's rights, so another user must not be able
+to choose it (issue 33):
+
+* the cache is used only where no component of its path can be changed by another user
+  (:mod:`~fedlap_privacy.kernels.private_dir`: owned by the caller or root, not writable by
+  others but for a sticky ancestor such as /tmp, no link but root's), and then only through
+  the descriptor of the directory that was checked; an unsafe one is refused with one
+  warning naming the component, and the kernels are built in a fresh private directory under
+  the temporary directory instead (checked the same way; removed once loaded);
+* each build runs in a fresh private directory (mode 0700) inside the cache; the library's
+  SHA-256 is recorded in a manifest (``kernels-<key>.sha256``, as ``sha256sum`` writes it),
+  and both are renamed into place atomically, so processes that start together (Flower
+  nodes) never load a partly written file;
+* a cached library is read through a descriptor and its bytes checked against the
+  manifest's SHA-256 (a mismatch is warned and rebuilt, never loaded); the verified bytes are
+  loaded from a copy in a fresh private directory named through its descriptor, so nothing
+  can be swapped in between the check and ``dlopen``.
 
 ``FEDLAP_KERNELS`` chooses: ``auto`` (the default) uses the kernels and, where they cannot
 be built (no compiler, say), warns once and falls back to torch's own kernels, which compute
@@ -27,7 +41,9 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import warnings
@@ -35,6 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.kernels.private_dir import (
+    UnsafePath,
+    make_private_subdir,
+    open_private_dir,
+    remove_private_subdir,
+)
 
 __all__ = [
     "CACHE_ENV",
@@ -52,6 +74,13 @@ SOURCES = tuple(Path(__file__).with_name(name) for name in ("gn_relu_pool.c", "c
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | _NOFOLLOW  # a FIFO does not hang
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW
+_LIBRARY_LIMIT = 64 << 20
+_MANIFEST_LIMIT = 256
+#: a manifest: the library's SHA-256 and name, as ``sha256sum`` writes them
+_MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (kernels-[0-9a-f]{20}-[0-9a-f]{16}\.so)\n")
 # the sources once per scalar type: FN(name) is the exported name for that type
 _INCLUDES = "".join(f'#include "{source.name}"\n' for source in SOURCES)
 _WRAPPER = f"""#include <math.h>
@@ -83,7 +112,9 @@ SUFFIXES = ("_f32", "_f64")
 
 @dataclass(frozen=True)
 class KernelLibrary:
-    """The loaded kernels: ``function(name, suffix)`` returns a typed ctypes function."""
+    """The loaded kernels: ``function(name, suffix)`` returns a typed ctypes function.
+    ``path`` is the verified library in the cache (or, where the cache was refused, where
+    it was built in a temporary directory, since removed)."""
 
     library: ctypes.CDLL
     path: Path
@@ -111,76 +142,210 @@ def _cpu_signature() -> str:
     return f"{platform.machine()}|{platform.processor()}|{flags.strip()}"
 
 
-def _cache_dir() -> Path:
-    """A private directory for builds: the configured cache, else a fresh temporary one."""
+def _cache_root() -> str:
+    """``$FEDLAP_CACHE_DIR``, else ``$XDG_CACHE_HOME/fedlap-privacy``, else
+    ``~/.cache/fedlap-privacy``."""
     configured = os.environ.get(CACHE_ENV)
     if configured:
-        root = Path(configured)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-        root = Path(base) / "fedlap-privacy"
-    path = root / "kernels"
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return os.path.join(base, "fedlap-privacy")
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """A checked private directory: its descriptor (what every file operation goes through)
+    and the path the compiler and the loader are given."""
+
+    fd: int
+    path: Path
+
+
+def _open_cache() -> _Folder | None:
+    """The cache's ``kernels/`` directory where every component of its path is safe
+    (:func:`~fedlap_privacy.kernels.private_dir.open_private_dir`), else None, warned."""
+    root = _cache_root()
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = path.stat()
-        owner_ok = not hasattr(os, "getuid") or st.st_uid == os.getuid()
-        if owner_ok and not st.st_mode & 0o022:
-            return path
-    except OSError:
-        pass
-    return Path(tempfile.mkdtemp(prefix="fedlap-kernels-"))
+        fd, path = open_private_dir(os.path.join(root, "kernels"), create=True)
+    except OSError as exc:
+        warnings.warn(f"fedlap-privacy does not cache its C kernels in {root}: {exc}; it "
+                      f"builds them in a private temporary directory for this process",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return _Folder(fd, Path(path))
 
 
-def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> str | None:
-    """Build the library at ``target`` (atomically); None on success, else the reason."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    cmd = [compiler, *flags, "-I", str(SOURCES[0].parent), "-x", "c", "-", "-o", str(tmp), "-lm"]
+def _library_name(key: str, digest: str) -> str:
+    return f"kernels-{key}-{digest[:16]}.so"
+
+
+def _manifest_name(key: str) -> str:
+    return f"kernels-{key}.sha256"
+
+
+def _read_private_file(folder: int, name: str, limit: int) -> bytes:
+    """The bytes of the regular file ``name`` in ``folder``, opened without following a link
+    and checked on its descriptor: owned by the caller or root, writable by no one else."""
+    fd = os.open(name, _READ_FLAGS, dir_fd=folder)
     try:
-        done = subprocess.run(cmd, input=_WRAPPER, capture_output=True, text=True,
-                              timeout=_COMPILE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{compiler}: {exc}"
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"{compiler} exited {done.returncode}: {last}"
-    os.replace(tmp, target)
-    return None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+            raise UnsafePath(f"{name} is not a regular file of this user")
+        if st.st_mode & 0o022 or st.st_size > limit:
+            raise UnsafePath(f"{name} is writable by other users or too large")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise UnsafePath(f"{name} is too large")
+    return data
 
 
-def _build() -> KernelLibrary:
-    """Load the cached build for this source/compiler/processor, building it if needed."""
-    compiler = os.environ.get("CC") or "cc"
-    if shutil.which(compiler) is None:
-        raise OSError(f"no C compiler found ({compiler!r}; set CC)")
+def _write_private_file(folder: int, name: str, data: bytes, mode: int = 0o600) -> None:
+    """Create ``name`` in ``folder`` (it must not exist, nor be a link), private."""
+    fd = os.open(name, _CREATE_FLAGS, mode, dir_fd=folder)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _cached(cache: _Folder, key: str) -> tuple[bytes, str] | None:
+    """The cached library for ``key`` (its bytes and name), verified against the SHA-256
+    its manifest recorded at the build; None where there is none, or (warned) where they
+    differ."""
+    try:
+        manifest = _read_private_file(cache.fd, _manifest_name(key), _MANIFEST_LIMIT)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _warn_mismatch(cache.path / _manifest_name(key), str(exc))
+        return None
+    line = _MANIFEST_LINE.fullmatch(manifest.decode("ascii", errors="replace"))
+    if line is None or line[2] != _library_name(key, line[1]):
+        _warn_mismatch(cache.path / _manifest_name(key), "not a manifest of this build")
+        return None
+    digest, name = line[1], line[2]
+    try:
+        data = _read_private_file(cache.fd, name, _LIBRARY_LIMIT)
+    except OSError as exc:
+        _warn_mismatch(cache.path / name, str(exc))
+        return None
+    if hashlib.sha256(data).hexdigest() != digest:
+        _warn_mismatch(cache.path / name, f"it does not match the SHA-256 recorded at its "
+                                          f"build in {_manifest_name(key)}")
+        return None
+    return data, name
+
+
+def _warn_mismatch(path: Path, reason: str) -> None:
+    warnings.warn(f"fedlap-privacy does not load the cached C kernels {path}: {reason}; "
+                  f"building them again", RuntimeWarning, stacklevel=2)
+
+
+def _compile(compiler: str, flags: tuple[str, ...], cache: _Folder, key: str
+             ) -> tuple[bytes, str]:
+    """Build the library in a fresh private directory (mode 0700) inside the cache, record
+    its SHA-256 in a manifest and rename both into place (atomically, through the cache's
+    descriptor): the library's bytes and its name. Raises OSError with the reason."""
+    sub_fd, sub = make_private_subdir(cache.fd, ".build-")
+    try:
+        out = cache.path / sub / "lib.so"
+        cmd = [compiler, *flags, "-I", str(SOURCES[0].parent), "-x", "c", "-", "-o", str(out),
+               "-lm"]
+        try:
+            done = subprocess.run(cmd, input=_WRAPPER, capture_output=True, text=True,
+                                  timeout=_COMPILE_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise OSError(f"{compiler}: {exc}") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise OSError(f"{compiler} exited {done.returncode}: {last}")
+        data = _read_private_file(sub_fd, "lib.so", _LIBRARY_LIMIT)
+        digest = hashlib.sha256(data).hexdigest()
+        name = _library_name(key, digest)
+        os.replace("lib.so", name, src_dir_fd=sub_fd, dst_dir_fd=cache.fd)
+        _write_private_file(sub_fd, "manifest", f"{digest}  {name}\n".encode())
+        os.replace("manifest", _manifest_name(key), src_dir_fd=sub_fd, dst_dir_fd=cache.fd)
+        return data, name
+    finally:
+        os.close(sub_fd)
+        remove_private_subdir(cache.fd, sub)
+
+
+def _load_bytes(cache: _Folder, data: bytes) -> ctypes.CDLL:
+    """Load the verified bytes ``data`` from a file of a fresh private directory, named
+    through that directory's descriptor (``/proc/self/fd/N/...`` where there is one):
+    nobody else can swap the file before the loader opens it, nor move the directory
+    away. The name is new each time, so the dynamic loader never answers with a library it
+    loaded before under that name."""
+    sub_fd, sub = make_private_subdir(cache.fd, ".load-")
+    file = f"{sub.lstrip('.')}.so"
+    try:
+        _write_private_file(sub_fd, file, data, 0o700)
+        through_fd = f"/proc/self/fd/{sub_fd}"
+        folder = through_fd if os.path.isdir(through_fd) else str(cache.path / sub)
+        return ctypes.CDLL(f"{folder}/{file}")
+    finally:
+        os.close(sub_fd)
+        remove_private_subdir(cache.fd, sub)
+
+
+def _typed(library: ctypes.CDLL) -> ctypes.CDLL:
+    for name, argtypes in SIGNATURES.items():
+        for suffix in SUFFIXES:
+            fn = getattr(library, name + suffix)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+    return library
+
+
+def _build_in(cache: _Folder, compiler: str, persistent: bool) -> KernelLibrary:
+    """Load the verified cached build for this source/compiler/processor (where
+    ``persistent``), else build it; each flag set in turn."""
     source = b"\0".join(path.read_bytes() for path in SOURCES)
-    directory = _cache_dir()
     reasons = []
     for flags in ((*_BASE_FLAGS, _NATIVE_FLAG), _BASE_FLAGS):
         key = hashlib.sha256(b"\0".join(
             [source, _WRAPPER.encode(), " ".join(flags).encode(), compiler.encode(),
              _cpu_signature().encode()])).hexdigest()[:20]
-        target = directory / f"kernels-{key}.so"
-        reason = None if target.exists() else _compile(compiler, flags, target)
-        if reason is not None:
-            reasons.append(reason)
-            continue
+        cached = _cached(cache, key) if persistent else None
+        if cached is not None:
+            data, name = cached
+            try:
+                return KernelLibrary(_typed(_load_bytes(cache, data)), cache.path / name)
+            except (OSError, AttributeError):
+                pass  # verified, yet not loadable here: built again below
         try:
-            library = ctypes.CDLL(str(target))
-        except OSError:  # a damaged cache entry: build it again, once
-            target.unlink(missing_ok=True)
-            reason = _compile(compiler, flags, target)
-            if reason is not None:
-                reasons.append(reason)
-                continue
-            library = ctypes.CDLL(str(target))
-        for name, argtypes in SIGNATURES.items():
-            for suffix in SUFFIXES:
-                fn = getattr(library, name + suffix)
-                fn.argtypes = argtypes
-                fn.restype = ctypes.c_int
-        return KernelLibrary(library, target)
+            data, name = _compile(compiler, flags, cache, key)
+            return KernelLibrary(_typed(_load_bytes(cache, data)), cache.path / name)
+        except (OSError, AttributeError) as exc:
+            reasons.append(str(exc) or type(exc).__name__)
     raise OSError("; ".join(reasons))
+
+
+def _build() -> KernelLibrary:
+    """The kernels, from the cache where it is safe, else built in a private temporary
+    directory (removed once the library is loaded)."""
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise OSError(f"no C compiler found ({compiler!r}; set CC)")
+    cache = _open_cache()
+    if cache is not None:
+        try:
+            return _build_in(cache, compiler, persistent=True)
+        finally:
+            os.close(cache.fd)
+    base_fd, base = open_private_dir(tempfile.gettempdir(), create=False,
+                                      parent_only=True)
+    try:
+        sub_fd, sub = make_private_subdir(base_fd, "fedlap-kernels-")
+        try:
+            return _build_in(_Folder(sub_fd, Path(base) / sub), compiler, persistent=False)
+        finally:
+            os.close(sub_fd)
+            remove_private_subdir(base_fd, sub)
+    finally:
+        os.close(base_fd)
 
 
 @functools.cache
