@@ -145,13 +145,23 @@ def _probe(model: nn.Module, x: np.ndarray, y: np.ndarray, attacks: Sequence[str
             raise
         except (RuntimeError, TypeError, ValueError, AttributeError, IndexError,
                 NotImplementedError) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
             what = ("this TorchScript module (torch.func's per-record gradients cannot trace "
                     "it)" if scripted and attack == "grad-norm" else "this model")
             hint = ("; audit with --attacks loss" + (
                 ", or export the model with torch.export (.pt2)" if scripted else "")
                 if attack == "grad-norm" else "")
-            raise ConfigError(f"the {attack} attack cannot run on {what}: {first}{hint}") from None
+            raise ConfigError(f"the {attack} attack cannot run on {what}: {_reason(exc)}{hint}"
+                              ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """One line of an error: its first, or for the TorchScript interpreter's (a script
+    traceback first) its last."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    line = lines[-1] if lines[0].startswith("The following operation failed") else lines[0]
+    return line.removeprefix("RuntimeError: ")[:160]
 
 
 def audit_model(
