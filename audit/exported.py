@@ -428,7 +428,7 @@ class ExportedModule(nn.Module):
                 k: _resolve(v, env) for k, v in step.kwargs.items()})
             if step.single:
                 _bind(step.outputs[0], result, env)
-            else:
+            elif step.outputs:  # none for an op that returns nothing (_assert_scalar)
                 for names, value in zip(step.outputs, result, strict=True):
                     _bind(names, value, env)
         return env[self._output_name]

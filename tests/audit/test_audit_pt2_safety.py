@@ -283,6 +283,31 @@ def test_genuine_program_computes_what_torch_loads(genuine) -> None:
         list(model.parameters()))
 
 
+class _Sizes(nn.Module):
+    """Arithmetic on the batch size, a data-dependent size and the runtime asserts on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        h = x.reshape(n * 2, 32).reshape(n, -1)
+        hits = torch.nonzero(h[:, :1] > 0.5).shape[0]
+        return self.fc(h) + hits
+
+
+def test_size_arithmetic_and_asserts_run(tmp_path: Path) -> None:
+    model = _Sizes().eval()
+    program = torch.export.export(model, (torch.rand(4, 1, 8, 8),), dynamic_shapes=(
+        {0: torch.export.Dim("batch", min=2, max=4096)},))
+    targets = {str(node.target) for node in program.graph.nodes}
+    assert {"aten._assert_scalar.default", "<built-in function mul>"} <= targets
+    torch.export.save(program, tmp_path / "sizes.pt2")
+    x = torch.rand(9, 1, 8, 8)
+    torch.testing.assert_close(load_exported_program(tmp_path / "sizes.pt2")(x), model(x))
+
+
 def test_genuine_program_audits(genuine) -> None:
     path, _, records = genuine
     result = _audit(path, records)
