@@ -6,9 +6,14 @@ norm features, MLP and threshold attacks, ROC, TPR at low FPR, the epsilon lower
 RMIA / LiRA when reference models are given), on a model loaded by
 :func:`load_external_model`:
 
-* an exported program (``torch.export.save``, a ``.pt2`` file): ``torch.export.load``;
-* a TorchScript module (``torch.jit.save``): loaded with ``torch.jit.load``. Both run the
-  model's own graph code: load only files you trust;
+* an exported program (``torch.export.save``, a ``.pt2`` file): read by
+  :func:`fedlap_privacy.audit.exported.load_exported_program`, which unpickles and evaluates
+  nothing from the file (``torch.export.load`` would: pickled weights and constants run
+  code), and runs its graph's aten operators itself;
+* a TorchScript module (``torch.jit.save``): loaded with ``torch.jit.load``, which runs the
+  file's TorchScript code (``__setstate__``) as it loads: audit only TorchScript files you
+  trust. It is wrapped in a plain module (:class:`_Scripted`) so that ``torch.func`` can take
+  per-record gradients through it (the grad-norm attack);
 * a plain state dict (saved with ``torch.save(model.state_dict(), path)``): read with
   ``weights_only=True`` (no code runs) into the module a FACTORY builds, given as
   ``module:function`` or ``path/to/file.py:function``: your own code, which is imported.
@@ -34,13 +39,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedlap_privacy.audit.features import FEATURES
+from fedlap_privacy.audit.exported import load_exported_program
+from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.reference_audit import ReferenceModel
-from fedlap_privacy.audit.report import AuditTarget, audit_target
+from fedlap_privacy.audit.report import AuditTarget, audit_target, parse_attacks
 from fedlap_privacy.audit.results import AuditReport, PrivacyClaim
 from fedlap_privacy.checkpoint import load_checkpoint_data
 from fedlap_privacy.data import Dataset, load_records
-from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.errors import CheckpointError, ConfigError, FedlapError
 
 __all__ = ["audit_model", "audit_model_files", "claimed_privacy", "load_external_model"]
 
@@ -85,18 +91,17 @@ def _factory(spec: str) -> Callable[[], nn.Module]:
     return function
 
 
-class _Exported(nn.Module):
-    """An exported program's module, which has no train / eval modes to switch."""
+class _Scripted(nn.Module):
+    """A TorchScript module inside a plain one: ``torch.func.functional_call`` refuses a
+    scripted module at the top ("stateless API can't be used with Jitted modules") but swaps
+    the parameters of one held as a child, which the grad-norm attack needs."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: torch.jit.ScriptModule) -> None:
         super().__init__()
         self.inner = inner
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x)
-
-    def train(self, mode: bool = True) -> _Exported:
-        return self
 
 
 def load_external_model(path: str | Path, factory: str | None = None) -> nn.Module:
@@ -105,17 +110,13 @@ def load_external_model(path: str | Path, factory: str | None = None) -> nn.Modu
     if not path.is_file():
         raise CheckpointError(f"no such model file: {path}")
     if factory is None and path.suffix == ".pt2":
-        try:
-            return _Exported(torch.export.load(str(path)).module())
-        except (RuntimeError, ValueError, KeyError) as exc:
-            first = (str(exc).strip().splitlines() or ["?"])[0][:160]
-            raise CheckpointError(f"cannot load exported program {path}: {first}") from None
+        return load_exported_program(path)
     if factory is None:
         if not _is_torchscript(path):
             raise ConfigError(f"{path} is neither an exported program (.pt2) nor TorchScript: "
                               "for a state dict, give --model-factory module:function")
         try:
-            return torch.jit.load(str(path), map_location="cpu")
+            return _Scripted(torch.jit.load(str(path), map_location="cpu"))
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or ["?"])[0][:160]
             raise CheckpointError(f"cannot load TorchScript {path}: {first}") from None
@@ -130,6 +131,37 @@ def load_external_model(path: str | Path, factory: str | None = None) -> nn.Modu
         first = (str(exc).strip().splitlines() or ["?"])[0][:160]
         raise CheckpointError(f"{path} does not fit the factory's model: {first}") from None
     return model
+
+
+def _probe(model: nn.Module, x: np.ndarray, y: np.ndarray, attacks: Sequence[str]) -> None:
+    """Each attack's feature on two records before the audit, so that a model an attack cannot
+    run on (e.g. a TorchScript module torch.func cannot trace, a program that does not take
+    the records' shape) gets one line naming the attack, not a traceback from deep inside."""
+    scripted = any(isinstance(m, torch.jit.ScriptModule) for m in model.modules())
+    for attack in attacks:
+        try:
+            compute_features(model, x, y, (attack,))
+        except FedlapError:
+            raise
+        except (RuntimeError, TypeError, ValueError, AttributeError, IndexError,
+                NotImplementedError) as exc:
+            what = ("this TorchScript module (torch.func's per-record gradients cannot trace "
+                    "it)" if scripted and attack == "grad-norm" else "this model")
+            hint = ("; audit with --attacks loss" + (
+                ", or export the model with torch.export (.pt2)" if scripted else "")
+                if attack == "grad-norm" else "")
+            raise ConfigError(f"the {attack} attack cannot run on {what}: {_reason(exc)}{hint}"
+                              ) from None
+
+
+def _reason(exc: BaseException) -> str:
+    """One line of an error: its first, or for the TorchScript interpreter's (a script
+    traceback first) its last."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    line = lines[-1] if lines[0].startswith("The following operation failed") else lines[0]
+    return line.removeprefix("RuntimeError: ")[:160]
 
 
 def audit_model(
@@ -161,8 +193,10 @@ def audit_model(
     dataset = Dataset("external", np.asarray(xm, np.float32), np.asarray(ym, np.int64),
                       np.asarray(xn, np.float32), np.asarray(yn, np.int64), classes, (), ())
     model.eval()
+    wanted = parse_attacks(attacks)
+    _probe(model, dataset.x_train[:2], dataset.y_train[:2], wanted)
     target = AuditTarget(model, dataset, np.arange(len(ym)))
-    return audit_target(target, claimed_privacy(claimed_epsilon, delta), name, attacks, seed,
+    return audit_target(target, claimed_privacy(claimed_epsilon, delta), name, wanted, seed,
                         out_dir, max_per_half, device, reference_models)
 
 

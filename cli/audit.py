@@ -134,7 +134,9 @@ def _pair(text: str | None) -> tuple[float, float] | None:
 
 def audit(
     model: Annotated[Path, typer.Option("--model", help=(
-        "checkpoint written by train; with --members / --nonmembers: a TorchScript module, "
+        "checkpoint written by train; with --members / --nonmembers: an exported program "
+        "(.pt2, read without unpickling or running anything from it), a TorchScript module "
+        "(loading TorchScript runs the file's code: only audit TorchScript files you trust), "
         "or a state dict with --model-factory"))],
     data_dir: Annotated[
         Path | None,

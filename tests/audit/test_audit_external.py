@@ -1,5 +1,6 @@
 """Audit a model trained elsewhere: the Python API and ``audit --model`` on a TorchScript
-module or a state dict with a factory, members and non-members from .npz or IDX files."""
+module or a state dict with a factory, members and non-members from .npz or IDX files
+(exported programs, and the attacks on them: test_audit_pt2_safety.py)."""
 
 from __future__ import annotations
 
@@ -69,17 +70,61 @@ def _idx(path: Path, images: np.ndarray, labels: np.ndarray) -> str:
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch 2.13 deprecates TorchScript
 def test_cli_torchscript_with_npz_records(overfit, tmp_path: Path) -> None:
+    """Every default attack, grad-norm included (torch.func used to refuse a scripted module:
+    "stateless API can't be used with Jitted modules", a traceback)."""
     model, members, nonmembers = overfit
     torch.jit.save(torch.jit.script(model), tmp_path / "model.pt")
     np.savez(tmp_path / "in.npz", x=members[0], y=members[1])
     np.savez(tmp_path / "out.npz", x=nonmembers[0], y=nonmembers[1])
     result = runner.invoke(app, [
         "audit", "--model", str(tmp_path / "model.pt"), "--members", str(tmp_path / "in.npz"),
-        "--nonmembers", str(tmp_path / "out.npz"), "--claimed-eps", "0.5", "--attacks", "loss",
-        "--json", "--fail-on-violation"])
+        "--nonmembers", str(tmp_path / "out.npz"), "--claimed-eps", "0.5", "--json",
+        "--fail-on-violation"])
     assert result.exit_code == 1, result.stderr  # a violation, as asked to fail on
     report = json.loads(result.stdout)
     assert report["privacy"]["epsilon"] == 0.5 and report["violation"] is True
+    assert set(report["attacks"]) == {"loss", "grad-norm"}
+    assert report["attacks"]["grad-norm"]["threshold"]["auc"] > 0.9  # memorised: small grads
+
+
+class _Branchy(torch.nn.Module):
+    """Data-dependent control flow: TorchScript runs it, torch.func's vmap cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x.flatten(1))
+        if bool(h.sum() > 0):
+            h = h * 2.0
+        return h
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_cli_torchscript_grad_norm_cannot_trace_gets_one_line(overfit, tmp_path: Path) -> None:
+    _, members, nonmembers = overfit
+    torch.jit.save(torch.jit.script(_Branchy()), tmp_path / "model.pt")
+    np.savez(tmp_path / "in.npz", x=members[0], y=members[1])
+    np.savez(tmp_path / "out.npz", x=nonmembers[0], y=nonmembers[1])
+    base = ["audit", "--model", str(tmp_path / "model.pt"), "--members",
+            str(tmp_path / "in.npz"), "--nonmembers", str(tmp_path / "out.npz"), "--json"]
+    result = runner.invoke(app, base)
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    line = " ".join(result.stderr.split())
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "the grad-norm attack cannot run on this TorchScript module" in line
+    assert "data-dependent control flow" in line and "--attacks loss" in line
+    result = runner.invoke(app, [*base, "--attacks", "loss"])  # the way out it names
+    assert result.exit_code == 0, result.stderr
+    assert set(json.loads(result.stdout)["attacks"]) == {"loss"}
+
+
+def test_help_warns_that_torchscript_runs_code() -> None:
+    result = runner.invoke(app, ["audit", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "loading TorchScript runs the file's code" in text
+    assert "read without unpickling" in text
 
 
 def test_cli_state_dict_with_factory_and_idx_records(overfit, tmp_path: Path) -> None:
