@@ -1,4 +1,4 @@
-"""Privacy-loss-distribution accounting of Theorem 5.8's composition (docs/accounting.md#pld-accounting).
+"""Privacy-loss-distribution accounting of Theorem 5.8 (docs/accounting.md#pld-accounting).
 
 Contract (:mod:`fedlap_privacy.accountant.schedule`): a round is one Poisson-sampled Gaussian
 step at ``q1`` and ``T - 1`` at ``q2``, every step with noise multiplier sigma, add/remove-one
@@ -33,10 +33,16 @@ the RDP accountant, which handles any configuration.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from fedlap_privacy.accountant.pld_fft import compose, epsilon_for_delta, window
-from fedlap_privacy.accountant.pld_sgm import MAX_BUCKETS, VALUE_INTERVAL, sgm_buckets, sgm_pld
+from fedlap_privacy.accountant.pld_sgm import (
+    MAX_BUCKETS,
+    VALUE_INTERVAL,
+    DiscretePLD,
+    sgm_buckets,
+    sgm_pld,
+)
 from fedlap_privacy.accountant.schedule import RoundSchedule, step_counts
 
 __all__ = [
@@ -49,11 +55,12 @@ __all__ = [
     "pld_composed_epsilon",
     "pld_epsilon",
     "pld_epsilon_curve",
+    "pld_epsilons",
 ]
 
 
 #: Estimated excess of the reported epsilon over the h -> 0 limit the grid is refined to.
-GRID_RTOL = 1e-4
+GRID_RTOL = 3e-4
 #: Coarsest grid tried: h = VALUE_INTERVAL * 2^COARSEST_LEVEL.
 COARSEST_LEVEL = 6
 #: Fewest grid points the composed privacy loss spans on the starting grid.
@@ -65,33 +72,38 @@ def pld_buckets(sigma: float, q: float = 1.0) -> int:
     return sgm_buckets(sigma, q)
 
 
-def _parts(counts: dict[float, int], sigma: float, remove: bool, interval: float):
-    return [(sgm_pld(sigma, q, remove, interval), n) for q, n in counts.items() if q > 0 and n > 0]
+Steps = Mapping[tuple[float, float], int]
 
 
-def _at(count_list: Sequence[dict[float, int]], sigma: float, delta: float,
-        level: int) -> list[float]:
+def _parts(steps: Steps, remove: bool, interval: float) -> list[tuple[DiscretePLD, int]]:
+    return [
+        (sgm_pld(sigma, q, remove, interval), n) for (sigma, q), n in steps.items()
+        if q > 0.0 and n > 0
+    ]
+
+
+def _at(step_list: Sequence[Steps], delta: float, level: int) -> list[float]:
     """Epsilon of each composition at grid ``VALUE_INTERVAL * 2^level``, the larger of the
-    remove and add directions (q = 1 everywhere: one direction); one FFT length for all."""
+    remove and add directions (q = 1 everywhere: one direction)."""
     interval = VALUE_INTERVAL * 2**level
-    rates = {q for counts in count_list for q in counts if q > 0.0}
+    rates = {q for steps in step_list for (_, q) in steps if q > 0.0}
     directions = (True,) if rates <= {1.0} else (True, False)
-    best = [0.0] * len(count_list)
+    best = [0.0] * len(step_list)
     for remove in directions:
-        for i, counts in enumerate(count_list):
-            parts = _parts(counts, sigma, remove, interval)
+        for i, steps in enumerate(step_list):
+            parts = _parts(steps, remove, interval)
             if parts:
                 best[i] = max(best[i], epsilon_for_delta(compose(parts, delta), delta))
     return best
 
 
-def _start_level(count_list: Sequence[dict[float, int]], sigma: float, delta: float) -> int:
+def _start_level(step_list: Sequence[Steps], delta: float) -> int:
     """The coarsest level whose grid spans MIN_POINTS over the widest composed window."""
     interval = VALUE_INTERVAL * 2**COARSEST_LEVEL
     span = 0.0
     for remove in (True, False):
-        for counts in count_list:
-            parts = _parts(counts, sigma, remove, interval)
+        for steps in step_list:
+            parts = _parts(steps, remove, interval)
             if parts:
                 win = window(parts, delta)
                 span = max(span, (win.upper - win.lower) * interval)
@@ -101,27 +113,34 @@ def _start_level(count_list: Sequence[dict[float, int]], sigma: float, delta: fl
                COARSEST_LEVEL - 1)
 
 
-def _epsilons(count_list: Sequence[dict[float, int]], sigma: float, delta: float) -> list[float]:
-    """Epsilon of each composition in ``count_list`` (steps per rate) on the adaptive grid
-    (module docstring)."""
-    sigma = float(sigma)
-    if not any(q > 0.0 and n > 0 for counts in count_list for q, n in counts.items()):
-        return [0.0] * len(count_list)
-    level = _start_level(count_list, sigma, delta)
-    coarse, fine = _at(count_list, sigma, delta, level + 1), _at(count_list, sigma, delta, level)
+def pld_epsilons(step_list: Sequence[Steps], delta: float) -> list[float]:
+    """Epsilon of each composition in ``step_list``, each a map ``(sigma, q) -> number of
+    steps``, on the adaptive grid (module docstring); an empty composition is 0."""
+    step_list = [
+        {(float(sigma), float(q)): int(n) for (sigma, q), n in steps.items()}
+        for steps in step_list
+    ]
+    if not any(q > 0.0 and n > 0 for steps in step_list for (_, q), n in steps.items()):
+        return [0.0] * len(step_list)
+    level = _start_level(step_list, delta)
+    coarse, fine = _at(step_list, delta, level + 1), _at(step_list, delta, level)
     while level > 0 and not all(
         abs(c - f) <= 3 * GRID_RTOL * f for c, f in zip(coarse, fine, strict=True)
     ):
         level -= 1
-        coarse, fine = fine, _at(count_list, sigma, delta, level)
+        coarse, fine = fine, _at(step_list, delta, level)
     return fine
 
 
+def _with_sigma(counts: dict[float, int], sigma: float) -> dict[tuple[float, float], int]:
+    return {(sigma, q): n for q, n in counts.items()}
+
+
 def pld_composed_epsilon(
-    rounds: Sequence[tuple[RoundSchedule, int]], sigma: float, delta: float
+    rounds: Iterable[tuple[RoundSchedule, int]], sigma: float, delta: float
 ) -> float:
     """Epsilon of ``(schedule, number of rounds)`` pairs composed (any order; empty: 0)."""
-    return _epsilons([step_counts(rounds)], sigma, delta)[0]
+    return pld_epsilons([_with_sigma(step_counts(rounds), sigma)], delta)[0]
 
 
 def pld_epsilon(schedule: RoundSchedule, sigma: float, rounds: int, delta: float) -> float:
@@ -132,6 +151,7 @@ def pld_epsilon(schedule: RoundSchedule, sigma: float, rounds: int, delta: float
 def pld_epsilon_curve(
     schedule: RoundSchedule, sigma: float, rounds: int, delta: float
 ) -> list[float]:
-    """Epsilon after each round 1..rounds: one forward FFT per step, one inverse per round."""
-    counts = [step_counts([(schedule, m)]) for m in range(1, rounds + 1)]
-    return _epsilons(counts, sigma, delta)
+    """Epsilon after each round 1..rounds (one composition per round, one grid for all)."""
+    return pld_epsilons(
+        [_with_sigma(step_counts([(schedule, m)]), sigma) for m in range(1, rounds + 1)], delta
+    )

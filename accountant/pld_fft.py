@@ -1,4 +1,4 @@
-"""Composition of discrete PLDs by ONE FFT, and epsilon for delta (docs/accounting.md#pld-accounting).
+"""Composition of discrete PLDs by one FFT; epsilon for delta (docs/accounting.md#pld-accounting).
 
 Composing ``n_k`` copies of discrete PLDs ``p_k`` (losses on the grid ``i * h``) is the
 convolution ``p_1^{*n_1} * p_2^{*n_2} * ...``: one real FFT of length ``L`` per distinct
@@ -56,6 +56,8 @@ MAX_FFT_LENGTH = 2**23
 #: Chernoff's lam is tried at these multiples of the Gaussian optimum (small ones: heavy tails).
 _LAMBDA_FACTORS = 2.0 ** np.arange(-10, 3)
 
+_LOG_UNDERFLOW = -745.0
+
 Parts = Sequence[tuple[DiscretePLD, int]]
 
 
@@ -106,10 +108,11 @@ def window(parts: Parts, delta: float) -> Window:
     k_plain = _k_total(parts, lam)
     with np.errstate(invalid="ignore", over="ignore"):
         chernoff = (k_plain - math.log(delta)) / lam
-    theta = float(lam[np.nanargmin(chernoff)]) if np.isfinite(chernoff).any() else 0.0
-    k_theta = float(_k_total(parts, np.array([theta]))[0])
-    k_up = _k_total(parts, theta + lam) - k_theta
-    k_down = _k_total(parts, theta - lam) - k_theta
+    best = int(np.nanargmin(chernoff)) if np.isfinite(chernoff).any() else None
+    theta = 0.0 if best is None else float(lam[best])
+    k_theta = 0.0 if best is None else float(k_plain[best])
+    shifted = _k_total(parts, np.concatenate([theta + lam, theta - lam])) - k_theta
+    k_up, k_down = shifted[: len(lam)], shifted[len(lam):]
     with np.errstate(invalid="ignore", over="ignore"):
         b = np.nanmin((k_up - log_tail) / lam)
         a = np.nanmax((log_tail - k_down) / lam)
@@ -143,6 +146,17 @@ def _length(span: int) -> int:
     return length
 
 
+def _power(spectrum: np.ndarray, n: int) -> np.ndarray:
+    """``spectrum ** n``, computed only where ``|spectrum|^n`` does not underflow to 0 (the
+    tilted distribution is smooth, so most of its spectrum vanishes after a few powers)."""
+    with np.errstate(divide="ignore"):
+        log_abs = np.log(np.abs(spectrum))
+    alive = np.flatnonzero(n * log_abs > _LOG_UNDERFLOW)
+    out = np.zeros_like(spectrum)
+    out[alive] = spectrum[alive] ** n
+    return out
+
+
 def compose(parts: Parts, delta: float) -> ComposedPLD:
     """The composition of ``(pld, count)`` parts by one FFT on the tilted window (module
     docstring): tilt each distinct step, one forward FFT each, powers, one inverse FFT,
@@ -157,7 +171,7 @@ def compose(parts: Parts, delta: float) -> ComposedPLD:
         losses = (p.lower + np.arange(len(p.probs))) * h
         with np.errstate(divide="ignore"):
             tilted = np.exp(np.log(p.probs) + win.theta * losses - k)
-        term = fft.rfft(_fold(tilted, length), length) ** n
+        term = _power(fft.rfft(_fold(tilted, length), length), n)
         product = term if product is None else product * term
         log_scale += n * k
     circular = fft.irfft(product, length)

@@ -1,4 +1,4 @@
-"""Pessimistic discretisation of ONE Poisson-subsampled Gaussian step (docs/accounting.md#pld-accounting).
+"""Pessimistic discretisation of one subsampled Gaussian step (docs/accounting.md#pld-accounting).
 
 Contract: the mechanism of :mod:`fedlap_privacy.accountant.schedule` — each record joins the
 batch with probability ``q``, the sum of records clipped to C gets ``N(0, sigma^2 C^2)``
