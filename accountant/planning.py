@@ -136,7 +136,7 @@ def plan_sigma(
     """
     acc = _check(rounds=rounds, eps=eps, delta=delta, accountant=accountant, orders=orders)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def excess(log_sigma: float) -> float:  # memoised: the bracketing revisits its start
         return acc.epsilon(schedule, math.exp(log_sigma), rounds, delta) - eps
 
