@@ -30,43 +30,15 @@ This module imports dp-accounting (pure Python, about a second to import), so
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Sequence
 
 import dp_accounting
 import numpy as np
 
+from fedlap_privacy.accountant.schedule import RoundSchedule, step_counts
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["RoundSchedule", "composed_event", "schedule_event", "step_counts"]
-
-
-class RoundSchedule(Protocol):
-    """What a round needs to be exported: its two sampling rates and its number of accesses
-    (:class:`~fedlap_privacy.accountant.FedLAPSchedule` and the ledger's recorded rates)."""
-
-    @property
-    def q1(self) -> float: ...
-
-    @property
-    def q2(self) -> float: ...
-
-    @property
-    def local_steps(self) -> int: ...
-
-
-def step_counts(rounds: Iterable[tuple[RoundSchedule, int]]) -> dict[float, int]:
-    """Number of sampled Gaussian steps at each rate over ``(schedule, rounds)`` pairs.
-
-    Every round contributes one step at ``q1`` and ``local_steps - 1`` at ``q2`` (Theorem
-    5.8); rates keep their order of first appearance and zero counts are dropped.
-    """
-    counts: dict[float, int] = {}
-    for schedule, count in rounds:
-        for q, n in ((schedule.q1, count), (schedule.q2, count * (schedule.local_steps - 1))):
-            if n:
-                counts[float(q)] = counts.get(float(q), 0) + int(n)
-    return counts
 
 
 def _event(counts: dict[float, int], sigma: float) -> dp_accounting.ComposedDpEvent:

@@ -1,4 +1,5 @@
-"""An Opacus accountant backed by this package's exact RDP of the sampled Gaussian.
+"""Opacus accountants backed by this package: exact RDP (``"fedlap-rdp"``) and tight PLD
+(``"fedlap-pld"``) of the sampled Gaussian.
 
 Contract: the same mechanism as :mod:`fedlap_privacy.accountant.rdp` — every optimiser step
 Poisson-samples records at ``sample_rate``, clips each to ``C`` and adds
@@ -24,12 +25,21 @@ Importing this module registers the accountant with Opacus under :data:`MECHANIS
 orders, assign an instance before ``make_private``:
 ``engine.accountant = ExactRDPAccountant(orders=...)``.
 
+:class:`TightPLDAccountant`, registered as :data:`PLD_MECHANISM` (``"fedlap-pld"``), keeps
+the same history and prices it with this package's PLD accountant
+(:mod:`fedlap_privacy.accountant.pld`: pessimistic Connect-the-Dots, one FFT, an upper bound
+within 0.2% of dp-accounting's PLD) — the tightest epsilon, about 8% below RDP on the
+reference configuration, in milliseconds::
+
+    engine = PrivacyEngine(accountant="fedlap-pld")
+
 This module imports opacus (and so torch); ``fedlap_privacy.accountant`` itself does not
 import it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -38,12 +48,16 @@ from opacus.accountants import IAccountant
 
 from fedlap_privacy.accountant.rdp import DEFAULT_ORDERS, _as_orders, rdp_to_epsilon, sgm_rdp
 
-__all__ = ["MECHANISM", "ExactRDPAccountant", "HistoryEntry"]
+__all__ = ["MECHANISM", "PLD_MECHANISM", "ExactRDPAccountant", "HistoryEntry",
+           "TightPLDAccountant"]
 
-#: The mechanism name under which the accountant is registered with Opacus.
+#: The mechanism name under which the RDP accountant is registered with Opacus.
 MECHANISM = "fedlap-rdp"
-#: Opacus' RDP accountant: its state dicts carry the same history and load into ours.
-_COMPATIBLE_MECHANISMS = (MECHANISM, "rdp")
+#: The mechanism name under which the PLD accountant is registered with Opacus.
+PLD_MECHANISM = "fedlap-pld"
+#: Accountants whose state dicts carry the same history (Opacus' RDP one included): each of
+#: ours loads any of them.
+_COMPATIBLE_MECHANISMS = (MECHANISM, PLD_MECHANISM, "rdp")
 
 
 class HistoryEntry(NamedTuple):
@@ -131,7 +145,8 @@ class ExactRDPAccountant(IAccountant):
         if state_dict["mechanism"] not in _COMPATIBLE_MECHANISMS:
             raise ValueError(
                 f"state_dict of {state_dict['mechanism']!r} cannot be loaded into the "
-                f"{MECHANISM!r} accountant (accepted: {', '.join(_COMPATIBLE_MECHANISMS)})"
+                f"{self.mechanism()!r} accountant (accepted: "
+                f"{', '.join(_COMPATIBLE_MECHANISMS)})"
             )
         history = []
         for entry in state_dict["history"]:
@@ -142,16 +157,49 @@ class ExactRDPAccountant(IAccountant):
         self.history = history
 
 
+class TightPLDAccountant(ExactRDPAccountant):
+    """Opacus ``IAccountant`` pricing the same history by PLD (the module docstring): every
+    entry is ``num_steps`` Poisson-subsampled Gaussian steps, all composed by one FFT."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    def get_epsilon(self, delta: float, **kwargs: Any) -> float:
+        """Epsilon spent so far at ``delta`` (0 before the first step). Extra keywords are
+        ignored, as Opacus' ``get_noise_multiplier`` forwards its own."""
+        from fedlap_privacy.accountant.pld import pld_epsilons
+
+        if not 0.0 < delta < 1.0:
+            raise ValueError(f"delta {delta!r} must be in (0, 1)")
+        steps: dict[tuple[float, float], int] = {}
+        for sigma, q, n in self.history:
+            if sigma <= 0.0 and q > 0.0:
+                return math.inf
+            steps[(float(sigma), float(q))] = steps.get((float(sigma), float(q)), 0) + int(n)
+        return pld_epsilons([steps], delta)[0]
+
+    def get_privacy_spent(self, *, delta: float, **kwargs: Any) -> tuple[float, float]:
+        """(epsilon, nan): a PLD has no optimal order."""
+        return self.get_epsilon(delta), math.nan
+
+    @classmethod
+    def mechanism(cls) -> str:
+        """The registered name, :data:`PLD_MECHANISM`."""
+        return PLD_MECHANISM
+
+
 def _register() -> None:
-    """Make ``PrivacyEngine(accountant=MECHANISM)`` and Opacus' ``get_noise_multiplier`` build
-    an :class:`ExactRDPAccountant` (Opacus' ``create_accountant`` looks names up here)."""
+    """Make ``PrivacyEngine(accountant=MECHANISM)`` / ``(accountant=PLD_MECHANISM)`` and
+    Opacus' ``get_noise_multiplier`` build our accountants (Opacus' ``create_accountant``
+    looks names up here)."""
     from opacus.accountants import registry
 
     register = getattr(registry, "register_accountant", None)
-    if register is not None:
-        register(MECHANISM, ExactRDPAccountant, force=True)
-    else:  # Opacus releases without register_accountant: the same table, written directly
-        registry._ACCOUNTANTS[MECHANISM] = ExactRDPAccountant
+    for name, cls in ((MECHANISM, ExactRDPAccountant), (PLD_MECHANISM, TightPLDAccountant)):
+        if register is not None:
+            register(name, cls, force=True)
+        else:  # Opacus releases without register_accountant: the same table, written directly
+            registry._ACCOUNTANTS[name] = cls
 
 
 _register()

@@ -15,6 +15,7 @@ that interface.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -135,7 +136,8 @@ def plan_sigma(
     """
     acc = _check(rounds=rounds, eps=eps, delta=delta, accountant=accountant, orders=orders)
 
-    def excess(log_sigma: float) -> float:
+    @functools.cache
+    def excess(log_sigma: float) -> float:  # memoised: the bracketing revisits its start
         return acc.epsilon(schedule, math.exp(log_sigma), rounds, delta) - eps
 
     floor = acc.floor(delta)

@@ -17,14 +17,45 @@ Client-level DP (docs/accounting.md#client-level-dp): one access per round at ra
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from fedlap_privacy.accountant.rdp import sgm_rdp
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["FedLAPSchedule", "RoundRates"]
+__all__ = ["FedLAPSchedule", "RoundRates", "RoundSchedule", "step_counts"]
+
+
+class RoundSchedule(Protocol):
+    """What a round is to an accountant: its two sampling rates and its number of accesses
+    (:class:`FedLAPSchedule` and :class:`RoundRates`, the ledger's recorded rates)."""
+
+    @property
+    def q1(self) -> float: ...
+
+    @property
+    def q2(self) -> float: ...
+
+    @property
+    def local_steps(self) -> int: ...
+
+
+def step_counts(rounds: Iterable[tuple[RoundSchedule, int]]) -> dict[float, int]:
+    """Number of sampled Gaussian steps at each rate over ``(schedule, rounds)`` pairs.
+
+    Every round contributes one step at ``q1`` and ``local_steps - 1`` at ``q2`` (Theorem
+    5.8); composition is commutative, so this is all an accountant needs. Rates keep their
+    order of first appearance and zero counts are dropped.
+    """
+    counts: dict[float, int] = {}
+    for schedule, count in rounds:
+        for q, n in ((schedule.q1, count), (schedule.q2, count * (schedule.local_steps - 1))):
+            if n:
+                counts[float(q)] = counts.get(float(q), 0) + int(n)
+    return counts
 
 
 @dataclass(frozen=True)

@@ -22,13 +22,21 @@ then, after one untimed warm-up call of each, times the implementations interlea
 all see the same machine load) and prints the median and best time of each and the ratios
 theirs/ours of the medians.
 
-    python benchmarks/accountant.py [--repeats 5] [--ours-repeats 50]
+Then the PLD rows (docs/accounting.md#pld-accounting): our PLD accountant against
+dp-accounting's ``PLDAccountant`` on the same event, on the paper's schedule (15 rounds) and a
+small-client one (B 64, N_k 1,600, T 50; 30 rounds): values, relative difference, seconds
+(ours cold = per-step cache cleared before every call, ours warm = cached steps) and the
+ratio dp-accounting / ours; then plan sigma for epsilon 10 over 30 rounds (RDP, our PLD,
+dp-accounting's PLD through ``calibrate_dp_mechanism``, once: it takes tens of seconds).
+
+    python benchmarks/accountant.py [--repeats 5] [--ours-repeats 50] [--pld-repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import sys
 import time
@@ -267,10 +275,81 @@ def report(times: dict[str, dict[str, list[float]]]) -> bool:
     return all_fast
 
 
+# ----------------------------------------------------------------------------- PLD
+
+PLD_SCHEDULES = {
+    "paper (B 256, N_k 10,000, T 200), 15 rounds": (SCHEDULE, 15),
+    "small client (B 64, N_k 1,600, T 50), 30 rounds": (
+        FedLAPSchedule(batch_size=64, client_size=1600, local_steps=50), 30),
+}
+
+
+def _timed(fn: Callable[[], float], repeats: int, before: Callable[[], None] | None = None):
+    times, value = [], math.nan
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - start)
+    return value, statistics.median(times)
+
+
+def pld_report(repeats: int) -> None:
+    from dp_accounting.pld import PLDAccountant
+
+    from fedlap_privacy.accountant.dp_events import schedule_event
+    from fedlap_privacy.accountant.pld_sgm import sgm_pld
+
+    def theirs(schedule: FedLAPSchedule, rounds: int, sigma: float = SIGMA) -> float:
+        acc = PLDAccountant()
+        acc.compose(schedule_event(schedule, sigma, rounds))
+        return float(acc.get_epsilon(DELTA))
+
+    print(f"\nPLD, sigma {SIGMA:g}, delta {DELTA:g} (medians of {repeats}; machine shared)")
+    print(f"{'schedule':<50} {'RDP':>8} {'ours PLD':>9} {'dp-acc PLD':>10} {'rel':>8}"
+          f" {'ours cold':>10} {'ours warm':>10} {'dp-acc':>8} {'ratio cold':>10}"
+          f" {'ratio warm':>10}")
+    for name, (schedule, rounds) in PLD_SCHEDULES.items():
+        def ours(schedule: FedLAPSchedule = schedule, rounds: int = rounds) -> float:
+            return epsilon(schedule, SIGMA, rounds, DELTA, accountant="pld")
+
+        ours()  # warm-up (imports)
+        value, cold = _timed(ours, repeats, sgm_pld.cache_clear)
+        _, warm = _timed(ours, repeats)
+        ref, slow = _timed(lambda s=schedule, r=rounds: theirs(s, r), repeats)
+        rdp = epsilon(schedule, SIGMA, rounds, DELTA)
+        print(f"{name:<50} {rdp:8.4f} {value:9.4f} {ref:10.4f} {value / ref - 1:+8.1e}"
+              f" {cold * 1e3:8.1f}ms {warm * 1e3:8.1f}ms {slow:7.2f}s {slow / cold:9.0f}x"
+              f" {slow / warm:9.0f}x")
+
+    print(f"\nplan sigma (epsilon {TARGET_EPS:g}, {ROUNDS} rounds, paper schedule)")
+
+    def ours_pld_plan() -> float:
+        return plan_sigma(SCHEDULE, ROUNDS, TARGET_EPS, DELTA, accountant="pld")
+
+    def dpa_pld_plan() -> float:
+        return float(dpa.calibrate_dp_mechanism(
+            PLDAccountant, lambda sigma: schedule_event(SCHEDULE, sigma, ROUNDS), TARGET_EPS,
+            DELTA, bracket_interval=dpa.LowerEndpointAndGuess(0.5, 1.2), tol=1e-4))
+
+    rows = [("RDP (ours)", ours_plan_sigma, repeats, None),
+            ("PLD (ours, cold)", ours_pld_plan, repeats, sgm_pld.cache_clear),
+            ("PLD (dp-accounting)", dpa_pld_plan, 1, None)]
+    ours_time = math.nan
+    for name, fn, n, before in rows:
+        value, seconds = _timed(fn, n, before)
+        if name.startswith("PLD (ours"):
+            ours_time = seconds
+        ratio = f"{seconds / ours_time:,.0f}x" if name.endswith("(dp-accounting)") else ""
+        print(f"  {name:<22} sigma {value:.5f}  {seconds:8.3f}s  {ratio}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="timed calls of each library")
     parser.add_argument("--ours-repeats", type=int, default=50, help="timed calls of ours")
+    parser.add_argument("--pld-repeats", type=int, default=3, help="timed calls in PLD rows")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     logging.getLogger("absl").setLevel(logging.ERROR)
@@ -283,6 +362,7 @@ def main() -> None:
     start = time.perf_counter()
     print("\n".join(check_agreement()))
     report(time_all(args.repeats, args.ours_repeats))
+    pld_report(args.pld_repeats)
     print(f"\ntotal run time {time.perf_counter() - start:.1f} s")
 
 

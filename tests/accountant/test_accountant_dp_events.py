@@ -6,7 +6,9 @@
   is an integer; at fractional orders it sums absolute values of the series (an upper bound),
   so its epsilon is never below ours — on the paper's reference configuration it is 1e-4
   above, and Opacus' series (sound at sigma = 1) sides with ours at those orders.
-* dp-accounting's PLDAccountant on the event equals our PLD accountant to 1e-6 relative.
+* dp-accounting's PLDAccountant on the event equals our PLD accountant to 0.2% (ours runs on
+  an adaptive grid, docs/accounting.md#pld-accounting; tests/accountant/test_accountant_pld.py
+  holds it to dp-accounting over a grid of cases).
 * Rounds with different schedules (per-round T, client fraction): the same, against
   ``composed_epsilon``.
 """
@@ -33,6 +35,7 @@ from fedlap_privacy.errors import ConfigError
 
 DELTA = 1e-5
 RTOL = 1e-6
+PLD_RTOL = 2e-3
 INTEGER_ORDERS = np.arange(2.0, 129.0)
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's convergence warnings
@@ -145,7 +148,7 @@ def test_pld_accountant_equals_our_pld(case: str) -> None:
     acc = PLDAccountant()
     acc.compose(schedule_event(schedule, sigma, rounds))
     ours = epsilon(schedule, sigma, rounds, DELTA, accountant="pld")
-    assert float(acc.get_epsilon(DELTA)) == pytest.approx(ours, rel=RTOL)
+    assert float(acc.get_epsilon(DELTA)) == pytest.approx(ours, rel=PLD_RTOL)
 
 
 def test_heterogeneous_rounds() -> None:
@@ -159,7 +162,7 @@ def test_heterogeneous_rounds() -> None:
     pld = PLDAccountant()
     pld.compose(event)
     ours_pld = composed_epsilon(HETEROGENEOUS, HETERO_SIGMA, DELTA, accountant="pld")
-    assert float(pld.get_epsilon(DELTA)) == pytest.approx(ours_pld, rel=RTOL)
+    assert float(pld.get_epsilon(DELTA)) == pytest.approx(ours_pld, rel=PLD_RTOL)
 
 
 def test_empty_and_invalid() -> None:
