@@ -43,12 +43,14 @@ from fedlap_privacy.atomic import fsync_dir, write_text_atomic
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, PRIVATE_FORMAT
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.run_lock import RunLock, lock_run_folder
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
     "CHECKPOINT", "COMMIT", "METRICS", "PENDING", "PRIVATE", "PRIVATE_FORMAT", "RUN_FILES",
     "check_new_run_dir", "commit_run_files", "committed_file", "holds_run", "load_history",
-    "load_private", "load_release", "load_run_config", "public_config", "settle_run_files",
+    "load_private", "load_release", "load_run_config", "lock_run", "public_config",
+    "settle_run_files",
 ]
 
 METRICS = "metrics.jsonl"
@@ -145,6 +147,15 @@ def commit_run_files(out: Path, release: ModelRelease, private: PrivateRunState)
     write_text_atomic(out / COMMIT, json.dumps({"generation": generation}) + "\n")
     fsync_dir(out)
     settle_run_files(out)
+
+
+def lock_run(out: Path, *, new: bool, inherit: str | None = None) -> RunLock:
+    """The lock of the run folder ``out`` (:func:`fedlap_privacy.run_lock.lock_run_folder`,
+    ``inherit`` too): for a ``new`` run the folder is created; to continue one, a folder that
+    holds no run is refused first (no lock file is left in it)."""
+    if not new and not holds_run(out):
+        raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
+    return lock_run_folder(out, create=new, inherit=inherit)
 
 
 def load_private(out: Path) -> PrivateRunState:

@@ -69,16 +69,16 @@ from fedlap_privacy.fl.run_files import (
     PENDING,
     check_new_run_dir,
     commit_run_files,
-    holds_run,
     load_private,
     load_release,
+    lock_run,
     public_config,
     settle_run_files,
 )
 from fedlap_privacy.fl.stop import STOPPED, stop_requested
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.run_lock import RunLock, lock_run_folder
+from fedlap_privacy.run_lock import RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
@@ -377,7 +377,7 @@ class _Run:
 
 
 @contextlib.contextmanager
-def _holding(out: Path, lock: RunLock | None, create: bool) -> Iterator[None]:
+def _holding(out: Path, lock: RunLock | None, new: bool) -> Iterator[None]:
     """The run folder's lock for the block: the caller's ``lock`` (which must be out's), or
     one taken here and released at the end."""
     if lock is not None:
@@ -385,7 +385,7 @@ def _holding(out: Path, lock: RunLock | None, create: bool) -> Iterator[None]:
             raise ConfigError(f"the lock given holds {lock.folder}, not the run folder {out}")
         yield
         return
-    with lock_run_folder(out, create=create):
+    with lock_run(out, new=new):
         yield
 
 
@@ -418,7 +418,7 @@ def train(
                           "with --engine simulation")
     if out is None:
         return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback)
-    with _holding(out, lock, create=True):
+    with _holding(out, lock, new=True):
         check_new_run_dir(out)
         settle_run_files(out)  # a first commit that never finished leaves staged files
         run = _Run(cfg, resolve_device(device), out, ask_clients, data)
@@ -445,9 +445,7 @@ def resume(
     (``lock``: the caller holds it already).
     """
     out = Path(out_dir)
-    if not holds_run(out):  # before the lock, which would leave a lock file in any folder
-        raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
-    with _holding(out, lock, create=False):
+    with _holding(out, lock, new=False):
         settle_run_files(out)
         private = load_private(out)
         ckpt = load_release(out)
