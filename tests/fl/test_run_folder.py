@@ -211,3 +211,17 @@ def test_a_crash_just_after_the_commit_is_not_counted_twice(tmp_path, monkeypatc
     assert [(e.round, e.status) for e in result.ledger.entries] == [
         (1, "completed"), (2, "completed"), (3, "completed")]
     assert len(_metrics(out)) == 3
+
+
+def test_a_run_folder_of_an_earlier_version_resumes_and_a_broken_pointer_is_refused(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    train(tiny(method="dp-fedavg", rounds=1, local_steps=1, width=8), out, "cpu")
+    (out / run_files.COMMIT).unlink()  # written before commit.json existed: ckpt.pt is read
+    assert resume(out, rounds=2, device="cpu").ledger.rounds_spent == 2
+    assert json.loads((out / run_files.COMMIT).read_text())["generation"] == 1
+    (out / run_files.COMMIT).write_text('{"generation": "../../etc/passwd"}')
+    assert "commit.json is unreadable" in _fails(["train", "--resume", "--rounds", "3",
+                                                  "--out", str(out)])
+    assert _staged(out) == []
