@@ -99,7 +99,7 @@ def test_two_resumes_at_once_the_second_is_refused(tmp_path: Path) -> None:
     assert not (out / PENDING).exists()
 
 
-def test_a_comparison_skips_no_lock(tmp_path: Path) -> None:
+def test_a_comparison_is_refused_a_run_another_process_holds(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "dp-fedavg-eps3-seed0"
     with lock_held_elsewhere(run_dir):
         with pytest.raises(RunBusyError, match="holds the run"):
