@@ -5,7 +5,9 @@ by :func:`tempfile.mkstemp` (a unique, unpredictable name opened with ``O_CREAT 
 mode 0600, so a planted file or symbolic link is never opened or followed), flushes and
 fsyncs it, and renames it over the target with :func:`os.replace`. A rename replaces a
 symbolic link at the target name with the new file; it never writes through the link. A
-crash leaves either the old file or the new one, never half of one.
+crash leaves either the old file or the new one, never half of one. :func:`fsync_dir` makes
+the renames in a folder durable (a commit that orders renames, e.g. a run's checkpoint pair,
+calls it between them).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_file", "write_atomic", "write_figure", "write_text_atomic"]
+__all__ = ["atomic_file", "fsync_dir", "write_atomic", "write_figure", "write_text_atomic"]
 
 
 @contextmanager
@@ -36,6 +38,15 @@ def atomic_file(path: str | Path) -> Iterator[IO[bytes]]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Flush ``folder``'s entries (the files created and renamed in it) to disk."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_atomic(path: str | Path, data: bytes) -> None:

@@ -55,11 +55,10 @@ from typing import Any
 import numpy as np
 
 from fedlap_privacy.atomic import write_figure, write_text_atomic
-from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, resolve_config
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
-from fedlap_privacy.fl.run_files import load_history, load_run_config
+from fedlap_privacy.fl.run_files import holds_run, load_history, load_run_config, lock_run
 from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 from fedlap_privacy.fl.stop import STOPPED, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
@@ -209,16 +208,20 @@ def _run_dir(out: Path, job: Job, several_counts: bool) -> Path:
 
 
 def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str) -> dict[str, Any]:
-    """Train into ``run_dir``; if it holds this very configuration already, resume it."""
+    """Train into ``run_dir``; if it holds this very configuration already, resume it. The
+    run folder's lock is held from before the folder is read until the run returns, so a
+    second comparison on the same ``OUT`` is refused at the run the first one holds."""
     from fedlap_privacy.fl.simulation import resume, train
 
-    if not (run_dir / CHECKPOINT).exists():
-        return train(cfg, run_dir, device).summary
-    saved = load_run_config(run_dir).to_dict()
-    planned = dict(cfg.to_dict(), sigma=saved.get("sigma")) if cfg.sigma is None else cfg.to_dict()
-    if saved != planned:
-        raise ConfigError(f"{run_dir} holds a run with other settings: pick another --out")
-    return resume(run_dir, device=device).summary
+    with lock_run(run_dir, new=True) as lock:
+        if not holds_run(run_dir):
+            return train(cfg, run_dir, device, lock=lock).summary
+        saved = load_run_config(run_dir).to_dict()
+        planned = (dict(cfg.to_dict(), sigma=saved.get("sigma")) if cfg.sigma is None
+                   else cfg.to_dict())
+        if saved != planned:
+            raise ConfigError(f"{run_dir} holds a run with other settings: pick another --out")
+        return resume(run_dir, device=device, lock=lock).summary
 
 
 def plan_jobs(

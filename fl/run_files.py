@@ -1,4 +1,5 @@
-"""The files of a run folder: what may be shared, what stays private, and how they are checked.
+"""The files of a run folder: what may be shared, what stays private, and how they are checked
+and committed.
 
 A run folder (``--out``) holds:
 
@@ -11,8 +12,20 @@ A run folder (``--out``) holds:
   data and of each client's partition, the fingerprint of the ledger, and the methods'
   node-local and server state (synthetic sets, control variates). ``--resume`` and
   ``audit`` read it beside ``ckpt.pt``.
+* ``commit.json`` — which pair of the two is committed (:func:`commit_run_files`).
+* ``run.lock`` — the lock a run holds while it writes (:mod:`fedlap_privacy.run_lock`).
 * ``metrics.jsonl`` (one line per round), ``accuracy.png`` / ``epsilon.png``, and
   ``round.pending`` while a round that touches private data is under way.
+
+The two checkpoints are committed as a pair: both are written under names of their
+generation (``.private.pt.gN``, ``.ckpt.pt.gN``) and flushed, then ``commit.json`` is
+replaced atomically to name generation N, then both are renamed over ``ckpt.pt`` and
+``private.pt``. Whoever reads a run reads through the pointer (:func:`committed_file`): a
+file of the committed generation still under its staged name is the one to read. A crash
+at any point leaves the old pair or the new one, never one file of each;
+:func:`settle_run_files` (run under the run's lock) finishes the renames of a committed
+pair and removes the staged files of a pair that was never committed. A run folder of an
+earlier version (no ``commit.json``) is read as ``ckpt.pt`` and ``private.pt``.
 
 Every file is written by :func:`fedlap_privacy.atomic.write_atomic` (unique temporary
 names, no link is followed). :func:`check_new_run_dir` refuses an ``--out`` that is a file,
@@ -22,22 +35,30 @@ a symbolic link or a folder that already holds a run.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
+from fedlap_privacy.atomic import fsync_dir, write_text_atomic
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, PRIVATE_FORMAT
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.run_state import PrivateRunState
+from fedlap_privacy.run_lock import RunLock, lock_run_folder
+from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
-    "CHECKPOINT", "METRICS", "PENDING", "PRIVATE", "PRIVATE_FORMAT", "RUN_FILES",
-    "check_new_run_dir", "load_history", "load_private", "load_run_config", "public_config",
+    "CHECKPOINT", "COMMIT", "METRICS", "PENDING", "PRIVATE", "PRIVATE_FORMAT", "RUN_FILES",
+    "check_new_run_dir", "commit_run_files", "committed_file", "holds_run", "load_history",
+    "load_private", "load_release", "load_run_config", "lock_run", "public_config",
+    "settle_run_files",
 ]
 
 METRICS = "metrics.jsonl"
 PENDING = "round.pending"
-RUN_FILES = (CHECKPOINT, PRIVATE, METRICS, PENDING)
+COMMIT = "commit.json"
+RUN_FILES = (CHECKPOINT, PRIVATE, METRICS, PENDING, COMMIT)
+#: the pair, in the order it is written and renamed into place
+_PAIR = (PRIVATE, CHECKPOINT)
 #: configuration keys kept out of the releasable checkpoint
 _PRIVATE_KEYS = ("seed", "data_dir")
 
@@ -59,15 +80,98 @@ def check_new_run_dir(out: Path) -> None:
                           "or pick another --out")
 
 
+def _staged(name: str, generation: int) -> str:
+    """The name ``name`` of generation ``generation`` has until it is renamed into place."""
+    return f".{name}.g{generation}"
+
+
+def committed_generation(out: Path) -> int:
+    """The generation ``commit.json`` names (0: none, a run of an earlier version or no run)."""
+    path = out / COMMIT
+    if not (path.exists() or path.is_symlink()):
+        return 0
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise ValueError("not a plain file")
+        with path.open("rb") as f:
+            generation = json.loads(f.read(4096))["generation"]
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
+            raise ValueError("not a generation")
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{path} is unreadable: which checkpoints the run committed is "
+                              "unknown") from None
+    return generation
+
+
+def committed_file(out: Path, name: str) -> Path:
+    """Where the committed ``ckpt.pt`` / ``private.pt`` of the run in ``out`` is: its staged
+    name while the pair's renames are unfinished, else its own name (module docstring)."""
+    generation = committed_generation(out)
+    staged = out / _staged(name, generation)
+    return staged if generation and staged.is_file() else out / name
+
+
+def holds_run(out: Path) -> bool:
+    """Whether ``out`` holds a committed run (a checkpoint to resume)."""
+    return committed_file(out, CHECKPOINT).is_file()
+
+
+def _roll_forward(staged: Path, target: Path) -> None:
+    """Rename a committed file over its own name."""
+    os.replace(staged, target)
+
+
+def settle_run_files(out: Path) -> None:
+    """Finish a committed pair's renames and remove the staged files of any other generation
+    (a commit that never finished). Call it holding the run's lock."""
+    generation = committed_generation(out)
+    for name in _PAIR:
+        keep = _staged(name, generation) if generation else None
+        for pattern in (f".{name}.g*", f"..{name}.g*"):  # staged files, their temporaries
+            for path in out.glob(pattern):
+                if path.name != keep:
+                    path.unlink(missing_ok=True)
+        if keep is not None and (out / keep).is_file():
+            _roll_forward(out / keep, out / name)
+    fsync_dir(out)
+
+
+def commit_run_files(out: Path, release: ModelRelease, private: PrivateRunState) -> None:
+    """Commit ``release`` (``ckpt.pt``) and ``private`` (``private.pt``) as one pair (module
+    docstring). Call it holding the run's lock."""
+    settle_run_files(out)
+    generation = committed_generation(out) + 1
+    private.save(out / _staged(PRIVATE, generation))
+    release.save(out / _staged(CHECKPOINT, generation))
+    fsync_dir(out)
+    write_text_atomic(out / COMMIT, json.dumps({"generation": generation}) + "\n")
+    fsync_dir(out)
+    settle_run_files(out)
+
+
+def lock_run(out: Path, *, new: bool, inherit: str | None = None) -> RunLock:
+    """The lock of the run folder ``out`` (:func:`fedlap_privacy.run_lock.lock_run_folder`,
+    ``inherit`` too): for a ``new`` run the folder is created; to continue one, a folder that
+    holds no run is refused first (no lock file is left in it)."""
+    if not new and not holds_run(out):
+        raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
+    return lock_run_folder(out, create=new, inherit=inherit)
+
+
 def load_private(out: Path) -> PrivateRunState:
-    """The private state of the run in ``out`` (see the module docstring)."""
-    path = out / PRIVATE
-    if not (out / CHECKPOINT).is_file():
+    """The committed private state of the run in ``out`` (see the module docstring)."""
+    path = committed_file(out, PRIVATE)
+    if not holds_run(out):
         raise CheckpointError(f"nothing to resume: no {CHECKPOINT} in {out}")
     if not path.is_file():
         raise CheckpointError(f"{out} has no {PRIVATE}: the run's private state (member "
                               "indices, seed, ledger fingerprint) is missing")
     return PrivateRunState.load(path)
+
+
+def load_release(out: Path) -> ModelRelease:
+    """The committed releasable checkpoint of the run in ``out``."""
+    return ModelRelease.load(committed_file(out, CHECKPOINT))
 
 
 def load_run_config(out: Path) -> TrainConfig:

@@ -9,12 +9,18 @@ system, unless the run asked for ``reproducible_noise`` (then it is derived from
 round, client), bit-for-bit reproducible and not private).
 
 Files (:mod:`~fedlap_privacy.fl.run_files`): the releasable ``ckpt.pt`` and the private
-``private.pt``, saved before round 1 and after every round. Privacy bookkeeping: after the
+``private.pt``, committed together as one pair before round 1 and after every round. One
+writer per run: :func:`train` and :func:`resume` hold the run folder's lock
+(:mod:`fedlap_privacy.run_lock`) from before anything of the run is read until they return,
+so a second process on the same folder is refused instead of composing its own ledger from
+the same checkpoint. Privacy bookkeeping: after the
 clients of a round are selected and before they touch private data, a marker
 ``round.pending`` records the round, its accounted T and the selected clients; the
 checkpoint written after the round removes it. A run resumed after a crash finds the marker
 and enters the interrupted round in the ledger (worst case, all the accesses it was
-accounted for), so privacy spent is never lost; completed rounds are never counted twice.
+accounted for), so privacy spent is never lost; completed rounds are never counted twice (a
+marker of a round the committed ledger already holds, left by a crash just after the
+commit, is dropped).
 A resumed run must be the same run: the data, the split and the ledger are checked against
 the private state's content hashes and ledger fingerprint.
 """
@@ -25,7 +31,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -61,14 +67,18 @@ from fedlap_privacy.fl.run_files import (
     CHECKPOINT,
     METRICS,
     PENDING,
-    PRIVATE,
     check_new_run_dir,
+    commit_run_files,
     load_private,
+    load_release,
+    lock_run,
     public_config,
+    settle_run_files,
 )
 from fedlap_privacy.fl.stop import STOPPED, stop_requested
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.run_lock import RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
@@ -296,10 +306,11 @@ class _Run:
         self.canaries = None if saved is None else CanarySet.from_state(saved)
 
     def save(self) -> None:
+        """Commit ``private.pt`` and ``ckpt.pt`` as one pair, then the metrics; then the
+        round under way is in the committed ledger and its marker goes."""
         if self.out is None:
             return
-        self.private_state().save(self.out / PRIVATE)
-        self.release().save(self.out / CHECKPOINT)
+        commit_run_files(self.out, self.release(), self.private_state())
         write_text_atomic(self.out / METRICS, "".join(json.dumps(h) + "\n" for h in self.history))
         (self.out / PENDING).unlink(missing_ok=True)
 
@@ -320,6 +331,9 @@ class _Run:
         except (ValueError, KeyError, TypeError):
             raise CheckpointError(f"{self.out / PENDING} is unreadable: the interrupted round "
                                   "cannot be counted") from None
+        if round_ <= self.round:  # committed with its round; the crash came before the unlink
+            (self.out / PENDING).unlink()
+            return
         if round_ != self.round + 1:
             raise CheckpointError(f"{PENDING} names round {round_}, the run is at {self.round}")
         self.ledger.record(round_, steps, chosen, "interrupted", local_steps=steps)
@@ -362,6 +376,19 @@ class _Run:
         }
 
 
+@contextlib.contextmanager
+def _holding(out: Path, lock: RunLock | None, new: bool) -> Iterator[None]:
+    """The run folder's lock for the block: the caller's ``lock`` (which must be out's), or
+    one taken here and released at the end."""
+    if lock is not None:
+        if not lock.covers(out):
+            raise ConfigError(f"the lock given holds {lock.folder}, not the run folder {out}")
+        yield
+        return
+    with lock_run(out, new=new):
+        yield
+
+
 def train(
     cfg: TrainConfig,
     out_dir: str | Path | None = None,
@@ -369,6 +396,8 @@ def train(
     callback: Callback | None = None,
     ask_clients: AskClients = local_clients,
     data: Dataset | None = None,
+    *,
+    lock: RunLock | None = None,
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
@@ -378,20 +407,23 @@ def train(
     validated before any data is read; the run is saved before round 1, so a crash in any
     round leaves a run :func:`resume` continues. ``data`` replaces the configured dataset
     (e.g. a subset of it, for reference models): the run's split, fingerprints and ledger
-    are those of ``data``; resume such a run with the same ``data``.
+    are those of ``data``; resume such a run with the same ``data``. The run folder's lock
+    (:mod:`fedlap_privacy.run_lock`; the folder is created) is taken before any data is read
+    and held until the run returns; ``lock``: the caller holds it already.
     """
     out = Path(out_dir) if out_dir is not None else None
     cfg.validate()
     if cfg.canaries and ask_clients is not local_clients:
         raise ConfigError("canaries are inserted by the in-process driver only: train them "
                           "with --engine simulation")
-    if out is not None:
+    if out is None:
+        return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback)
+    with _holding(out, lock, new=True):
         check_new_run_dir(out)
-    run = _Run(cfg, resolve_device(device), out, ask_clients, data)
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        settle_run_files(out)  # a first commit that never finished leaves staged files
+        run = _Run(cfg, resolve_device(device), out, ask_clients, data)
         run.save()
-    return _execute(run, callback)
+        return _execute(run, callback)
 
 
 def resume(
@@ -401,25 +433,31 @@ def resume(
     callback: Callback | None = None,
     ask_clients: AskClients = local_clients,
     data: Dataset | None = None,
+    *,
+    lock: RunLock | None = None,
 ) -> TrainResult:
     """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
 
     Refuses (one line) a run whose data, split or ledger do not match its private state. A
     round that was interrupted after touching private data is entered in the ledger first.
-    ``data``: the dataset the run was started with, when :func:`train` was given one.
+    ``data``: the dataset the run was started with, when :func:`train` was given one. The
+    run folder's lock is taken before the run is read and held until the run returns
+    (``lock``: the caller holds it already).
     """
     out = Path(out_dir)
-    private = load_private(out)
-    ckpt = ModelRelease.load(out / CHECKPOINT)
-    cfg = TrainConfig.from_dict(private.config)
-    if rounds is not None:
-        cfg.rounds = rounds
-    cfg.validate()
-    run = _Run(cfg, resolve_device(device), out, ask_clients, data)
-    run.restore(ckpt, private)
-    if (out / PENDING).exists():
-        run.enter_interrupted()
-    return _execute(run, callback)
+    with _holding(out, lock, new=False):
+        settle_run_files(out)
+        private = load_private(out)
+        ckpt = load_release(out)
+        cfg = TrainConfig.from_dict(private.config)
+        if rounds is not None:
+            cfg.rounds = rounds
+        cfg.validate()
+        run = _Run(cfg, resolve_device(device), out, ask_clients, data)
+        run.restore(ckpt, private)
+        if (out / PENDING).exists():
+            run.enter_interrupted()
+        return _execute(run, callback)
 
 
 def _execute(run: _Run, callback: Callback | None) -> TrainResult:

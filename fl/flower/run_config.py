@@ -33,6 +33,9 @@ DRIVER_DEFAULTS: dict[str, Any] = {
     "allow-client-failures": False,  # continue a round without clients that do not answer
     "node-wait": 120.0,  # seconds to wait for a SuperNode per partition before round 1
     "resume": False,  # continue the run in `out` (then `rounds` > 0 raises the total)
+    # the token of the lock `train --engine flower` holds on `out` for this ServerApp
+    # (fedlap_privacy.run_lock); "": the ServerApp takes the lock itself
+    "run-lock": "",
 }
 APP_NAME = "fedlap-flower"
 #: where ``flwr run`` finds the apps (written into the App's pyproject.toml)

@@ -5,7 +5,10 @@ Contract: :func:`run_on` runs (or resumes) one training on a started
 or raises :class:`FlowerError` with the server's one-line error (a node's refusal among
 them: ``round 2 failed: client 1 refused round 2: sigma 0.5 below the node's minimum 1``);
 :func:`run_flower` starts the deployment (every SuperNode with the node policy file, if
-given), runs, and tears everything down, also on errors and Ctrl-C.
+given), runs, and tears everything down, also on errors and Ctrl-C. Both hold the run
+folder's lock (:mod:`fedlap_privacy.run_lock`) from before the folder is read, before any
+SuperNode starts, until the run ends, and hand its token to the ServerApp (run-config key
+``run-lock``), which works under it; a second run on the same folder is refused with one line.
 """
 
 from __future__ import annotations
@@ -26,8 +29,14 @@ from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.processes import stop
 from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
 from fedlap_privacy.fl.flower.server_app import STATUS
-from fedlap_privacy.fl.run_files import check_new_run_dir, load_history, load_run_config
+from fedlap_privacy.fl.run_files import (
+    check_new_run_dir,
+    load_history,
+    load_run_config,
+    lock_run,
+)
 from fedlap_privacy.fl.simulation import Callback
+from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["FlowerResult", "run_flower", "run_on"]
 
@@ -63,19 +72,28 @@ def run_on(
     resume_run: bool = False,
     rounds: int | None = None,
     on_poll: Callable[[LocalDeployment], None] | None = None,
+    lock: RunLock | None = None,
 ) -> FlowerResult:
     """Run (or resume) one training on a started deployment with ``flwr run``; see
-    :func:`run_flower`. ``on_poll`` is called about twice a second while the run runs."""
+    :func:`run_flower`. ``on_poll`` is called about twice a second while the run runs.
+    ``lock``: the run folder's lock, which the caller holds (else it is taken here)."""
     out = Path(out_dir).expanduser().resolve()
+    if lock is None:
+        with lock_run(out, new=not resume_run) as held:
+            return run_on(deployment, cfg, out, device, callback,
+                          allow_client_failures=allow_client_failures,
+                          round_timeout=round_timeout, resume_run=resume_run, rounds=rounds,
+                          on_poll=on_poll, lock=held)
+    if not lock.covers(out):
+        raise ConfigError(f"the lock given holds {lock.folder}, not the run folder {out}")
     cfg = _prepare(cfg, out, resume_run)
     if deployment.clients != cfg.clients:
         raise ConfigError(f"{deployment.clients} SuperNodes for a run of {cfg.clients} clients")
     callback = callback or (lambda event, info: None)
-    out.mkdir(parents=True, exist_ok=True)
     (out / STATUS).unlink(missing_ok=True)
     run_config = run_config_of(
         cfg, out=str(out), device=device, round_timeout=float(round_timeout),
-        allow_client_failures=allow_client_failures, resume=resume_run,
+        allow_client_failures=allow_client_failures, resume=resume_run, run_lock=lock.token,
     )
     if resume_run:
         run_config["rounds"] = 0 if rounds is None else int(rounds)
@@ -135,17 +153,20 @@ def run_flower(
     of the machine's CPUs (:mod:`fedlap_privacy.threads`).
     """
     out = Path(out_dir).expanduser().resolve()
-    cfg = _prepare(cfg, out, resume_run)
-    if node_policy is not None:
-        NodePolicy.from_node_config({"policy-file": str(node_policy)})  # refuse a bad file now
-    n = cfg.clients if clients is None else clients
-    if n != cfg.clients:
-        raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
-    with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
-        with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
-                             threads=threads) as deployment:
-            return run_on(
-                deployment, None if resume_run else cfg, out, device, callback,
-                allow_client_failures=allow_client_failures, round_timeout=round_timeout,
-                resume_run=resume_run, rounds=rounds,
-            )
+    if not resume_run and cfg is not None:
+        cfg.validate()  # a bad configuration is refused before the folder is made
+    with lock_run(out, new=not resume_run) as lock:
+        cfg = _prepare(cfg, out, resume_run)
+        if node_policy is not None:  # refuse a bad file now
+            NodePolicy.from_node_config({"policy-file": str(node_policy)})
+        n = cfg.clients if clients is None else clients
+        if n != cfg.clients:
+            raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
+        with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
+            with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
+                                 threads=threads) as deployment:
+                return run_on(
+                    deployment, None if resume_run else cfg, out, device, callback,
+                    allow_client_failures=allow_client_failures, round_timeout=round_timeout,
+                    resume_run=resume_run, rounds=rounds, lock=lock,
+                )

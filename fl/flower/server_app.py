@@ -5,7 +5,10 @@ every partition (:meth:`FlowerClients.discover`) and runs the in-process simulat
 :class:`FlowerClients` as its ``ask_clients``, through the simulator's public ``train`` and
 ``resume`` only: the simulator alone writes the ledger and the checkpoints. When it ends it
 writes :data:`STATUS` into ``out``: ``{"status": "completed", "summary": ...}`` or
-``{"status": "failed", "error": ONE LINE, "pending": bool}``.
+``{"status": "failed", "error": ONE LINE, "pending": bool}``. Before it reads anything of the
+run it takes the run folder's lock (:mod:`fedlap_privacy.run_lock`), or works under the lock
+of the ``train --engine flower`` that launched it (run-config key ``run-lock``, its token); a
+folder another process holds is refused with one line, and nothing is written into it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.grid_clients import FlowerClients, expected_partitions
 from fedlap_privacy.fl.flower.run_config import config_from_run_config
-from fedlap_privacy.fl.run_files import PENDING, load_run_config
+from fedlap_privacy.fl.run_files import PENDING, load_run_config, lock_run
 from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["STATUS", "server_app"]
 
@@ -54,6 +59,18 @@ def _server_main(grid: Grid, context: Context) -> None:
     """Run (or resume) the training of the run config; write :data:`STATUS` into ``out``."""
     cfg, driver = config_from_run_config(dict(context.run_config))
     out = Path(str(driver["out"])).expanduser().resolve()
+    try:  # the launcher's lock (its token), or one taken here
+        lock = lock_run(out, new=not driver["resume"], inherit=str(driver["run-lock"]) or None)
+    except Exception as exc:  # e.g. another process holds the folder: write nothing into it
+        _log(f"error: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}")
+        raise
+    with lock:
+        _run(grid, context, cfg, driver, out, lock)
+
+
+def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any], out: Path,
+         lock: RunLock) -> None:
+    """The run of :func:`_server_main`, holding (or working under) ``lock``."""
     try:
         clients = FlowerClients(grid, float(driver["round-timeout"]),
                                 bool(driver["allow-client-failures"]),
@@ -64,9 +81,9 @@ def _server_main(grid: Grid, context: Context) -> None:
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])
-            result = resume(out, rounds, str(driver["device"]), _progress, clients)
+            result = resume(out, rounds, str(driver["device"]), _progress, clients, lock=lock)
         else:
-            result = train(cfg, out, str(driver["device"]), _progress, clients)
+            result = train(cfg, out, str(driver["device"]), _progress, clients, lock=lock)
     except Exception as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         _write_status(out, {"status": "failed", "error": message,
