@@ -260,12 +260,11 @@ class FieldRule:
             text = "a text" if self.choices is None else f"one of {', '.join(self.choices())}"
         else:
             text = "an integer" if self.kind is int else "a finite number"
-            lo, hi = _number(self.lo), _number(self.hi)
             if self.lo is not None and self.hi is not None:
                 opening, closing = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
-                text += f" in {opening}{lo}, {hi}{closing}"
+                text += f" in {opening}{_number(self.lo)}, {_number(self.hi)}{closing}"
             elif self.lo is not None:
-                text += f" {'>' if self.lo_open else '>='} {lo}"
+                text += f" {'>' if self.lo_open else '>='} {_number(self.lo)}"
         return text + (" or none" if optional else "")
 
     def check(self, key: str, value: Any, optional: bool) -> None:
@@ -276,7 +275,7 @@ class FieldRule:
             raise ConfigError(f"{key} {value!r} must be {self.describe(optional)}")
 
 
-def _number(value: float | None) -> str:
+def _number(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
 
 
