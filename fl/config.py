@@ -7,8 +7,9 @@ import dataclasses
 import functools
 import math
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.accountant import ACCOUNTANTS
@@ -31,8 +32,9 @@ from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
 __all__ = [
     "FIELD_RULES", "INITS", "LR_SCHEDULES", "MAX_PLD_ROUNDS", "MAX_ROUNDS", "METHODS", "PRESETS",
-    "RADIUS_RULES", "FieldRule", "TrainConfig", "config_value",
-    "fedlap_schedule", "field_types", "parse_overrides", "resolve_config", "typed_value",
+    "RADIUS_RULES", "FieldRule", "TrainConfig", "check_resume_flags", "config_value",
+    "fedlap_schedule", "field_types", "parse_overrides", "resolve_config", "resumed_config",
+    "typed_value",
 ]
 
 METHODS = tuple(METHOD_TABLE)
@@ -469,6 +471,74 @@ def resolve_config(
         if method_spec(values.get("method", TrainConfig.method)).budget != Budget.ALI:
             values["sigma"] = None
     return TrainConfig.from_dict(values).validate()
+
+
+def check_resume_flags(
+    recorded: TrainConfig,
+    flags: Mapping[str, tuple[str, Any]],
+    preset: str | None = None,
+    settings: Sequence[str] = (),
+    schedule: str = "auto",
+) -> None:
+    """``train --resume`` continues a run with its RECORDED configuration: refuse, in one line
+    naming them, the flags that ask for another value (they used to be ignored silently).
+
+    ``flags``: each flag the user typed, its name -> (configuration key, value); ``preset``,
+    ``settings`` (``--set``) and a named ``schedule`` (``auto``: none), layered as
+    :func:`resolve_config` layers them, so a flag shadows the preset's or schedule's value of
+    its key, and a target epsilon given without a sigma asks for the planned sigma the run
+    recorded. A flag equal to the recorded value passes. ``--rounds`` is not among ``flags``:
+    it may change the total; a preset's or schedule's round count is left out likewise.
+    """
+    asked: dict[str, tuple[str, Any]] = {}  # key -> (the flag that asks, as shown; the value)
+    chosen = None if schedule == "auto" else fedlap_schedule(schedule, recorded.to_dict())
+    if chosen is not None:
+        asked.update({k: (f"--schedule {schedule} ({k}={v!r})", v)
+                      for k, v in chosen.values(recorded.rounds).items()})
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"preset {preset!r} must be one of {', '.join(PRESETS)}")
+        asked.update({k: (f"--preset {preset} ({k}={v!r})", v)
+                      for k, v in PRESETS[preset].items()})
+    asked.pop("rounds", None)
+    overrides = parse_overrides(settings)
+    asked.update({key: (f"{flag} {value!r}", value) for flag, (key, value) in flags.items()})
+    asked.update({key: (f"--set {key}={value!r}", value) for key, value in overrides.items()})
+    typed = {key for key, _ in flags.values()} | set(overrides)
+    if "target_eps" in typed and "sigma" not in typed:
+        asked.pop("sigma", None)  # the planned sigma, as the run planned it
+    conflicts = [
+        f"{shown} (the run has {getattr(recorded, key)!r})"
+        for key, (shown, value) in asked.items() if not _same(key, value, getattr(recorded, key))
+    ]
+    if conflicts:
+        raise ConfigError(f"--resume continues the run with its recorded settings; these flags "
+                          f"differ: {'; '.join(conflicts)} (only --rounds may change)")
+
+
+def _same(key: str, asked: Any, recorded: Any) -> bool:
+    """Whether a flag's value is the recorded one (a data folder: the same folder)."""
+    if key == "data_dir" and asked is not None and recorded is not None:
+        return Path(asked).resolve() == Path(recorded).resolve()
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (asked, recorded))
+    return asked == recorded if numbers else type(asked) is type(recorded) and asked == recorded
+
+
+def resumed_config(
+    out: str | Path,
+    flags: Mapping[str, tuple[str, Any]],
+    preset: str | None = None,
+    settings: Sequence[str] = (),
+    schedule: str = "auto",
+    rounds: int | None = None,
+) -> TrainConfig:
+    """The configuration ``train --resume`` continues: the run's recorded one (``rounds``: a
+    new total), after :func:`check_resume_flags` found no flag asking for another value."""
+    from fedlap_privacy.fl.run_files import load_run_config
+
+    recorded = load_run_config(Path(out))
+    check_resume_flags(recorded, flags, preset, settings, schedule)
+    return (recorded if rounds is None else dataclasses.replace(recorded, rounds=rounds)).validate()
 
 
 def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | None:
