@@ -93,7 +93,7 @@ def train(
     out: Path = typer.Option(Path("runs/latest"), "--out", help="Output directory."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out with its own settings (--rounds may "
-        "raise the total)."
+        "raise the total; other flags must equal the recorded values)."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     engine: Engine = typer.Option(
