@@ -33,8 +33,12 @@ from fedlap_privacy.errors import ConfigError
 
 __all__ = [
     "ACCOUNTANTS",
+    "CURVE_CELLS",
+    "MAX_PLD_CURVE_ROUNDS",
     "SIGMA_RANGE",
+    "check_curve_rounds",
     "composed_epsilon",
+    "curve_rounds_limit",
     "epsilon",
     "epsilon_curve",
     "plan_rounds",
@@ -45,6 +49,11 @@ __all__ = [
 #: plan_sigma searches this range of noise multipliers.
 SIGMA_RANGE = (0.05, 1e6)
 _SIGMA_RTOL = 1e-4
+#: RDP's epsilon curve is a (rounds x orders) array of at most this many numbers (100,000
+#: rounds on the default grid of 151 orders: about 400 MB at its peak)
+CURVE_CELLS = 15_100_000
+#: PLD composes a curve round by round (about 0.3 s a round on the reference schedule)
+MAX_PLD_CURVE_ROUNDS = 1_000
 
 AccountantLike = str | Accountant
 
@@ -68,6 +77,24 @@ def _check(
     if delta is not None and not (0.0 < delta < 1.0):
         raise ConfigError(f"delta {delta!r} must be in (0, 1)")
     return get_accountant(accountant, orders)
+
+
+def curve_rounds_limit(accountant: AccountantLike = "rdp", orders: Orders = None) -> int:
+    """The most rounds whose epsilon curve ``accountant`` evaluates (memory and time bound)."""
+    acc = get_accountant(accountant, orders)
+    if isinstance(acc, RDPAccountant):
+        return CURVE_CELLS // acc.orders.size
+    return MAX_PLD_CURVE_ROUNDS
+
+
+def check_curve_rounds(rounds: int, accountant: AccountantLike = "rdp",
+                       orders: Orders = None) -> None:
+    """Refuse, before anything is allocated, a curve longer than :func:`curve_rounds_limit`."""
+    limit = curve_rounds_limit(accountant, orders)
+    if rounds > limit:
+        name = get_accountant(accountant, orders).name
+        raise ConfigError(f"rounds {rounds:,} is above the {limit:,} whose epsilon curve the "
+                          f"{name} accountant evaluates (memory and time bound)")
 
 
 def rdp_epsilon(
@@ -116,8 +143,11 @@ def epsilon_curve(
     accountant: AccountantLike = "rdp",
     orders: Orders = None,
 ) -> np.ndarray:
-    """Epsilon after each round 1..rounds; RDP: one RDP evaluation for the whole curve."""
+    """Epsilon after each round 1..rounds; RDP: one RDP evaluation for the whole curve.
+
+    Refuses a curve longer than :func:`curve_rounds_limit` (before allocating it)."""
     acc = _check(sigma=sigma, rounds=rounds, delta=delta, accountant=accountant, orders=orders)
+    check_curve_rounds(rounds, acc)
     return acc.epsilon_curve(schedule, sigma, rounds, delta)
 
 
@@ -180,11 +210,25 @@ def plan_rounds(
     delta: float,
     accountant: AccountantLike = "rdp",
     orders: Orders = None,
+    limit: int | None = None,
 ) -> int:
     """Largest number of rounds whose epsilon <= ``eps`` (0 if even one round exceeds it).
 
     RDP: order alpha certifies every M <= (eps - c(alpha)) / rho(alpha), so the answer is the
-    maximum of that bound over orders — one RDP evaluation, no search. PLD: a search.
+    maximum of that bound over orders — one RDP evaluation, no search. PLD: a search, whose
+    cost grows with the answer. ``limit``: refuse (ConfigError) an answer above it; PLD checks
+    the limit itself first, so its search never composes more rounds than about twice that.
     """
     acc = _check(sigma=sigma, eps=eps, delta=delta, accountant=accountant, orders=orders)
-    return acc.max_rounds(schedule, sigma, eps, delta)
+    if limit is not None and not isinstance(acc, RDPAccountant):
+        if acc.epsilon(schedule, sigma, limit, delta) <= eps:
+            raise _too_many_rounds(eps, sigma, f"more than {limit:,}", limit)
+    rounds = acc.max_rounds(schedule, sigma, eps, delta)
+    if limit is not None and rounds > limit:
+        raise _too_many_rounds(eps, sigma, f"{rounds:,}", limit)
+    return rounds
+
+
+def _too_many_rounds(eps: float, sigma: float, fit: str, limit: int) -> ConfigError:
+    return ConfigError(f"epsilon {eps:g} at sigma {sigma:g} admits {fit} rounds, above the "
+                       f"{limit:,} a plan evaluates: lower the target, or give the rounds")

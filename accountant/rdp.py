@@ -36,6 +36,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from fedlap_privacy.errors import ConfigError
+
 __all__ = ["DEFAULT_ORDERS", "EXTENDED_ORDERS", "rdp_to_epsilon", "sgm_rdp"]
 
 #: The paper's and Opacus's default grid: 1.1, 1.2, ..., 10.9 and 12, 13, ..., 63.
@@ -46,6 +48,11 @@ EXTENDED_ORDERS: np.ndarray = np.sort(
 )
 
 _MAX_CELLS = 2_000_000  # quadrature cells evaluated at once
+#: cost bounds of one sgm_rdp call, checked before anything is allocated (each array of the
+#: work is 8 bytes a cell; the quadrature is chunked to _MAX_CELLS cells at a time)
+_MAX_TABLE = 10_000_000  # integer orders: the (orders x max order) binomial table
+_MAX_GRID = 5_000_000  # fractional orders: points of the quadrature grid
+_MAX_EVALUATIONS = 100_000_000  # fractional orders: orders x grid points
 
 
 def _as_orders(orders: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -209,14 +216,35 @@ def sgm_rdp(q: float, sigma: float, orders: Sequence[float] | np.ndarray) -> np.
         return np.full_like(a, np.inf)
     if q == 1.0:
         return a / (2.0 * sigma**2)
-    log_a_minus_1 = np.empty_like(a)
     is_int = a == np.round(a)
+    _check_cost(sigma, a[is_int], a[~is_int])
+    log_a_minus_1 = np.empty_like(a)
     if np.any(is_int):
         log_a_minus_1[is_int] = _log_a_minus_1_integer(q, sigma, a[is_int])
     if np.any(~is_int):
         log_a_minus_1[~is_int] = _log_a_minus_1_fractional(q, sigma, a[~is_int])
     log_a = np.logaddexp(0.0, log_a_minus_1)  # log(1 + (A - 1))
     return log_a / (a - 1.0)
+
+
+def _check_cost(sigma: float, integer: np.ndarray, fractional: np.ndarray) -> None:
+    """Refuse (one line) orders whose evaluation at ``sigma`` exceeds the cost bounds above:
+    the binomial table grows with the largest integer order, the quadrature grid with the
+    largest fractional order over sigma^2 (:func:`_log_a_minus_1_fractional`)."""
+    if integer.size:
+        cells = integer.size * float(np.max(integer))
+        if cells > _MAX_TABLE:
+            raise ConfigError(f"RDP orders up to {np.max(integer):g} ({integer.size} integer "
+                              f"orders) need a table of {cells:.1e} numbers (at most "
+                              f"{_MAX_TABLE:.0e}): use fewer or smaller orders")
+    if fractional.size and sigma >= _NARROW_SIGMA:
+        step = min(0.5 * sigma, 0.4 * sigma**2)
+        points = (float(np.max(fractional)) + 20.0 * sigma) / step
+        if points > _MAX_GRID or points * fractional.size > _MAX_EVALUATIONS:
+            raise ConfigError(f"RDP order {np.max(fractional):g} at sigma {sigma:g} needs a "
+                              f"quadrature of {points:.1e} points x {fractional.size} orders "
+                              f"(at most {_MAX_GRID:.0e} points, {_MAX_EVALUATIONS:.0e} in all): "
+                              "use fewer or smaller fractional orders")
 
 
 def rdp_to_epsilon(

@@ -22,6 +22,8 @@ import numpy as np
 from fedlap_privacy.accountant.planning import (
     Orders,
     _check,
+    check_curve_rounds,
+    curve_rounds_limit,
     epsilon_curve,
     plan_rounds,
     plan_sigma,
@@ -49,8 +51,15 @@ def privacy_plan(
     orders: Orders = None,
     threat_model: str = "hidden-selection",
 ) -> dict[str, Any]:
-    """Solve for the missing quantity and return every number of the plan."""
+    """Solve for the missing quantity and return every number of the plan.
+
+    Refuses, before computing anything, rounds (given, or planned for ``eps``) above the
+    curve's memory and time bound (:func:`~fedlap_privacy.accountant.planning.
+    curve_rounds_limit`).
+    """
     _check(eps=eps, sigma=sigma, rounds=rounds, delta=delta, accountant=accountant)
+    if rounds is not None:
+        check_curve_rounds(rounds, accountant, orders)
     if threat_model not in PLAN_THREAT_MODELS:
         raise ConfigError(f"threat model {threat_model!r} must be one of "
                           f"{', '.join(PLAN_THREAT_MODELS)}")
@@ -59,7 +68,8 @@ def privacy_plan(
         schedule = dataclasses.replace(schedule, client_fraction=1.0)
     if eps is not None and sigma is not None and rounds is None:
         mode = "plan-rounds"
-        rounds = plan_rounds(schedule, sigma, eps, delta, accountant, orders)
+        rounds = plan_rounds(schedule, sigma, eps, delta, accountant, orders,
+                             limit=curve_rounds_limit(accountant, orders))
     elif eps is not None and sigma is None:
         mode = "plan-sigma"
         rounds = DEFAULT_ROUNDS if rounds is None else rounds

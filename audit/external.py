@@ -190,6 +190,7 @@ def audit_model(
         raise ConfigError(f"members are {xm.shape[1:]}, non-members {xn.shape[1:]}: the same "
                           "records shape is needed")
     classes = int(max(ym.max(), yn.max())) + 1
+    _check_model_scores(model, xm, classes)
     dataset = Dataset("external", np.asarray(xm, np.float32), np.asarray(ym, np.int64),
                       np.asarray(xn, np.float32), np.asarray(yn, np.int64), classes, (), ())
     model.eval()
@@ -198,6 +199,28 @@ def audit_model(
     target = AuditTarget(model, dataset, np.arange(len(ym)))
     return audit_target(target, claimed_privacy(claimed_epsilon, delta), name, wanted, seed,
                         out_dir, max_per_half, device, reference_models)
+
+
+def _check_model_scores(model: nn.Module, x: np.ndarray, classes: int) -> None:
+    """Refuse (one line) records the model cannot score, before the audit: one forward pass
+    on one record must give (1, K) logits with K covering every label (a label of K or more
+    used to end the audit in a traceback from the loss)."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.as_tensor(np.asarray(x[:1], np.float32), device=device))
+    except (RuntimeError, ValueError, TypeError, IndexError) as exc:
+        first = (str(exc).strip().splitlines() or ["?"])[0][:160]
+        raise ConfigError(f"the model cannot score records of shape {tuple(x.shape[1:])}: "
+                          f"{first}") from None
+    shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != 1:
+        raise ConfigError(f"the model's output for one record is {shape}: expected logits "
+                          "of shape (1, classes)")
+    if classes > out.shape[1]:
+        raise ConfigError(f"labels run up to {classes - 1}, but the model outputs "
+                          f"{out.shape[1]} classes: labels must lie in 0..{out.shape[1] - 1}")
 
 
 def audit_model_files(

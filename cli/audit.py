@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from fedlap_privacy.cli.common import console, fail, guarded, print_json
+from fedlap_privacy.cli.common import check_writable, console, fail, guarded, print_json
 
 if TYPE_CHECKING:
     from fedlap_privacy.audit.results import AuditReport
@@ -192,6 +192,8 @@ def audit(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
+    if out is not None:
+        guarded(lambda: check_writable(out))
 
     external = members is not None or nonmembers is not None
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from collections.abc import Callable
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 
-from fedlap_privacy.errors import FedlapError
+from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
 from fedlap_privacy.fl.stop import STOP_EXIT_CODE, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
@@ -54,16 +56,35 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def guarded(call: Callable[[], T]) -> T:
-    """Run ``call``; user errors (bad values, files, checkpoints) become one line + exit 2, a
-    stop on request (SIGTERM between rounds) one line + exit 143, Ctrl-C exit 130."""
+    """Run ``call``; user errors (bad values, files and folders, checkpoints) become one line +
+    exit 2, a stop on request (SIGTERM between rounds) one line + exit 143, Ctrl-C exit 130."""
     try:
         return call()
     except StopRequested as exc:
         fail(str(exc), code=STOP_EXIT_CODE)
-    except (FedlapError, ValueError, FileNotFoundError) as exc:
+    except (FedlapError, ValueError, OSError) as exc:  # OSError: a file or folder of the user's
         fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
+
+
+def check_writable(folder: Path, flag: str = "--out") -> None:
+    """Refuse (ConfigError, one line) an output folder that cannot be created or written,
+    before any work: the nearest existing folder on its path must take a new entry (probed
+    with a temporary folder, removed at once; nothing else is created)."""
+    existing = folder
+    while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_symlink() and not existing.exists():
+        return  # a dangling link: the run folder's own check names it
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {folder} cannot be created: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryDirectory(dir=existing, prefix=".fedlap-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{flag} {folder} cannot be written: {exc.strerror or exc} "
+                          f"({existing})") from None
 
 
 def print_json(obj: dict[str, Any]) -> None:

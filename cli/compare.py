@@ -14,6 +14,7 @@ from rich.table import Table
 from fedlap_privacy.cli.common import (
     SCHEDULE_HELP,
     ScheduleChoice,
+    check_writable,
     console,
     fail,
     guarded,
@@ -100,6 +101,7 @@ def compare(
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None,
                                      by_rounds))
+    guarded(lambda: check_writable(out))
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

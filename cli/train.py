@@ -7,13 +7,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+import click
 import typer
+from click.core import ParameterSource
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     SCHEDULE_HELP,
     ScheduleChoice,
+    check_writable,
     console,
     err_console,
     fail,
@@ -90,7 +93,7 @@ def train(
     out: Path = typer.Option(Path("runs/latest"), "--out", help="Output directory."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out with its own settings (--rounds may "
-        "raise the total)."
+        "raise the total; other flags must equal the recorded values)."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     engine: Engine = typer.Option(
@@ -113,7 +116,7 @@ def train(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.config import resolve_config
+    from fedlap_privacy.fl.config import resolve_config, resumed_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
 
@@ -128,8 +131,16 @@ def train(
         "reproducible_noise": reproducible_noise or None,
         "canaries": canaries or None,
     }
-    cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
-                                         settings, schedule=schedule.value))
+    if resume:  # the recorded configuration; a flag asking for another value is refused
+        typed = _typed_flags({**flags, "reproducible_noise": reproducible_noise,
+                              "canaries": canaries})
+        cfg = guarded(lambda: resumed_config(
+            out, typed, None if preset is None else preset.value, settings,
+            schedule.value if _typed("schedule") else "auto", rounds))
+    else:
+        cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
+                                             settings, schedule=schedule.value))
+        guarded(lambda: check_writable(out))
     if preset is None and not resume and not json_output:
         print_schedule(schedule.value, cfg)
 
@@ -186,6 +197,20 @@ def train(
         _print_summary(result.summary, result.history)
     if result.summary["stopped"] == STOPPED:
         raise typer.Exit(STOP_EXIT_CODE)
+
+
+def _typed(param: str) -> bool:
+    """Whether the user typed the option ``param`` (rather than leaving its default)."""
+    source = click.get_current_context().get_parameter_source(param)
+    return source not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+
+
+def _typed_flags(values: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The configuration flags the user typed, but --rounds (it may change on --resume):
+    "--flag" -> (configuration key, value)."""
+    params = {key: "alpha" if key == "dirichlet_alpha" else key for key in values}
+    return {f"--{params[key].replace('_', '-')}": (key, value) for key, value in values.items()
+            if key != "rounds" and _typed(params[key])}
 
 
 def _require_flower() -> None:

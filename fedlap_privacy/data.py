@@ -31,6 +31,7 @@ import struct
 import tarfile
 import urllib.error
 import urllib.request
+import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,20 +286,46 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None
         path = Path(text)
         if not path.is_file():
             raise DataError(f"no such file: {path}")
-        try:
-            with np.load(path, allow_pickle=False) as arrays:
-                if "x" not in arrays or "y" not in arrays:
-                    raise DataError(f"{path}: an .npz of records needs arrays 'x' and 'y'")
-                x, y = np.asarray(arrays["x"]), np.asarray(arrays["y"])
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None
+        x, y = (_read_npz_array(path, key) for key in ("x", "y"))
         if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
             raise DataError(f"{path}: x must be numbers and y integer labels")
         x, y = x.astype(np.float32), y.astype(np.int64)
     if x.ndim != 4 or y.shape != (len(x),) or len(x) == 0 or y.min() < 0:
         raise DataError(f"{spec}: expected x of shape (N, C, H, W) and N labels >= 0, got "
                         f"{x.shape} and {y.shape}")
+    if not np.isfinite(x).all():
+        raise DataError(f"{spec}: x holds NaN or infinite values")
     return np.ascontiguousarray(x), y
+
+
+def _read_npz_array(path: Path, key: str) -> np.ndarray:
+    """Array ``key`` of a user's ``.npz``, read without pickles and without trusting its
+    header: the declared shape must fit in the bytes the member holds (a forged shape cannot
+    make us allocate), and a truncated or corrupt archive is a DataError naming the file."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = next((i for i in archive.infolist() if i.filename in (key, f"{key}.npy")),
+                        None)
+            if info is None:
+                raise DataError(f"{path}: an .npz of records needs arrays 'x' and 'y'")
+            with archive.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    raise DataError(f"{path}: array {key!r} has .npy format {version}")
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                if dtype.hasobject:
+                    raise DataError(f"{path}: array {key!r} holds Python objects (pickles are "
+                                    "not read)")
+                size = math.prod(shape) * dtype.itemsize
+                body = _read_at_most(f, min(size, info.file_size))
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
+        raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None
+    if len(body) != size:
+        raise DataError(f"{path}: array {key!r} declares shape {shape} ({size:,} bytes) but "
+                        f"holds {len(body):,}: the file is truncated or forged")
+    return np.frombuffer(body, dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def _read_at_most(f: IO[bytes], limit: int) -> bytes:

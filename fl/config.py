@@ -7,14 +7,21 @@ import dataclasses
 import functools
 import math
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.accountant import ACCOUNTANTS
+from fedlap_privacy.accountant.planning import SIGMA_RANGE
 from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
+from fedlap_privacy.fl.method_table import (
+    LDP_MAX_EPSILON,
+    METHOD_TABLE,
+    MethodSpec,
+    method_spec,
+)
 from fedlap_privacy.fl.schedule import (
     AUTHORS_DP,
     SCHEDULED_METHOD,
@@ -24,12 +31,15 @@ from fedlap_privacy.fl.schedule import (
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
 __all__ = [
-    "LR_SCHEDULES", "METHODS", "PRESETS", "RADIUS_RULES", "TrainConfig", "config_value",
-    "fedlap_schedule", "field_types", "parse_overrides", "resolve_config", "typed_value",
+    "FIELD_RULES", "INITS", "LR_SCHEDULES", "MAX_PLD_ROUNDS", "MAX_ROUNDS", "METHODS", "PRESETS",
+    "RADIUS_RULES", "FieldRule", "TrainConfig", "check_resume_flags", "config_value",
+    "fedlap_schedule", "field_types", "parse_overrides", "resolve_config", "resumed_config",
+    "typed_value",
 ]
 
 METHODS = tuple(METHOD_TABLE)
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
+INITS = ("noise", "real")  # FedLAP's synthetic images start as noise or as real records
 #: FedLAP's rate over rounds (``fl.fedlap.cosine_lr``): the authors' cosine, which reaches its
 #: 1e-6 floor in the last round, or the cosine that stops one round short of zero
 LR_SCHEDULES = ("cosine", "cosine-open")
@@ -167,47 +177,17 @@ class TrainConfig:
         return self.spec.accounted_steps(self)
 
     def validate(self) -> TrainConfig:
-        from fedlap_privacy.data import DATASETS, SPLITS
-
-        checks = [
-            (self.method in METHODS, f"method {self.method!r} must be one of {', '.join(METHODS)}"),
-            (self.dataset in DATASETS, f"dataset {self.dataset!r} must be one of {DATASETS}"),
-            (self.split in SPLITS, f"split {self.split!r} must be one of {', '.join(SPLITS)}"),
-            (self.radius_rule in RADIUS_RULES, f"radius rule {self.radius_rule!r} is unknown"),
-            (self.init in ("noise", "real"), f"init {self.init!r} must be noise or real"),
-            (self.lr_schedule in LR_SCHEDULES,
-             f"lr schedule {self.lr_schedule!r} must be one of {', '.join(LR_SCHEDULES)}"),
-            (self.clients >= 1, f"clients {self.clients} must be >= 1"),
-            (self.client_records is None or self.client_records >= 1,
-             f"client records {self.client_records} must be >= 1"),
-            (self.validation_records >= 0,
-             f"validation records {self.validation_records} must be >= 0"),
-            (0 < self.client_fraction <= 1, f"client fraction {self.client_fraction} not in (0,1]"),
-            (self.rounds >= 1, f"rounds {self.rounds} must be >= 1"),
-            (self.batch_size >= 1, f"batch size {self.batch_size} must be >= 1"),
-            (_finite(self.clip) and self.clip > 0, f"clipping bound {self.clip} must be > 0"),
-            (0 < self.delta < 1, f"delta {self.delta} must be in (0, 1)"),
-            (self.sigma is None or (_finite(self.sigma) and self.sigma > 0),
-             f"sigma {self.sigma} must be a finite number > 0"),
-            (self.target_eps is None or (_finite(self.target_eps) and self.target_eps > 0),
-             f"target epsilon {self.target_eps} must be a finite number > 0"),
-            (self.accountant in ACCOUNTANTS,
-             f"accountant {self.accountant!r} must be one of {', '.join(ACCOUNTANTS)}"),
-            (self.threat_model is None or self.threat_model in THREAT_MODELS,
-             f"threat model {self.threat_model!r} must be one of {', '.join(THREAT_MODELS)}"),
-            (all(_finite(v) for v in (self.lr_img, self.lr_net, self.lr_local, self.radius,
-                                      self.dirichlet_alpha, self.server_lr, self.prox_mu)),
-             "learning rates, radius, alpha, server_lr and prox_mu must be finite numbers"),
-            (self.ipc >= 1 and self.radius > 0, "ipc and radius must be positive"),
-            (self.accesses_per_round >= 1, "each round must make at least one access"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        if self.local_steps < 1:
-            raise ConfigError(f"local steps {self.local_steps} must be >= 1")
-        if self.server_lr <= 0 or self.prox_mu < 0:
-            raise ConfigError("server_lr must be > 0 and prox_mu >= 0")
+        """Refuse (one line, :class:`ConfigError`) an impossible configuration, before any data
+        is read: first every key against its rule (:data:`FIELD_RULES`: type, finite, range),
+        then the rules that tie keys together (the method's own, canaries, threat model)."""
+        for f in dataclasses.fields(self):
+            FIELD_RULES[f.name].check(f.name, getattr(self, f.name), _optional(f.name))
+        if self.accountant == "pld" and self.rounds > MAX_PLD_ROUNDS:
+            raise ConfigError(f"rounds {self.rounds} with the pld accountant: at most "
+                              f"{MAX_PLD_ROUNDS:,} (PLD composes every round's distribution; "
+                              "use the rdp accountant)")
+        if self.accesses_per_round < 1:
+            raise ConfigError("each round must make at least one access")
         self.spec.check(self)
         self._validate_canaries()
         allowed = NOTION_THREAT_MODELS[self.notion]
@@ -220,10 +200,6 @@ class TrainConfig:
 
     def _validate_canaries(self) -> None:
         kind = self.resolved_canary_kind
-        if self.canaries < 0:
-            raise ConfigError(f"canaries {self.canaries} must be >= 0")
-        if kind not in CANARY_KINDS:
-            raise ConfigError(f"canary kind {kind!r} must be one of {', '.join(CANARY_KINDS)}")
         if kind == "white-box" and not self.spec.releases_gradients:
             releasing = [m for m, spec in METHOD_TABLE.items() if spec.releases_gradients]
             raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
@@ -243,8 +219,152 @@ class TrainConfig:
         return cls(**values)
 
 
-def _finite(value: float) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+#: the most rounds a run may have (the accountant's epsilon curve of a plan goes as far)
+MAX_ROUNDS = 100_000
+#: the most rounds of a run accounted with PLD, which composes every round's distribution
+MAX_PLD_ROUNDS = 1_000
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    """What one configuration key accepts: its type (``kind``) and, for a number, a finite
+    value in the range from ``lo`` to ``hi`` (None: unbounded; ``*_open``: the end itself
+    excluded), for a word one of ``choices`` (a callable: read on use). Whether None is
+    allowed comes from the field's type hint (``X | None``)."""
+
+    kind: type
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: Callable[[], Sequence[str]] | None = None
+
+    def allows(self, value: Any) -> bool:
+        """Whether ``value`` (not None) has the right type and lies in the range."""
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if self.kind is str:
+            return isinstance(value, str) and (self.choices is None or value in self.choices())
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int else
+                                                     int | float):
+            return False
+        if not math.isfinite(value):
+            return False
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return above and below
+
+    def describe(self, optional: bool = False) -> str:
+        """The allowed values in words, e.g. "an integer in [1, 1024]"."""
+        if self.kind is bool:
+            text = "true or false"
+        elif self.kind is str:
+            text = "a text" if self.choices is None else f"one of {', '.join(self.choices())}"
+        else:
+            text = "an integer" if self.kind is int else "a finite number"
+            if self.lo is not None and self.hi is not None:
+                opening, closing = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+                text += f" in {opening}{_number(self.lo)}, {_number(self.hi)}{closing}"
+            elif self.lo is not None:
+                text += f" {'>' if self.lo_open else '>='} {_number(self.lo)}"
+        return text + (" or none" if optional else "")
+
+    def check(self, key: str, value: Any, optional: bool) -> None:
+        """Refuse ``value`` for ``key`` with one line naming both and the allowed range."""
+        if value is None and optional:
+            return
+        if value is None or not self.allows(value):
+            raise ConfigError(f"{key} {value!r} must be {self.describe(optional)}")
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _int(lo: int, hi: int | None = None) -> FieldRule:
+    return FieldRule(int, lo, hi)
+
+
+def _num(lo: float | None, hi: float | None = None, *, lo_open: bool = False,
+         hi_open: bool = False) -> FieldRule:
+    return FieldRule(float, lo, hi, lo_open, hi_open)
+
+
+def _words(choices: Callable[[], Sequence[str]]) -> FieldRule:
+    return FieldRule(str, choices=choices)
+
+
+def _datasets() -> Sequence[str]:
+    from fedlap_privacy.data import DATASETS
+
+    return DATASETS
+
+
+def _splits() -> Sequence[str]:
+    from fedlap_privacy.data import SPLITS
+
+    return SPLITS
+
+
+_BOOL = FieldRule(bool)
+_POSITIVE = _num(0, lo_open=True)
+_MOMENTUM = _num(0, 1, hi_open=True)
+#: loop counts (accesses, steps, epochs): a bound far above any real run, so that a typo
+#: cannot ask for a run that never ends
+_LOOPS = 10**5
+
+#: the rule of every :class:`TrainConfig` key (docs/algorithms.md; :meth:`TrainConfig.validate`
+#: checks them all before any data is read). A new key needs its rule here.
+FIELD_RULES: dict[str, FieldRule] = {
+    "method": _words(lambda: METHODS),
+    "dataset": _words(_datasets),
+    "data_dir": FieldRule(str),
+    "split": _words(_splits),
+    "dirichlet_alpha": _POSITIVE,
+    "clients": _int(1, 100_000),
+    "client_records": _int(1),
+    "validation_records": _int(0),
+    "client_fraction": _num(0, 1, lo_open=True),
+    "rounds": _int(1, MAX_ROUNDS),
+    "seed": _int(0, 2**63 - 1),  # numpy's and torch's seeds
+    "width": _int(1, 1024),  # ConvNet channels: width^2 x 9 weights per block
+    "depth": _int(1, 5),  # each block halves the image: 5 blocks take 32x32 to 1x1
+    "sigma": _num(0, SIGMA_RANGE[1], lo_open=True),
+    "clip": _num(0, 1e6, lo_open=True),
+    "delta": _num(0, 1, lo_open=True, hi_open=True),
+    "target_eps": _POSITIVE,
+    "accountant": _words(lambda: ACCOUNTANTS),
+    "batch_size": _int(1, 10**6),
+    "ipc": _int(1, 1000),  # synthetic images per class, held by every client and the server
+    "init": _words(lambda: INITS),
+    "reinit_each_round": _BOOL,
+    "reinits": _int(1, _LOOPS),
+    "max_loops": _int(1, _LOOPS),
+    "real_batches": _int(1, _LOOPS),
+    "syn_steps": _int(0, _LOOPS),  # 0: a node policy refuses it for FedLAP-DP
+    "local_model_steps": _int(0, _LOOPS),
+    "mse_weight": _num(0),
+    "lr_img": _POSITIVE,
+    "img_momentum": _MOMENTUM,
+    "lr_net": _POSITIVE,
+    "radius": _POSITIVE,
+    "radius_rule": _words(lambda: RADIUS_RULES),
+    "server_epochs": _int(1, _LOOPS),
+    "server_batch": _int(1, 10**6),
+    "server_momentum": _MOMENTUM,
+    "lr_schedule": _words(lambda: LR_SCHEDULES),
+    "dsa": _BOOL,
+    "local_steps": _int(1, _LOOPS),
+    "lr_local": _POSITIVE,
+    "prox_mu": _num(0),
+    "server_lr": _POSITIVE,
+    "tau_max": _int(1, _LOOPS),
+    "ldp_epsilon": _num(0, LDP_MAX_EPSILON, lo_open=True),
+    "threat_model": _words(lambda: THREAT_MODELS),
+    "reproducible_noise": _BOOL,
+    "canaries": _int(0, 10**6),
+    "canary_kind": _words(lambda: CANARY_KINDS),
+}
 
 
 @functools.cache
@@ -270,7 +390,7 @@ def config_value(key: str, raw: Any, *, text: bool) -> Any:
     (``none``/``null``/empty for an optional field; true/false/1/0 for a bool). ``text=False``
     (a Flower run config, TOML-typed): ``raw`` must already have the field's type (an
     integral float for an int), ``""`` standing for None; nothing is converted from text.
-    Ranges are not checked here: :meth:`TrainConfig.validate` does.
+    Ranges are not checked here: :meth:`TrainConfig.validate` does (:data:`FIELD_RULES`).
     """
     types = field_types()
     if key not in types:
@@ -351,6 +471,74 @@ def resolve_config(
         if method_spec(values.get("method", TrainConfig.method)).budget != Budget.ALI:
             values["sigma"] = None
     return TrainConfig.from_dict(values).validate()
+
+
+def check_resume_flags(
+    recorded: TrainConfig,
+    flags: Mapping[str, tuple[str, Any]],
+    preset: str | None = None,
+    settings: Sequence[str] = (),
+    schedule: str = "auto",
+) -> None:
+    """``train --resume`` continues a run with its RECORDED configuration: refuse, in one line
+    naming them, the flags that ask for another value (they used to be ignored silently).
+
+    ``flags``: each flag the user typed, its name -> (configuration key, value); ``preset``,
+    ``settings`` (``--set``) and a named ``schedule`` (``auto``: none), layered as
+    :func:`resolve_config` layers them, so a flag shadows the preset's or schedule's value of
+    its key, and a target epsilon given without a sigma asks for the planned sigma the run
+    recorded. A flag equal to the recorded value passes. ``--rounds`` is not among ``flags``:
+    it may change the total; a preset's or schedule's round count is left out likewise.
+    """
+    asked: dict[str, tuple[str, Any]] = {}  # key -> (the flag that asks, as shown; the value)
+    chosen = None if schedule == "auto" else fedlap_schedule(schedule, recorded.to_dict())
+    if chosen is not None:
+        asked.update({k: (f"--schedule {schedule} ({k}={v!r})", v)
+                      for k, v in chosen.values(recorded.rounds).items()})
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"preset {preset!r} must be one of {', '.join(PRESETS)}")
+        asked.update({k: (f"--preset {preset} ({k}={v!r})", v)
+                      for k, v in PRESETS[preset].items()})
+    asked.pop("rounds", None)
+    overrides = parse_overrides(settings)
+    asked.update({key: (f"{flag} {value!r}", value) for flag, (key, value) in flags.items()})
+    asked.update({key: (f"--set {key}={value!r}", value) for key, value in overrides.items()})
+    typed = {key for key, _ in flags.values()} | set(overrides)
+    if "target_eps" in typed and "sigma" not in typed:
+        asked.pop("sigma", None)  # the planned sigma, as the run planned it
+    conflicts = [
+        f"{shown} (the run has {getattr(recorded, key)!r})"
+        for key, (shown, value) in asked.items() if not _same(key, value, getattr(recorded, key))
+    ]
+    if conflicts:
+        raise ConfigError(f"--resume continues the run with its recorded settings; these flags "
+                          f"differ: {'; '.join(conflicts)} (only --rounds may change)")
+
+
+def _same(key: str, asked: Any, recorded: Any) -> bool:
+    """Whether a flag's value is the recorded one (a data folder: the same folder)."""
+    if key == "data_dir" and asked is not None and recorded is not None:
+        return Path(asked).resolve() == Path(recorded).resolve()
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (asked, recorded))
+    return asked == recorded if numbers else type(asked) is type(recorded) and asked == recorded
+
+
+def resumed_config(
+    out: str | Path,
+    flags: Mapping[str, tuple[str, Any]],
+    preset: str | None = None,
+    settings: Sequence[str] = (),
+    schedule: str = "auto",
+    rounds: int | None = None,
+) -> TrainConfig:
+    """The configuration ``train --resume`` continues: the run's recorded one (``rounds``: a
+    new total), after :func:`check_resume_flags` found no flag asking for another value."""
+    from fedlap_privacy.fl.run_files import load_run_config
+
+    recorded = load_run_config(Path(out))
+    check_resume_flags(recorded, flags, preset, settings, schedule)
+    return (recorded if rounds is None else dataclasses.replace(recorded, rounds=rounds)).validate()
 
 
 def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | None:

@@ -24,7 +24,11 @@ from fedlap_privacy.accountant import (
     rdp_epsilon,
     sgm_rdp,
 )
-from fedlap_privacy.accountant.planning import SIGMA_RANGE
+from fedlap_privacy.accountant.planning import (
+    MAX_PLD_CURVE_ROUNDS,
+    SIGMA_RANGE,
+    curve_rounds_limit,
+)
 from fedlap_privacy.accountant.report import privacy_plan
 from fedlap_privacy.errors import ConfigError
 
@@ -425,3 +429,51 @@ def test_planning_takes_accountant_objects() -> None:
     assert epsilon(s, 1.0, 15, 1e-5, get_accountant("pld")) == epsilon(s, 1.0, 15, 1e-5, "pld")
     with pytest.raises(ConfigError, match="accountant 'moments'"):
         get_accountant("moments")
+
+
+# ----------------------------------------------------------------- cost bounds (issue 33.7)
+
+
+def test_curve_longer_than_the_bound_is_refused_before_allocating() -> None:
+    limit = curve_rounds_limit("rdp")
+    assert limit == 100_000  # the default grid of 151 orders
+    assert curve_rounds_limit("rdp", orders=[2.0] * 1510) == 10_000  # more orders, fewer rounds
+    assert curve_rounds_limit("pld") == MAX_PLD_CURVE_ROUNDS
+    # 10^8 rounds x 151 orders would be a 113 GiB array: refused by its size alone
+    with pytest.raises(ConfigError, match=r"rounds 100,000,000 is above the 100,000"):
+        epsilon_curve(REFERENCE, 1.0, 10**8, DELTA)
+    with pytest.raises(ConfigError, match=r"rounds 1,001 is above the 1,000 .* pld"):
+        epsilon_curve(REFERENCE, 1.0, 1001, DELTA, accountant="pld")
+    assert len(epsilon_curve(REFERENCE, 1.0, 3, DELTA)) == 3
+
+
+def test_planned_rounds_above_the_limit_are_refused() -> None:
+    # the attack: epsilon 1e6 at sigma 1 admits ~8.5 million rounds; the plan's curve of them
+    # would need ~10 GB. The library answer stays available without a limit (it is cheap).
+    assert plan_rounds(REFERENCE, 1.0, 1e6, DELTA) > 10**6
+    with pytest.raises(ConfigError, match=r"admits 8,\d{3},\d{3} rounds, above the 100,000"):
+        plan_rounds(REFERENCE, 1.0, 1e6, DELTA, limit=100_000)
+    assert plan_rounds(REFERENCE, 1.0, 10.19, DELTA, limit=100_000) == 15
+    with pytest.raises(ConfigError, match="rounds 10,000,000 is above"):
+        privacy_plan(REFERENCE, DELTA, sigma=1.0, rounds=10**7)
+    with pytest.raises(ConfigError, match="admits"):
+        privacy_plan(REFERENCE, DELTA, eps=1e6, sigma=1.0)
+
+
+def test_pld_round_search_checks_its_limit_before_searching() -> None:
+    cheap = FedLAPSchedule(batch_size=10, client_size=100, local_steps=2, client_fraction=0.1)
+    with pytest.raises(ConfigError, match=r"admits more than 8 rounds"):
+        plan_rounds(cheap, 2.0, 1e3, DELTA, accountant="pld", limit=8)
+    assert plan_rounds(cheap, 2.0, 0.5, DELTA, accountant="pld", limit=8) == plan_rounds(
+        cheap, 2.0, 0.5, DELTA, accountant="pld") <= 8
+
+
+def test_orders_whose_evaluation_exceeds_the_cost_bound_are_refused() -> None:
+    # an integer order of 10^8 needs a binomial table of 10^8 numbers (and 10^8 lgamma calls)
+    with pytest.raises(ConfigError, match=r"RDP orders up to 1e\+08 .* use fewer or smaller"):
+        sgm_rdp(0.01, 1.0, [1e8])
+    # a fractional order of 10^6 at sigma 0.05 needs a quadrature grid of 10^9 points
+    with pytest.raises(ConfigError, match=r"RDP order 1e\+06 at sigma 0.05 .* quadrature"):
+        sgm_rdp(0.01, 0.05, [1e6 + 0.5])
+    assert np.all(np.isfinite(sgm_rdp(0.01, 1.0, EXTENDED_ORDERS)))  # the grids stay cheap
+    assert np.all(np.isfinite(sgm_rdp(0.01, SIGMA_RANGE[0], DEFAULT_ORDERS)))

@@ -177,3 +177,81 @@ def test_violation_line(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_module_does_not_import_torch() -> None:
     code = "import sys, fedlap_privacy.cli.audit; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# ------------------------------------------------- bad input still escaped (issue 33, item 7)
+
+
+@pytest.fixture
+def external(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A TorchScript 10-class ConvNet on 8x8 images and 40 records for it (labels 0..9)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(1, 8, 10, width=8))
+    torch.jit.save(torch.jit.script(model.eval()), tmp_path / "model.pt")
+    rng = np.random.default_rng(0)
+    return tmp_path / "model.pt", rng.normal(size=(40, 1, 8, 8)).astype(np.float32), \
+        np.arange(40) % 10
+
+
+def _external_fails(model: Path, members: Path, nonmembers: Path, *extra: str) -> str:
+    return _fails(["--model", str(model), "--members", str(members), "--nonmembers",
+                   str(nonmembers), "--max-per-half", "5", *extra])
+
+
+def test_truncated_npz_records_are_one_line(external, tmp_path: Path) -> None:
+    model, x, y = external
+    np.savez(tmp_path / "out.npz", x=x, y=y)
+    whole = (tmp_path / "out.npz").read_bytes()
+    for name, body in (("cut.npz", whole[: len(whole) // 2]),  # was: BadZipFile traceback
+                       ("tail.npz", whole[:-40])):
+        (tmp_path / name).write_bytes(body)
+        line = _external_fails(model, tmp_path / name, tmp_path / "out.npz")
+        assert f"cannot read {tmp_path / name} as .npz" in line
+
+
+def test_npz_whose_header_declares_more_than_it_holds_is_refused_unallocated(
+    external, tmp_path: Path
+) -> None:
+    """A forged header asking for 10^9 x 64 floats (256 GB) over a few bytes of data."""
+    import io
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    model, x, y = external
+    np.savez(tmp_path / "out.npz", x=x, y=y)
+    for shape, data in (((10**9, 1, 8, 8), b"\0" * 64), ((40, 1, 8, 8), x.tobytes()[:-4])):
+        header = io.BytesIO()
+        npy.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                            "shape": shape})
+        labels = io.BytesIO()
+        np.save(labels, y)
+        with zipfile.ZipFile(tmp_path / "forged.npz", "w") as archive:
+            archive.writestr("x.npy", header.getvalue() + data)
+            archive.writestr("y.npy", labels.getvalue())
+        line = _external_fails(model, tmp_path / "forged.npz", tmp_path / "out.npz")
+        assert f"declares shape {shape}" in line and "truncated or forged" in line
+
+
+def test_labels_the_model_cannot_score_are_one_line(external, tmp_path: Path) -> None:
+    model, x, y = external
+    np.savez(tmp_path / "out.npz", x=x, y=y)
+    np.savez(tmp_path / "high.npz", x=x, y=y + 3)  # labels up to 12 for a 10-class model
+    line = _external_fails(model, tmp_path / "high.npz", tmp_path / "out.npz")
+    assert "labels run up to 12, but the model outputs 10 classes" in line  # was: IndexError
+    np.savez(tmp_path / "big.npz", x=np.zeros((40, 1, 28, 28), np.float32), y=y)
+    line = _external_fails(model, tmp_path / "big.npz", tmp_path / "big.npz")
+    assert "the model cannot score records of shape (1, 28, 28)" in line
+    bad = x.copy()
+    bad[3, 0, 0, 0] = np.nan
+    np.savez(tmp_path / "nan.npz", x=bad, y=y)
+    assert "NaN or infinite" in _external_fails(model, tmp_path / "nan.npz", tmp_path / "out.npz")
+
+
+def test_an_audit_out_that_cannot_be_created_is_one_line(external, tmp_path: Path) -> None:
+    model, x, y = external
+    np.savez(tmp_path / "records.npz", x=x, y=y)
+    (tmp_path / "file").write_text("keep")
+    line = _external_fails(model, tmp_path / "records.npz", tmp_path / "records.npz",
+                           "--out", str(tmp_path / "file" / "report"))
+    assert "--out" in line and "is a file, not a folder" in line

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,42 @@ def test_bad_input_is_one_line_on_stderr(args: list[str], needle: str) -> None:
     assert len(lines) == 1, proc.stderr
     assert needle in lines[0]
     assert lines[0].startswith("error:")
+
+
+#: the address space a costly plan's refusal must fit in (a plan of 30 rounds needs ~50 MB)
+MEMORY_BOUND = 1536 << 20
+
+
+def _bounded_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BOUND, MEMORY_BOUND))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        # 8.5 million planned rounds: the old plan built their 10 GB curve and was killed
+        (["--eps", "1e6", "--sigma", "1"], "admits 8,503,642 rounds, above the 100,000"),
+        (["--eps", "1e6", "--sigma", "1", "--json"], "admits 8,503,642 rounds"),
+        # 10^8 rounds: the old plan asked for a 113 GiB array (MemoryError traceback)
+        (["--rounds", "100000000"], "rounds 100,000,000 is above the 100,000"),
+        (["--rounds", "100000000", "--eps", "3"], "rounds 100,000,000 is above"),
+        (["--accountant", "pld", "--rounds", "5000"], "above the 1,000 whose epsilon curve"),
+        # an order of 10^8: a 10^8-entry binomial table and as many lgamma calls
+        (["--orders", "100000000"], "RDP orders up to 1e+08"),
+    ],
+)
+def test_costly_plans_are_refused_in_one_line_within_bounded_memory(args, needle) -> None:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedlap_privacy.cli.main", "plan", *args],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+        preexec_fn=_bounded_memory,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout and proc.stdout == ""
+    lines = proc.stderr.strip("\n").splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), proc.stderr[-2000:]
+    assert needle in lines[0]
 
 
 def test_unreachable_rounds_still_prints_the_plan() -> None:

@@ -284,7 +284,7 @@ def test_client_records_caps_clients_and_sets_the_rate():
     assert cut.ledger.entries[0].q2 == pytest.approx(32 / 100)
     assert full.ledger.entries[0].q2 < 32 / 100
     assert cut.ledger.epsilon > full.ledger.epsilon  # same sigma and T, higher rate
-    with pytest.raises(ConfigError, match="client records"):
+    with pytest.raises(ConfigError, match="client_records 0 must be an integer >= 1"):
         tiny(client_records=0).validate()
 
 

@@ -237,8 +237,8 @@ def _fails(args: list[str]) -> str:
 @pytest.mark.parametrize(("setting", "message"), [
     ("accountant=foo", "accountant 'foo'"),
     ("sigma=inf", "sigma inf must be a finite"),
-    ("clip=nan", "clipping bound"),
-    ("threat_model=nobody", "threat model 'nobody'"),
+    ("clip=nan", "clip nan must be a finite number in (0, 1e+06]"),
+    ("threat_model=nobody", "threat_model 'nobody' must be one of"),
 ])
 def test_bad_configuration_is_refused_before_any_data(tmp_path: Path, setting, message) -> None:
     out = tmp_path / "run"
