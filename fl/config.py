@@ -55,6 +55,8 @@ class TrainConfig:
     method: str = "fedlap-dp"
     dataset: str = "digits"
     data_dir: str | None = None
+    data: str | None = None  # a user's .npz records (fedlap_privacy.user_data); dataset "custom"
+    model: str | None = None  # FILE.py:FUNC or module:FUNC (fedlap_privacy.model_factory)
     split: str = "noniid"
     dirichlet_alpha: float = 0.5
     clients: int = 5
@@ -167,11 +169,14 @@ class TrainConfig:
         return self.spec.accounted_steps(self)
 
     def validate(self) -> TrainConfig:
-        from fedlap_privacy.data import DATASETS, SPLITS
+        from fedlap_privacy.data import CUSTOM, DATASETS, SPLITS
 
         checks = [
             (self.method in METHODS, f"method {self.method!r} must be one of {', '.join(METHODS)}"),
-            (self.dataset in DATASETS, f"dataset {self.dataset!r} must be one of {DATASETS}"),
+            (self.dataset in DATASETS or self.dataset == CUSTOM,
+             f"dataset {self.dataset!r} must be one of {DATASETS}"),
+            ((self.data is not None) == (self.dataset == CUSTOM),
+             f"dataset {CUSTOM!r} means a user's records: it goes with data=PATH (--data)"),
             (self.split in SPLITS, f"split {self.split!r} must be one of {', '.join(SPLITS)}"),
             (self.radius_rule in RADIUS_RULES, f"radius rule {self.radius_rule!r} is unknown"),
             (self.init in ("noise", "real"), f"init {self.init!r} must be noise or real"),
