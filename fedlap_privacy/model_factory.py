@@ -77,9 +77,9 @@ def _file_module(where: str) -> Any:
     """The module of a factory file, imported once per process."""
     path = Path(where).expanduser().resolve()
     key = str(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file {where}")
     if key not in _FILE_MODULES:
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file {where}")
         tag = hashlib.sha256(key.encode()).hexdigest()[:12]
         location = importlib.util.spec_from_file_location(f"fedlap_user_model_{tag}", path)
         if location is None or location.loader is None:
