@@ -50,11 +50,13 @@ from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import PRIVATE
-from fedlap_privacy.data import DATASETS, Dataset, load_dataset
+from fedlap_privacy.data import CUSTOM, DATASETS, Dataset, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
 from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.model_factory import FactorySpec
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.user_data import load_user_data
 
 __all__ = [
     "AuditTarget",
@@ -215,43 +217,61 @@ class AuditTarget:
     private: PrivateRunState | None = None
 
 
-def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None) -> AuditTarget:
-    """Checkpoint, private state, rebuilt model, dataset, member indices -- all checked."""
+def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
+                 factory: str | None = None) -> AuditTarget:
+    """Checkpoint, private state, rebuilt model, dataset, member indices -- all checked.
+    A run on a user's records (dataset ``custom``) reads them again from the path its private
+    state records (``data_dir`` replaces it); a factory-built model is rebuilt by its
+    recorded factory (``factory`` replaces its name)."""
     path = Path(checkpoint_path)
     release = ModelRelease.load(path)
     name = release.dataset
-    if name not in DATASETS:
+    if name not in DATASETS and name != CUSTOM:
         raise CheckpointError(
             f"checkpoint {path} names unknown dataset {name!r}; known: {', '.join(DATASETS)}"
         )
     try:
-        model = release.build_model()
+        model = release.build_model(factory)
     except CheckpointError as exc:
         raise CheckpointError(str(exc).replace("checkpoint:", f"checkpoint {path}:")) from None
     private = _load_private_state(path)
-    recorded_dir = private.config.get("data_dir")
+    recorded_dir = private.config.get("data" if name == CUSTOM else "data_dir")
     from_checkpoint = data_dir is None and recorded_dir is not None
     used = data_dir if data_dir is not None else recorded_dir
     try:
-        dataset = load_dataset(name, used)
+        if name == CUSTOM:
+            if used is None:
+                raise DataError("the run's data path is not recorded: pass --data-dir PATH")
+            dataset = load_user_data(used, int(private.config.get("seed", 0)))
+        else:
+            dataset = load_dataset(name, used)
     except DataError as exc:
         if not from_checkpoint:
             raise
         raise DataError(
-            f"{exc} (data dir {used} recorded in the run's private state; pass --data-dir)"
+            f"{exc} (data {used} recorded in the run's private state; pass --data-dir)"
         ) from None
-    config = release.model_config
-    expected = (config["in_channels"], config["image_size"], config["num_classes"])
-    found = (dataset.in_channels, dataset.image_size, dataset.num_classes)
-    if expected != found:
-        raise DataError(
-            f"dataset {name!r} has {found[0]}x{found[1]}x{found[1]} images and {found[2]} "
-            f"classes, but the checkpoint's model expects {expected[0]}x{expected[1]}x"
-            f"{expected[1]} and {expected[2]}"
-        )
+    _check_shape(release, dataset)
     members = member_indices(private.client_indices, len(dataset.y_train))
     return AuditTarget(model, dataset, members, None if used is None else str(used), release,
                        private)
+
+
+def _check_shape(release: ModelRelease, dataset: Dataset) -> None:
+    """The records fit the checkpoint's model: input shape and classes."""
+    if release.model_factory is not None:
+        spec = FactorySpec.from_dict(release.model_factory)
+        expected = (tuple(spec.input_shape), spec.num_classes)
+    else:
+        config = release.model_config
+        size = config["image_size"]
+        expected = ((config["in_channels"], size, size), config["num_classes"])
+    found = (dataset.input_shape, dataset.num_classes)
+    if expected != found:
+        raise DataError(
+            f"dataset {dataset.name!r} has records of shape {found[0]} and {found[1]} classes, "
+            f"but the checkpoint's model expects {expected[0]} and {expected[1]}"
+        )
 
 
 def run_audit(
@@ -263,6 +283,7 @@ def run_audit(
     max_per_half: int | None = None,
     device: str | None = None,
     reference_models: Sequence[ReferenceModel] = (),
+    factory: str | None = None,
 ) -> AuditReport:
     """Audit one checkpoint; returns the report (and writes it when ``out_dir`` is set).
 
@@ -272,9 +293,10 @@ def run_audit(
     ``report.json`` and ``roc.png`` are written there. ``reference_models`` (trained
     without any record of :func:`audited_records` for the same ``seed`` and
     ``max_per_half``) add the ``rmia`` and ``lira`` scores (module docstring); the report's
-    ``reference_models`` says which were used and how.
+    ``reference_models`` says which were used and how. ``factory``: where the run's model
+    factory is found here, when its recorded name does not import.
     """
-    target = _load_target(checkpoint_path, data_dir)
+    target = _load_target(checkpoint_path, data_dir, factory)
     assert target.release is not None and target.private is not None
     claim = privacy_claim(target.release.privacy, target.release.ledger,
                           target.private.ledger_digest)

@@ -173,7 +173,8 @@ def audit(
         "records the model never saw (same formats)"))] = None,
     model_factory: Annotated[str | None, typer.Option("--model-factory", help=(
         "module:function or file.py:function building the model a state dict fills "
-        "(your code: it is imported)"))] = None,
+        "(your code: it is imported); for a run's ckpt.pt, where its recorded model "
+        "factory is found here"))] = None,
     claimed_eps: Annotated[float | None, typer.Option("--claimed-eps", help=(
         "a model trained elsewhere: the epsilon its owner promises"))] = None,
     delta: Annotated[float | None, typer.Option("--delta", help=(
@@ -216,8 +217,8 @@ def audit(
 
         if external:
             return run_external()
-        if model_factory or claimed_eps is not None or delta is not None or normalise:
-            fail("--model-factory, --claimed-eps, --delta and --normalise apply to a model "
+        if claimed_eps is not None or delta is not None or normalise:
+            fail("--claimed-eps, --delta and --normalise apply to a model "
                  "trained elsewhere (--members / --nonmembers); a checkpoint's claim comes "
                  "from its ledger")
         names = parse_attacks(attacks)  # fail on a bad name before any heavy work
@@ -241,6 +242,7 @@ def audit(
             out_dir=out,
             max_per_half=max_per_half,
             reference_models=references,
+            factory=model_factory,
         )
 
     if json_output:

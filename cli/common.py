@@ -49,6 +49,28 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
     console.print(chosen.describe(cfgs[-1].batch_size, t), highlight=False)
 
 
+#: --data's help (train, compare)
+DATA_HELP = ("Your own records instead of --dataset: a folder of .npz files, one per client "
+             "(x, y; optional test.npz), or one .npz (x, y, optional client). x: images "
+             "(N, C, H, W) or feature rows (N, D). See the README, 'Train on your own data'.")
+#: --model's help (train, compare)
+MODEL_HELP = ("FILE.py:FUNC or module:FUNC: FUNC(input_shape, num_classes) returns the "
+              "torch.nn.Module to train (no BatchNorm). Default: the ConvNet for images, an MLP "
+              "for feature rows.")
+
+
+def data_flags(dataset: str | None, data: Path | None, model: str | None) -> dict[str, Any]:
+    """The configuration keys of --dataset, --data and --model (one of the first two)."""
+    from fedlap_privacy.data import CUSTOM
+    from fedlap_privacy.errors import ConfigError
+
+    if data is not None and dataset is not None:
+        raise ConfigError("--dataset and --data exclude each other: --data brings your own "
+                          "records")
+    return {"dataset": CUSTOM if data is not None else dataset,
+            "data": None if data is None else str(data), "model": model}
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print one clear line to stderr and exit non-zero (never a traceback)."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)

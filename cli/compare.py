@@ -12,10 +12,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedlap_privacy.cli.common import (
+    DATA_HELP,
+    MODEL_HELP,
     SCHEDULE_HELP,
     ScheduleChoice,
     check_writable,
     console,
+    data_flags,
     fail,
     guarded,
     human_bytes,
@@ -52,8 +55,10 @@ def _accuracy(cell: dict[str, Any], seeds: int) -> str:
 
 
 def compare(
-    dataset: str = typer.Option("digits", "--dataset"),
+    dataset: str | None = typer.Option(None, "--dataset", help="Default: digits."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
+    data: Path | None = typer.Option(None, "--data", help=DATA_HELP),
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
     eps: str = typer.Option("3,10", "--eps", help="Target epsilons, comma-separated."),
     delta: float = typer.Option(1e-5, "--delta"),
     methods: str | None = typer.Option(None, "--methods", help="Comma-separated; default: all."),
@@ -89,7 +94,7 @@ def compare(
     several = counts is not None and len(counts) > 1
     guarded(lambda: check_overrides(settings, several))
     chosen = METHODS if methods is None else [m.strip() for m in methods.split(",")]
-    flags = {"dataset": dataset, "delta": delta, "seed": seed,
+    flags = {**guarded(lambda: data_flags(dataset, data, model)), "delta": delta, "seed": seed,
              "rounds": None if counts is None else counts[-1],
              "data_dir": None if data_dir is None else str(data_dir)}
     # a base per round count: FedLAP-DP's schedule depends on it

@@ -14,10 +14,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedlap_privacy.cli.common import (
+    DATA_HELP,
+    MODEL_HELP,
     SCHEDULE_HELP,
     ScheduleChoice,
     check_writable,
     console,
+    data_flags,
     err_console,
     fail,
     guarded,
@@ -50,9 +53,11 @@ class Engine(StrEnum):
 
 def train(
     method: Method | None = typer.Option(None, "--method", help="Default: fedlap-dp."),  # type: ignore[valid-type]
-    dataset: str = typer.Option("digits", "--dataset", help="digits | mnist | fashion-mnist | "
-                                "cifar10"),
+    dataset: str | None = typer.Option(None, "--dataset", help="digits (default) | mnist | "
+                                       "fashion-mnist | cifar10"),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
+    data: Path | None = typer.Option(None, "--data", help=DATA_HELP),
+    model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
     download: bool = typer.Option(False, "--download", help="Fetch missing dataset files."),
     split: str = typer.Option("noniid", "--split", help="noniid | iid | dirichlet"),
     alpha: float = typer.Option(0.5, "--alpha", help="Dirichlet concentration."),
@@ -122,7 +127,8 @@ def train(
 
     flags = {
         "method": None if method is None else method.value,
-        "dataset": dataset, "data_dir": None if data_dir is None else str(data_dir),
+        **guarded(lambda: data_flags(dataset, data, model)),
+        "data_dir": None if data_dir is None else str(data_dir),
         "split": split, "dirichlet_alpha": alpha, "clients": clients,
         "client_fraction": client_fraction, "rounds": rounds, "delta": delta,
         "batch_size": batch_size, "target_eps": target_eps, "seed": seed, "sigma": sigma,

@@ -43,6 +43,8 @@ from fedlap_privacy.atomic import atomic_file
 from fedlap_privacy.errors import ConfigError, DataError
 
 DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
+#: the dataset name of a run on a user's own records (``--data``, :mod:`.user_data`)
+CUSTOM = "custom"
 #: the standard training-set sizes (digits: the fixed 80% split of _load_digits below)
 TRAIN_RECORDS = {"digits": 1438, "mnist": 60_000, "fashion-mnist": 60_000, "cifar10": 50_000}
 SPLITS = ("noniid", "iid", "dirichlet")
@@ -101,7 +103,15 @@ _DIRICHLET_TRIES = 100
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A train/test pair of normalised images (float32 ``(N, C, H, W)``) and int64 labels."""
+    """A train/test pair of float32 inputs and int64 labels: normalised images
+    ``(N, C, H, W)`` (the built-in datasets and a user's images) or feature rows ``(N, D)``
+    (a user's tabular data, :mod:`fedlap_privacy.user_data`).
+
+    ``partition``: the natural split of ``x_train`` over the clients (index arrays, one per
+    client, as the user's files hold the records) or None (the run's split decides).
+    ``held_out``: the test records were held out of the clients' own records (no separate
+    test set), so evaluating on them is a release about private data.
+    """
 
     name: str
     x_train: np.ndarray
@@ -111,6 +121,18 @@ class Dataset:
     num_classes: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    partition: tuple[np.ndarray, ...] | None = None
+    held_out: bool = False
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one record: ``(C, H, W)`` or ``(D,)``."""
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+    @property
+    def is_tabular(self) -> bool:
+        """Feature rows ``(N, D)`` rather than images."""
+        return self.x_train.ndim == 2
 
     @property
     def in_channels(self) -> int:

@@ -121,5 +121,33 @@ def build_model(config: ModelConfig | dict[str, int]) -> ConvNet:
     return ConvNet(config)
 
 
+class TabularMLP(nn.Module):
+    """The default model of tabular data (``--data`` with feature rows, ``--model`` unset):
+    ``depth`` hidden layers of [Linear -> ReLU] of ``width`` units, then a linear
+    classifier. Per-record gradients take the hook path of :mod:`fedlap_privacy.per_sample`
+    (Linear layers only); nothing mixes records."""
+
+    def __init__(self, features: int, num_classes: int, width: int = 64, depth: int = 2) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        size = features
+        for _ in range(depth):
+            layers += [nn.Linear(size, width), nn.ReLU()]
+            size = width
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(size, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x.flatten(1)))
+
+
+def tabular_mlp(input_shape: tuple[int, ...], num_classes: int) -> TabularMLP:
+    """The model factory of :class:`TabularMLP` (``fedlap_privacy.models:tabular_mlp``)."""
+    features = 1
+    for d in input_shape:
+        features *= int(d)
+    return TabularMLP(features, num_classes)
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

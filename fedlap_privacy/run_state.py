@@ -1,7 +1,9 @@
 """The two files of a run as typed records: the releasable model and the private run state.
 
 ``ckpt.pt`` (:class:`ModelRelease`, format ``fedlap-privacy/2``) may be shared like the
-model: weights and model shape, the dataset's name, the public configuration (every
+model: weights and model shape (the ConvNet's ``model_config``, or for a factory-built model
+its ``model_factory`` spec: the factory's name, input shape and classes, never code), the
+dataset's name, the public configuration (every
 setting but the seed and the data folder), the privacy statement, the ledger entries and
 the per-round metrics. ``private.pt`` (:class:`PrivateRunState`, format
 ``fedlap-privacy-private/1``) never leaves the run's owner: the full configuration, each
@@ -29,7 +31,7 @@ from fedlap_privacy.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fedlap_privacy.errors import CheckpointError
+from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.models import build_model
 
 __all__ = ["ModelRelease", "PrivateRunState"]
@@ -68,10 +70,18 @@ class ModelRelease:
     config: dict[str, Any] = field(default_factory=dict)
     round: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: a model built by a factory (``--model``, or the default of tabular data): its spec,
+    #: :class:`fedlap_privacy.model_factory.FactorySpec` as a dict (never code); None: the
+    #: ConvNet of ``model_config``
+    model_factory: dict[str, Any] | None = None
 
-    def build_model(self) -> nn.Module:
-        """The ConvNet of ``model_config`` with the saved weights (one line if they do not
-        fit: a checkpoint is data to check, never to obey)."""
+    def build_model(self, factory: str | None = None) -> nn.Module:
+        """The model with the saved weights: the ConvNet of ``model_config``, or the recorded
+        factory's model (``factory`` replaces the recorded factory's name, e.g. where the
+        run's file is elsewhere). One line if they do not fit: a checkpoint is data to check,
+        never to obey; a factory is imported only because the USER installed or names it."""
+        if self.model_factory is not None:
+            return self._factory_model(factory)
         config = self.model_config
         try:
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in config.values()):
@@ -81,6 +91,31 @@ class ModelRelease:
         except (TypeError, ValueError, RuntimeError, AttributeError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
             raise CheckpointError(f"checkpoint: cannot rebuild its model ({first})") from None
+        return model
+
+    def _factory_model(self, factory: str | None) -> nn.Module:
+        from fedlap_privacy.model_factory import FactorySpec
+        from fedlap_privacy.model_factory import build_model as build_from_factory
+
+        try:
+            spec = FactorySpec.from_dict(self.model_factory)
+        except ConfigError as exc:
+            raise CheckpointError(f"checkpoint: {exc}") from None
+        if factory is not None:
+            spec = FactorySpec(factory, spec.input_shape, spec.num_classes)
+        try:
+            model = build_from_factory(spec)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"the run's model factory {spec.factory!r} cannot be used here ({exc}); pass "
+                "--model-factory FILE.py:FUNC or module:FUNC naming the same factory"
+            ) from None
+        try:
+            model.load_state_dict(self.model_state)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise CheckpointError(f"checkpoint: its weights do not fit the model of "
+                                  f"{spec.factory!r} ({first})") from None
         return model
 
     def save(self, path: str | Path) -> None:
@@ -98,6 +133,7 @@ class ModelRelease:
         return _from_payload(cls, payload, path, ("model_state", "model_config", "dataset"), {
             "model_state": dict, "model_config": dict, "dataset": str, "method": str,
             "privacy": dict, "ledger": list, "config": dict, "round": int, "history": list,
+            "model_factory": dict,
         })
 
 

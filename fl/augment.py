@@ -112,10 +112,13 @@ class DSA:
         return tuple(self.apply(x, aug) for x in batches)
 
     def apply(self, x: Tensor, aug: Augmentation | None) -> Tensor:
-        """Apply a drawn augmentation to a batch ``(N, C, H, W)``, differentiably."""
+        """Apply a drawn augmentation to a batch ``(N, C, H, W)``, differentiably (the
+        identity, ``aug`` None, takes records of any shape, e.g. feature rows)."""
+        if aug is None:
+            return x
         if x.dim() != 4:
             raise ConfigError(f"DSA expects images (N, C, H, W), got shape {tuple(x.shape)}")
-        if aug is None or x.shape[0] == 0:
+        if x.shape[0] == 0:
             return x
         u = aug.u
         if aug.op == "color":

@@ -91,7 +91,11 @@ Bases = TrainConfig | Mapping[str, TrainConfig]
 def _client_sizes(cfg: TrainConfig) -> list[int]:
     from fedlap_privacy.data import load_dataset
     from fedlap_privacy.fl.simulation import client_parts
+    from fedlap_privacy.fl.user_runs import prepare_data
 
+    if cfg.data is not None:  # a user's records: their natural partition, if any
+        cfg, data = prepare_data(cfg)
+        return [len(p) for p in client_parts(cfg, data)]
     return [len(p) for p in client_parts(cfg, load_dataset(cfg.dataset, cfg.data_dir))]
 
 

@@ -65,6 +65,8 @@ class TrainConfig:
     method: str = "fedlap-dp"
     dataset: str = "digits"
     data_dir: str | None = None
+    data: str | None = None  # a user's .npz records (fedlap_privacy.user_data); dataset "custom"
+    model: str | None = None  # FILE.py:FUNC or module:FUNC (fedlap_privacy.model_factory)
     split: str = "noniid"
     dirichlet_alpha: float = 0.5
     clients: int = 5
@@ -180,12 +182,17 @@ class TrainConfig:
         """Refuse (one line, :class:`ConfigError`) an impossible configuration, before any data
         is read: first every key against its rule (:data:`FIELD_RULES`: type, finite, range),
         then the rules that tie keys together (the method's own, canaries, threat model)."""
+        from fedlap_privacy.data import CUSTOM
+
         for f in dataclasses.fields(self):
             FIELD_RULES[f.name].check(f.name, getattr(self, f.name), _optional(f.name))
         if self.accountant == "pld" and self.rounds > MAX_PLD_ROUNDS:
             raise ConfigError(f"rounds {self.rounds} with the pld accountant: at most "
                               f"{MAX_PLD_ROUNDS:,} (PLD composes every round's distribution; "
                               "use the rdp accountant)")
+        if (self.data is not None) != (self.dataset == CUSTOM):
+            raise ConfigError(f"dataset {CUSTOM!r} means a user's records: it goes with "
+                              "data=PATH (--data)")
         if self.accesses_per_round < 1:
             raise ConfigError("each round must make at least one access")
         self.spec.check(self)
@@ -295,9 +302,9 @@ def _words(choices: Callable[[], Sequence[str]]) -> FieldRule:
 
 
 def _datasets() -> Sequence[str]:
-    from fedlap_privacy.data import DATASETS
+    from fedlap_privacy.data import CUSTOM, DATASETS
 
-    return DATASETS
+    return (*DATASETS, CUSTOM)
 
 
 def _splits() -> Sequence[str]:
@@ -319,6 +326,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     "method": _words(lambda: METHODS),
     "dataset": _words(_datasets),
     "data_dir": FieldRule(str),
+    "data": FieldRule(str),  # a user's .npz records (fedlap_privacy.user_data checks them)
+    "model": FieldRule(str),  # a factory spec (fedlap_privacy.model_factory checks it)
     "split": _words(_splits),
     "dirichlet_alpha": _POSITIVE,
     "clients": _int(1, 100_000),

@@ -374,6 +374,11 @@ class FedLAP(Method):
         if cfg.dsa:
             self.augment = DSA().draw
 
+    def _augment_for(self, x: Tensor) -> AugmentationDraw | None:
+        """DSA for images ``(N, C, H, W)``; feature rows (tabular data) are never augmented:
+        DSA's flips, crops and colour jitter have no meaning for them."""
+        return self.augment if x.dim() == 4 else None
+
     def lr(self, round_: int) -> float:
         return cosine_lr(self.cfg.lr_net, round_, self.cfg.rounds, self.cfg.lr_schedule)
 
@@ -386,7 +391,8 @@ class FedLAP(Method):
             syn = SyntheticSet.from_dict(state["synthetic"], x.device)
         else:
             syn = init_synthetic(x, y, cfg.ipc, cfg.init, generator)
-        update = client_approximation(model, x, y, syn, cfg, info.lr, generator, self.augment)
+        update = client_approximation(model, x, y, syn, cfg, info.lr, generator,
+                                      self._augment_for(x))
         learned = update.synthetic
         state["synthetic"] = {"images": learned.images, "labels": learned.labels}
         stats = {} if update.suggested_radius is None else {"radius": update.suggested_radius}
@@ -401,6 +407,7 @@ class FedLAP(Method):
         radius = server_radius(cfg, [r.stats.get("radius") for r in replies])
         steps = server_optimisation(
             model, sets, weights_of(replies), radius, cfg.server_lr * info.lr, cfg.server_epochs,
-            cfg.server_batch, generator, cfg.server_momentum, self.augment,
+            cfg.server_batch, generator, cfg.server_momentum,
+            self._augment_for(sets[0].images) if sets else None,
         )
         return {"server_steps": steps, "radius": radius}

@@ -150,7 +150,12 @@ class MatchTarget:
         assert self.flat is not None
         zeros = b.new_zeros(self.norm_real.shape[0])
         dot = zeros.index_add(0, self.row_of, self.flat * b)
-        return dot, zeros.index_add(0, self.row_of, b * b).sqrt()
+        square = zeros.index_add(0, self.row_of, b * b)
+        # sqrt's derivative is infinite at 0: a synthetic row of norm 0 (a ReLU unit no
+        # synthetic record activates, common in MLPs) would turn autograd's gradient into
+        # NaN. Such a row's norm is 0 with derivative 0, as in :meth:`gradient`.
+        nonzero = square > 0
+        return dot, torch.where(nonzero, square, 1.0).sqrt() * nonzero
 
     def _flat_syn(self, g_syn: Sequence[Tensor]) -> Tensor:
         """The included synthetic gradients, checked against the real ones, as one vector."""

@@ -60,11 +60,11 @@ RUN_FILES = (CHECKPOINT, PRIVATE, METRICS, PENDING, COMMIT)
 #: the pair, in the order it is written and renamed into place
 _PAIR = (PRIVATE, CHECKPOINT)
 #: configuration keys kept out of the releasable checkpoint
-_PRIVATE_KEYS = ("seed", "data_dir")
+_PRIVATE_KEYS = ("seed", "data_dir", "data")
 
 
 def public_config(cfg: TrainConfig) -> dict[str, Any]:
-    """The configuration as ``ckpt.pt`` publishes it: everything but the seed and data path."""
+    """The configuration as ``ckpt.pt`` publishes it: everything but the seed and data paths."""
     return {k: v for k, v in cfg.to_dict().items() if k not in _PRIVATE_KEYS}
 
 

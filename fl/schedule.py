@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from fedlap_privacy.data import CUSTOM
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
@@ -118,5 +119,7 @@ def choose_schedule(requested: str, dataset: str, clients: int, client_records: 
         raise ConfigError(f"schedule {requested!r} must be one of {', '.join(SCHEDULE_CHOICES)}")
     if requested != "auto":
         return ClientSchedule(requested, None)
+    if dataset == CUSTOM:  # a user's records: their count is not known before they are read
+        return ClientSchedule("small", None)
     records = mean_client_records(dataset, clients, client_records, validation_records)
     return ClientSchedule("large" if records >= LARGE_MIN_RECORDS else "small", records)

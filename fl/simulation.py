@@ -76,10 +76,12 @@ from fedlap_privacy.fl.run_files import (
     settle_run_files,
 )
 from fedlap_privacy.fl.stop import STOPPED, stop_requested
+from fedlap_privacy.fl.user_runs import prepare_data, run_model, with_data
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
-from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.run_lock import RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.user_data import HELD_OUT_NOTE
 
 __all__ = [
     "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "local_clients", "resolve_device",
@@ -148,10 +150,17 @@ def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
     the records left after the validation split, each client cut to ``client_records`` when
     set; the same in every driver, on every node."""
     keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data))
+    if data.partition is not None:  # a user's natural partition (fl.user_runs)
+        return _cut(cfg, [p[np.isin(p, keep)] for p in data.partition])
     parts = [keep[p] for p in split_clients(
         data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
         data.num_classes,
     )]
+    return _cut(cfg, parts)
+
+
+def _cut(cfg: TrainConfig, parts: list[np.ndarray]) -> list[np.ndarray]:
+    """Each part cut to ``client_records`` when set."""
     if cfg.client_records is None:
         return parts
     return subsample_parts(parts, cfg.client_records, cfg.seed)
@@ -198,6 +207,8 @@ class _Run:
         self, cfg: TrainConfig, device: torch.device, out: Path | None,
         ask_clients: AskClients = local_clients, data: Dataset | None = None,
     ) -> None:
+        if data is None and cfg.data is not None:  # a user's records (fl.user_runs)
+            cfg, data = prepare_data(cfg)
         self.cfg, self.device, self.out = cfg, device, out
         self.ask_clients = ask_clients
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir) if data is None else data
@@ -211,9 +222,10 @@ class _Run:
         held = torch.from_numpy(validation_indices(cfg, self.data))
         self.x_val = torch.from_numpy(self.data.x_train)[held].to(device)
         self.y_val = torch.from_numpy(self.data.y_train)[held].to(device)
-        self.model_config = default_model_config(cfg, self.data)
         torch.manual_seed(cfg.seed)
-        self.model = build_model(self.model_config).to(device)
+        built = run_model(cfg, self.data.input_shape, self.data.num_classes)
+        self.model_config, self.model_factory = built.model_config, built.factory
+        self.model = built.model.to(device)
         self.method = build_method(cfg, device)
         self.server_state = self.method.init_server_state(self.model, self.ledger)
         self.client_state: list[dict[str, Any]] = [{} for _ in range(cfg.clients)]
@@ -262,10 +274,19 @@ class _Run:
         cfg = self.cfg
         return ModelRelease(
             model_state={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            model_config=self.model_config.to_dict(), dataset=cfg.dataset, method=cfg.method,
-            privacy=privacy_block(cfg, self.ledger), ledger=self.ledger.to_list(),
+            model_config=self.model_config, dataset=cfg.dataset, method=cfg.method,
+            privacy=self.privacy(), ledger=self.ledger.to_list(),
             config=public_config(cfg), round=self.round, history=self.history,
+            model_factory=None if self.model_factory is None else self.model_factory.to_dict(),
         )
+
+    def privacy(self) -> dict[str, Any]:
+        """The run's privacy statement; a user's data without a test set adds what its
+        evaluation on held-out private records releases (fedlap_privacy.user_data)."""
+        block = privacy_block(self.cfg, self.ledger)
+        if self.data.held_out:
+            block["public"] = [*block["public"], HELD_OUT_NOTE]
+        return block
 
     def private_state(self) -> PrivateRunState:
         """``private.pt``: what never leaves the run's owner."""
@@ -395,7 +416,7 @@ def train(
     device: str = "auto",
     callback: Callback | None = None,
     ask_clients: AskClients = local_clients,
-    data: Dataset | None = None,
+    data: Dataset | str | Path | None = None,
     *,
     lock: RunLock | None = None,
 ) -> TrainResult:
@@ -407,11 +428,15 @@ def train(
     validated before any data is read; the run is saved before round 1, so a crash in any
     round leaves a run :func:`resume` continues. ``data`` replaces the configured dataset
     (e.g. a subset of it, for reference models): the run's split, fingerprints and ledger
-    are those of ``data``; resume such a run with the same ``data``. The run folder's lock
-    (:mod:`fedlap_privacy.run_lock`; the folder is created) is taken before any data is read
-    and held until the run returns; ``lock``: the caller holds it already.
+    are those of ``data``; resume such a run with the same ``data``. ``data`` a path: a
+    user's own ``.npz`` records (:mod:`fedlap_privacy.user_data`), as ``--data`` takes them.
+    The run folder's lock (:mod:`fedlap_privacy.run_lock`; the folder is created) is taken
+    before any data is read and held until the run returns; ``lock``: the caller holds it
+    already.
     """
     out = Path(out_dir) if out_dir is not None else None
+    if isinstance(data, str | Path):
+        cfg, data = with_data(cfg, data), None
     cfg.validate()
     if cfg.canaries and ask_clients is not local_clients:
         raise ConfigError("canaries are inserted by the in-process driver only: train them "
@@ -502,7 +527,7 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         "test_accuracy": last.get("test_accuracy"),
         **({"validation_accuracy": last.get("validation_accuracy")}
            if cfg.validation_records else {}),
-        **privacy_block(cfg, run.ledger),
+        **run.privacy(),
         "sigma_planned": run.sigma_planned,
         "upload_bytes_mean": total / replies if replies else None,
         "upload_bytes_total": total,

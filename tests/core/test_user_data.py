@@ -1,0 +1,130 @@
+"""``--data``'s formats (fedlap_privacy.user_data): natural partitions, held-out tests, every
+refusal as one DataError line naming the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from user_records import CLASSES, FEATURES, blobs, tabular_folder
+
+from fedlap_privacy.data import CUSTOM
+from fedlap_privacy.errors import DataError
+from fedlap_privacy.user_data import HOLDOUT_FRACTION, load_user_data, probe
+
+
+def test_folder_is_the_natural_partition_in_file_order(tmp_path: Path) -> None:
+    root = tabular_folder(tmp_path / "d", sizes=(30, 20, 10))
+    data = load_user_data(root)
+    assert data.name == CUSTOM and data.is_tabular and data.input_shape == (FEATURES,)
+    assert data.num_classes == CLASSES and not data.held_out
+    assert [len(p) for p in data.partition] == [30, 20, 10]
+    x1, _ = blobs(20, 1)  # site1.npz is the second client, its records untouched
+    np.testing.assert_array_equal(data.x_train[data.partition[1]], x1)
+    assert len(data.y_test) == 60
+
+
+def test_without_test_file_each_client_holds_out_a_seeded_fifth(tmp_path: Path) -> None:
+    root = tabular_folder(tmp_path / "d", sizes=(50, 40), test=0)
+    a, b = load_user_data(root, seed=3), load_user_data(root, seed=3)
+    assert a.held_out and [len(p) for p in a.partition] == [40, 32]
+    assert len(a.y_test) == round(HOLDOUT_FRACTION * 50) + round(HOLDOUT_FRACTION * 40)
+    np.testing.assert_array_equal(a.x_test, b.x_test)
+    assert not np.array_equal(load_user_data(root, seed=4).x_test, a.x_test)
+    # held-out records are not training records
+    rows = {r.tobytes() for r in a.x_train}
+    assert not any(r.tobytes() in rows for r in a.x_test)
+
+
+def test_single_file_with_client_ids_and_without(tmp_path: Path) -> None:
+    x, y = blobs(100, 0)
+    client = np.repeat([0, 1, 2, 3], 25)
+    np.savez(tmp_path / "all.npz", x=x, y=y, client=client)
+    data = load_user_data(tmp_path / "all.npz")
+    assert len(data.partition) == 4 and data.held_out
+    np.savez(tmp_path / "flat.npz", x=x, y=y)
+    flat = load_user_data(tmp_path / "flat.npz")
+    assert flat.partition is None and len(flat.y_train) + len(flat.y_test) == 100
+
+
+def test_images_keep_their_shape(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for k in range(2):
+        np.savez(tmp_path / f"c{k}.npz", x=rng.normal(size=(12, 1, 8, 8)).astype(np.float32),
+                 y=np.arange(12) % 4)
+    data = load_user_data(tmp_path)
+    assert data.input_shape == (1, 8, 8) and not data.is_tabular and data.num_classes == 4
+
+
+def _case(tmp_path: Path, name: str) -> Path:
+    """One bad data set per refusal (see test_each_bad_input_is_one_line)."""
+    root = tabular_folder(tmp_path / name, sizes=(20, 20), test=0)
+    x, y = blobs(20, 5)
+    if name == "features":
+        np.savez(root / "site1.npz", x=np.hstack([x, x[:, :1]]), y=y)
+    elif name == "dtype":
+        np.savez(root / "site1.npz", x=x.astype(np.float64), y=y)
+    elif name == "nan":
+        x[7, 2] = np.nan
+        np.savez(root / "site1.npz", x=x, y=y)
+    elif name == "inf":
+        x[3, 0] = np.inf
+        np.savez(root / "site1.npz", x=x, y=y)
+    elif name == "negative":
+        y[0] = -1
+        np.savez(root / "site1.npz", x=x, y=y)
+    elif name == "range":
+        np.savez(root / "site0.npz", x=x, y=y, num_classes=3)
+        np.savez(root / "site1.npz", x=x, y=np.where(y == 2, 5, y), num_classes=3)
+    elif name == "labels":
+        np.savez(root / "site0.npz", x=x, y=y, num_classes=3)
+        np.savez(root / "site1.npz", x=x, y=y, num_classes=4)
+    elif name == "test-label":
+        np.savez(root / "test.npz", x=x, y=np.full(20, 7))
+    elif name == "empty":
+        np.savez(root / "site1.npz", x=x[:0], y=y[:0])
+    elif name == "images":
+        np.savez(root / "site1.npz", x=np.zeros((20, 1, 2, 3), np.float32), y=y)
+    elif name == "pickle":
+        np.savez(root / "site1.npz", x=np.array([object()] * 20, dtype=object), y=y)
+    elif name == "no-y":
+        np.savez(root / "site1.npz", x=x)
+    elif name == "no-npz":
+        for f in root.iterdir():
+            f.unlink()
+        (root / "notes.txt").write_text("x")
+    elif name == "gap":
+        np.savez(root / "all.npz", x=x, y=y, client=np.where(np.arange(20) < 10, 0, 2))
+        return root / "all.npz"
+    return root
+
+
+BAD = {
+    "features": "7 features", "dtype": "float64", "nan": "NaN or inf (record 7)",
+    "inf": "NaN or inf (record 3)", "negative": "label -1", "range": "label 5 is out of range",
+    "labels": "label sets disagree", "test-label": "label 7 is not among", "empty":
+    "empty client", "images": "images 1x2x3", "pickle": "Python objects", "no-y": "missing y",
+    "no-npz": "no client .npz", "gap": "id 1 has no records",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_each_bad_input_is_one_line(tmp_path: Path, name: str) -> None:
+    with pytest.raises(DataError) as info:
+        load_user_data(_case(tmp_path, name))
+    message = str(info.value)
+    assert BAD[name] in message and "\n" not in message
+
+
+def test_probe_reads_no_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layout and labels come from headers and y alone: x is never loaded."""
+    root = tabular_folder(tmp_path / "d")
+    import fedlap_privacy.user_data as user_data
+
+    read = []
+    real = user_data._read
+    monkeypatch.setattr(user_data, "_read", lambda p, n: read.append(n) or real(p, n))
+    layout = probe(root)
+    assert layout.input_shape == (FEATURES,) and layout.num_classes == CLASSES
+    assert "x" not in read and layout.natural and len(layout.clients) == 3
