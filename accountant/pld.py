@@ -69,7 +69,7 @@ GRID_RTOL = 3e-4
 #: Coarsest grid tried: h = VALUE_INTERVAL * 2^COARSEST_LEVEL.
 COARSEST_LEVEL = 6
 #: Fewest grid points the composed privacy loss spans on the starting grid.
-MIN_POINTS = 2**14
+MIN_POINTS = 3 * 2**13  # 24,576
 
 
 def pld_buckets(sigma: float, q: float = 1.0) -> int:
