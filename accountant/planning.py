@@ -5,8 +5,8 @@ Theorem 5.8:  eps(M) = min_alpha [ M * rho(alpha) + c(alpha) ], with rho the RDP
 (``FedLAPSchedule.rdp_per_round``) and c(alpha) = log((alpha-1)/alpha) -
 (log delta + log alpha)/(alpha-1). RDP is linear in M, so the whole curve eps(1..M) and the
 largest admissible M come from ONE RDP evaluation per order. Planning sigma is a 1-D monotone
-root search (bisection whose upper end always meets the target). Results are conservative:
-the planned run never exceeds the target.
+root search in log sigma (Illinois regula falsi from a bracket, whose upper end always meets
+the target). Results are conservative: the planned run never exceeds the target.
 
 Every function takes ``accountant``: a name (``"rdp"``, ``"pld"``) or an accountant object
 (:mod:`fedlap_privacy.accountant.accountants`); the functions are written once against
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -178,9 +178,9 @@ def plan_sigma(
             f"below {floor:.4f} at delta {delta:g} (pass a larger order grid)"
         )
     # Bracket the root by geometric steps from a good start: sigma = 1, or the accountant's
-    # hint (PLD: the RDP answer, which PLD meets already), then bisect.
+    # hint (PLD: the RDP answer, which PLD meets already, the root a few % below it).
     hint = acc.sigma_hint(schedule, rounds, eps, delta)
-    start, factor = (0.0, math.log(4.0)) if hint is None else (math.log(hint), 0.2)
+    start, factor = (0.0, math.log(4.0)) if hint is None else (math.log(hint), 0.1)
     lo_limit, hi_limit = (math.log(s) for s in SIGMA_RANGE)
     lo = hi = start
     if excess(start) > 0:
@@ -196,11 +196,40 @@ def plan_sigma(
             if lo <= lo_limit:
                 return SIGMA_RANGE[0]
             hi, lo = lo, max(lo - factor, lo_limit)
-    # bisection in log sigma keeps excess(lo) > 0 >= excess(hi): hi is always admissible
-    while hi - lo > math.log1p(_SIGMA_RTOL):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if excess(mid) > 0 else (lo, mid)
-    return math.exp(hi)
+    return math.exp(_root(excess, lo, hi, math.log1p(_SIGMA_RTOL)))
+
+
+def _root(excess: Callable[[float], float], lo: float, hi: float, tol: float) -> float:
+    """A point within ``tol`` above the sign change of ``excess`` in ``[lo, hi]``
+    (``excess(lo) > 0 >= excess(hi)``, ``excess`` decreasing), where ``excess <= 0``.
+
+    The Illinois variant of regula falsi (Dowell & Jarratt 1971: the function value kept at
+    an end that survives twice in a row is halved, so both ends converge, superlinearly)
+    keeps ``excess(lo) > 0 >= excess(hi)``; a probe the estimate puts within ``tol`` of an
+    end goes ``0.9 tol`` inside it instead, which closes the bracket or moves that end by
+    ``0.9 tol``. ``hi``, returned, always meets the target; a few evaluations where
+    bisection takes about 11.
+    """
+    f_lo, f_hi = excess(lo), excess(hi)
+    kept = 0  # +1: hi survived the last step, -1: lo did
+    while hi - lo > tol:
+        x = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+        if x - lo < tol:
+            x = lo + 0.9 * tol
+        elif hi - x < tol:
+            x = hi - 0.9 * tol
+        fx = excess(x)
+        if fx > 0:
+            lo, f_lo = x, fx
+            if kept == 1:
+                f_hi /= 2
+            kept = 1
+        else:
+            hi, f_hi = x, fx
+            if kept == -1:
+                f_lo /= 2
+            kept = -1
+    return hi
 
 
 def plan_rounds(

@@ -18,11 +18,16 @@ default grid (interval 1e-4) and an upper bound on the true epsilon:
    directions is reported (as dp-accounting's ``get_epsilon_for_delta``).
 
 The grid: every grid gives an upper bound; a finer one a tighter bound at a higher cost
-(Connect-the-Dots' excess shrinks like h^2). The grid starts at ``h = 1e-4 * 2^k`` with the
-composed loss spanning at least :data:`MIN_POINTS` points (k <= :data:`COARSEST_LEVEL`) and
-is halved until the epsilon at h and at 2h differ by at most ``3 * GRID_RTOL`` of epsilon
-(an estimated excess of ``GRID_RTOL`` over the limit h -> 0), or until h = 1e-4,
-dp-accounting's default; the epsilon at the final h is reported.
+(Connect-the-Dots' excess shrinks like h^2). Every composition is first priced at the coarsest
+grid ``h = 1e-4 * 2^COARSEST_LEVEL``, in both directions: that fixes the start, the level
+whose grid has the widest composed window span at least :data:`MIN_POINTS` points, and which
+direction dominates. Finer grids are computed for the dominating direction only; the other
+only while its finest value so far (an upper bound on it) exceeds the dominating one's. The
+grid is halved until the epsilon at two grids ``k`` halvings apart differ by at most
+``(4^k - 1) * GRID_RTOL`` of epsilon (an estimated excess of ``GRID_RTOL`` over the limit
+h -> 0; the coarsest grid is the first check's coarse one when ``k <= 2``, the start's
+neighbour otherwise), or until h = 1e-4, dp-accounting's default; the epsilon at the final h
+is reported.
 
 A step whose privacy losses span more grid points than
 :data:`~fedlap_privacy.accountant.pld_sgm.MAX_BUCKETS`, or a composition longer than
@@ -35,7 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from fedlap_privacy.accountant.pld_fft import compose, epsilon_for_delta, window
+from fedlap_privacy.accountant.pld_fft import compose, epsilon_for_delta
 from fedlap_privacy.accountant.pld_sgm import (
     MAX_BUCKETS,
     VALUE_INTERVAL,
@@ -64,7 +69,7 @@ GRID_RTOL = 3e-4
 #: Coarsest grid tried: h = VALUE_INTERVAL * 2^COARSEST_LEVEL.
 COARSEST_LEVEL = 6
 #: Fewest grid points the composed privacy loss spans on the starting grid.
-MIN_POINTS = 2**14
+MIN_POINTS = 3 * 2**13  # 24,576
 
 
 def pld_buckets(sigma: float, q: float = 1.0) -> int:
@@ -82,35 +87,66 @@ def _parts(steps: Steps, remove: bool, interval: float) -> list[tuple[DiscretePL
     ]
 
 
-def _at(step_list: Sequence[Steps], delta: float, level: int) -> list[float]:
-    """Epsilon of each composition at grid ``VALUE_INTERVAL * 2^level``, the larger of the
-    remove and add directions (q = 1 everywhere: one direction)."""
-    interval = VALUE_INTERVAL * 2**level
-    rates = {q for steps in step_list for (_, q) in steps if q > 0.0}
-    directions = (True,) if rates <= {1.0} else (True, False)
-    best = [0.0] * len(step_list)
-    for remove in directions:
-        for i, steps in enumerate(step_list):
-            parts = _parts(steps, remove, interval)
-            if parts:
-                best[i] = max(best[i], epsilon_for_delta(compose(parts, delta), delta))
-    return best
+Direction = bool  # True: remove, False: add
 
 
-def _start_level(step_list: Sequence[Steps], delta: float) -> int:
-    """The coarsest level whose grid spans MIN_POINTS over the widest composed window."""
-    interval = VALUE_INTERVAL * 2**COARSEST_LEVEL
-    span = 0.0
-    for remove in (True, False):
-        for steps in step_list:
-            parts = _parts(steps, remove, interval)
+class _Grid:
+    """Epsilons of one list of compositions, per grid level and direction, computed once
+    each (a level is ``h = VALUE_INTERVAL * 2^level``)."""
+
+    def __init__(self, step_list: Sequence[Steps], delta: float) -> None:
+        self.step_list, self.delta = step_list, delta
+        rates = {q for steps in step_list for (_, q) in steps if q > 0.0}
+        self.directions: tuple[Direction, ...] = (True,) if rates <= {1.0} else (True, False)
+        self.values: dict[tuple[int, int, Direction], float] = {}
+        self.span = 0.0  # widest composed window at COARSEST_LEVEL, in loss units
+
+    def epsilon(self, i: int, level: int, remove: Direction) -> float:
+        """Epsilon of composition ``i`` in one direction at one level (0 if empty)."""
+        key = (i, level, remove)
+        if key not in self.values:
+            interval = VALUE_INTERVAL * 2**level
+            parts = _parts(self.step_list[i], remove, interval)
+            value = 0.0
             if parts:
-                win = window(parts, delta)
-                span = max(span, (win.upper - win.lower) * interval)
+                composed = compose(parts, self.delta)
+                if level == COARSEST_LEVEL:
+                    self.span = max(self.span, composed.span)
+                value = epsilon_for_delta(composed, self.delta)
+            self.values[key] = value
+        return self.values[key]
+
+    def bound(self, i: int, level: int) -> float:
+        """An upper bound on the epsilon of composition ``i`` (the larger of its
+        directions'): the direction that was the larger at the coarsest level is computed at
+        ``level``; the other only if its finest value so far exceeds that (any grid gives an
+        upper bound, so a coarser value below it cannot raise the maximum)."""
+        first, *others = sorted(
+            self.directions, key=lambda d: -self.epsilon(i, COARSEST_LEVEL, d)
+        )
+        best = self.epsilon(i, level, first)
+        for d in others:
+            finest = min(lv for (j, lv, dd) in self.values if j == i and dd == d)
+            if self.values[(i, finest, d)] > best:
+                best = max(best, self.epsilon(i, level, d))
+        return best
+
+
+def _start_level(span: float) -> int:
+    """The coarsest level whose grid spans MIN_POINTS over the widest composed window
+    (``span``, in loss units, at COARSEST_LEVEL)."""
     if span <= 0.0:
         return 0
     return min(max(math.floor(math.log2(span / (VALUE_INTERVAL * MIN_POINTS))), 0),
                COARSEST_LEVEL - 1)
+
+
+def _agree(coarse: Sequence[float], fine: Sequence[float], levels: int) -> bool:
+    """Whether the estimated excess of every fine epsilon over the h -> 0 limit is at most
+    GRID_RTOL of it, the grids ``levels`` halvings apart: with Connect-the-Dots' excess
+    ``c h^2``, ``coarse - fine = (4^levels - 1)`` times the fine excess."""
+    factor = 4**levels - 1
+    return all(abs(c - f) <= factor * GRID_RTOL * f for c, f in zip(coarse, fine, strict=True))
 
 
 def pld_epsilons(step_list: Sequence[Steps], delta: float) -> list[float]:
@@ -122,13 +158,23 @@ def pld_epsilons(step_list: Sequence[Steps], delta: float) -> list[float]:
     ]
     if not any(q > 0.0 and n > 0 for steps in step_list for (_, q), n in steps.items()):
         return [0.0] * len(step_list)
-    level = _start_level(step_list, delta)
-    coarse, fine = _at(step_list, delta, level + 1), _at(step_list, delta, level)
-    while level > 0 and not all(
-        abs(c - f) <= 3 * GRID_RTOL * f for c, f in zip(coarse, fine, strict=True)
-    ):
-        level -= 1
-        coarse, fine = fine, _at(step_list, delta, level)
+    grid = _Grid(step_list, delta)
+    indices = range(len(step_list))
+
+    def at(level: int) -> list[float]:
+        return [grid.bound(i, level) for i in indices]
+
+    top = at(COARSEST_LEVEL)  # every direction: the span, and which direction dominates
+    level = _start_level(grid.span)
+    if level == 0:
+        return at(0)
+    # the coarsest grid (computed anyway) is the coarse grid of the first check when it is
+    # at most two halvings above the start; otherwise the start's neighbour is
+    coarse_level = COARSEST_LEVEL if COARSEST_LEVEL - level <= 2 else level + 1
+    coarse, fine = (top if coarse_level == COARSEST_LEVEL else at(coarse_level)), at(level)
+    while level > 0 and not _agree(coarse, fine, coarse_level - level):
+        coarse_level, level = level, level - 1
+        coarse, fine = fine, at(level)
     return fine
 
 

@@ -22,9 +22,10 @@ below the window is reported as the window's lowest loss (conservative). Negativ
 from rounding in the FFT are set to 0. The mass at +infinity composes as
 ``1 - prod_k (1 - inf_k)^{n_k}``.
 
-Epsilon for delta: the hockey-stick divergence at every grid point at once (reverse cumulative
-sums and one first-order recursive filter), the first grid point at or below delta, then the
-exact solution between two grid points (as dp-accounting's ``get_epsilon_for_delta``).
+Epsilon for delta: the hockey-stick divergence at every row of 64 grid points at once (row
+sums, one matrix-vector product, suffix sums over rows), then at every point of the row that
+holds the answer, the first grid point at or below delta, and the exact solution between two
+grid points (as dp-accounting's ``get_epsilon_for_delta``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import fft, signal
+from scipy import fft
 
 from fedlap_privacy.accountant.pld_sgm import DiscretePLD
 from fedlap_privacy.errors import ConfigError
@@ -57,6 +58,8 @@ MAX_FFT_LENGTH = 2**23
 _LAMBDA_FACTORS = 2.0 ** np.arange(-10, 3)
 
 _LOG_UNDERFLOW = -745.0
+#: Points per row in the blocked search of epsilon_for_delta.
+_ROW = 64
 
 Parts = Sequence[tuple[DiscretePLD, int]]
 
@@ -64,12 +67,15 @@ Parts = Sequence[tuple[DiscretePLD, int]]
 @dataclass(frozen=True, eq=False)
 class ComposedPLD:
     """A composed discrete PLD on its window: mass ``probs[j]`` at loss
-    ``(lower + j) * interval``, ``infinity`` at +infinity (aliasing charge included)."""
+    ``(lower + j) * interval``, ``infinity`` at +infinity (aliasing charge included);
+    ``span``: the width of the Chernoff window in loss units (``probs`` may be longer, to a
+    fast FFT length)."""
 
     interval: float
     lower: int
     probs: np.ndarray
     infinity: float
+    span: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -181,32 +187,74 @@ def compose(parts: Parts, delta: float) -> ComposedPLD:
     with np.errstate(divide="ignore", over="ignore"):
         probs = np.minimum(np.exp(np.log(tilted) + log_scale - win.theta * losses), 1.0)
     log_finite = sum(n * math.log1p(-p.infinity) for p, n in parts)
-    return ComposedPLD(h, win.lower, probs, -math.expm1(log_finite) + win.charge)
+    return ComposedPLD(h, win.lower, probs, -math.expm1(log_finite) + win.charge,
+                       (win.upper - win.lower) * h)
+
+
+def _geometric_suffix(values: np.ndarray, factor: float, log_factor: float) -> np.ndarray:
+    """``y_a = values_a + factor * y_{a+1}`` (``y`` past the end 0), ``factor = e^log_factor
+    <= 1``: reverse cumulative sums of ``factor^(a - c) values_a`` over chunks in which the
+    scale ``factor^(a - c)`` stays above ``e^-64``, carried from chunk to chunk."""
+    m = len(values)
+    chunk = m if log_factor == 0.0 else max(int(64.0 / -log_factor), 1)
+    out = np.empty(m)
+    carry = 0.0
+    for c in range(((m - 1) // chunk) * chunk, -1, -chunk):
+        seg = values[c:c + chunk]
+        scale = np.exp(log_factor * np.arange(len(seg)))
+        sums = np.cumsum((seg * scale)[::-1])[::-1]
+        out[c:c + chunk] = sums / scale + carry * factor ** (len(seg) - np.arange(len(seg)))
+        carry = out[c]
+    return out
 
 
 def epsilon_for_delta(pld: ComposedPLD, delta: float) -> float:
     """Smallest eps >= 0 with ``delta(eps) <= delta`` (inf if the mass at +infinity exceeds
-    delta). On the grid, ``delta(x_j) = inf + U_j - G_j`` with ``U_j = sum_{i>j} p_i`` and
-    ``G_j = sum_{i>j} p_i e^{-(i-j) h}`` (a recursive filter); between ``x_{j-1}`` and
-    ``x_j`` it is ``inf + U_{j-1} - e^{eps - x_{j-1}} G_{j-1}``, solved for eps."""
+    delta), searched from the last grid point at or below 0. On the grid,
+    ``delta(x_j) = inf + U_j - G_j`` with ``U_j = sum_{i>j} p_i`` and
+    ``G_j = sum_{i>j} p_i e^{-(i-j) h}``, non-increasing in j; between ``x_{j-1}`` and
+    ``x_j`` it is ``inf + U_{j-1} - e^{eps - x_{j-1}} G_{j-1}``, solved for eps (as
+    dp-accounting's ``get_epsilon_for_delta``).
+
+    Blocked: with the grid cut into rows of :data:`_ROW` points, U and G at every row's
+    start come from the rows' sums and ``e^{-bh}``-weighted sums (one matrix-vector
+    product) and a suffix recursion over rows; the first row boundary at or below delta
+    fixes the row holding the answer, where U and G are computed point by point."""
     if pld.infinity > delta:
         return math.inf
-    p, h = pld.probs, pld.interval
-    decay = math.exp(-h)
-    rev = p[::-1]
-    # y[k] = sum_{m <= k} rev[m] decay^(k - m); G at reversed position k is decay * y[k - 1]
-    y = signal.lfilter([1.0], [1.0, -decay], rev)
-    g = np.zeros_like(p)
-    g[:-1] = (decay * y[:-1])[::-1]
-    u = np.zeros_like(p)
-    u[:-1] = np.cumsum(rev)[:-1][::-1]
-    deltas = pld.infinity + u - g
-    below = np.flatnonzero(deltas <= delta)
-    j = int(below[0])  # the last grid point is always below: there U = G = 0
+    h = pld.interval
+    # only eps >= 0 is reported: start at the last grid point at or below 0 (U and G at j
+    # only sum over i > j)
+    start = min(max(-pld.lower, 0), len(pld.probs) - 1)
+    p, lower = pld.probs[start:], pld.lower + start
+    n = len(p)
+    rows = -(-n // _ROW)
+    padded = np.zeros(rows * _ROW)  # no mass past the last point: delta there is inf <= delta
+    padded[:n] = p
+    blocks = padded.reshape(rows, _ROW)
+    local = np.exp(-h * np.arange(_ROW))  # e^{-bh}
+    # over i >= a * _ROW: U_rows[a] = sum p_i, G_rows[a] = sum p_i e^{-(i - a _ROW) h}
+    u_rows = np.append(np.cumsum(blocks.sum(axis=1)[::-1])[::-1], 0.0)
+    g_rows = np.append(_geometric_suffix(blocks @ local, math.exp(-h * _ROW), -h * _ROW), 0.0)
+    # delta at the point just below row a (a >= 1): inf + U_rows[a] - e^{-h} G_rows[a]
+    boundary = pld.infinity + u_rows[1:rows] - local[1] * g_rows[1:rows]
+    below = np.flatnonzero(boundary <= delta)
+    r = int(below[0]) if len(below) else rows - 1  # the answer lies in row r
+    row = blocks[r]
+    # within row r, j = r _ROW + b: sums over b' > b, then the rows above
+    u = np.append(np.cumsum(row[::-1])[::-1][1:], 0.0) + u_rows[r + 1]
+    weighted = np.append(np.cumsum((row * local)[::-1])[::-1][1:], 0.0)
+    g = (weighted + local[-1] * local[1] * g_rows[r + 1]) / local
+    b = int(np.flatnonzero(pld.infinity + u - g <= delta)[0])
+    j = r * _ROW + b
     if j == 0:
-        return max(pld.lower * h, 0.0)
-    x_prev = (pld.lower + j - 1) * h
-    excess = pld.infinity + u[j - 1] - delta
-    if g[j - 1] <= 0.0 or excess <= 0.0:
+        return max(lower * h, 0.0)
+    if b > 0:
+        u_prev, g_prev = u[b - 1], g[b - 1]
+    else:  # the point just below row r
+        u_prev, g_prev = u_rows[r], local[1] * g_rows[r]
+    x_prev = (lower + j - 1) * h
+    excess = pld.infinity + u_prev - delta
+    if g_prev <= 0.0 or excess <= 0.0:
         return max(x_prev, 0.0)
-    return max(x_prev + math.log(excess / g[j - 1]), 0.0)
+    return max(x_prev + math.log(excess / g_prev), 0.0)

@@ -48,6 +48,8 @@ VALUE_INTERVAL = 1e-4
 LOG_MASS_TRUNCATION = -50.0
 #: Most privacy-loss buckets one step may span (40 MB of float64; sigma about 0.06 at q 1).
 MAX_BUCKETS = 5_000_000
+#: Row length of the blocked moment generating function (DiscretePLD.log_mgf).
+_BLOCK = 64
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,13 +81,48 @@ class DiscretePLD:
         mean = float(self.probs @ self._losses) / mass
         return max(float(self.probs @ (self._losses - mean) ** 2) / mass, 0.0)
 
+    @cached_property
+    def _blocks(self) -> tuple[np.ndarray, np.ndarray]:
+        """``probs`` as rows of :data:`_BLOCK` (zero-padded), padded in front (the last
+        row ends at the largest loss) and at the back (the first row starts at the
+        smallest): the layouts :meth:`log_mgf` uses for ``lam >= 0`` and ``lam < 0``."""
+        n = len(self.probs)
+        size = -(-n // _BLOCK) * _BLOCK
+        front, back = np.zeros(size), np.zeros(size)
+        front[size - n:] = self.probs
+        back[:n] = self.probs
+        return front.reshape(-1, _BLOCK), back.reshape(-1, _BLOCK)
+
     def log_mgf(self, lam: np.ndarray) -> np.ndarray:
-        """``log sum_i probs[i] exp(lam * loss_i)`` for each ``lam`` (finite part only)."""
+        """``log sum_i probs[i] exp(lam * loss_i)`` for each ``lam`` (finite part only).
+
+        The losses are ``(lower + i) h``, so with ``i = B a + b`` (rows of ``B``) each term
+        is ``probs[i] e^{lam h B a} e^{lam h b}``: one matrix product of the rows with
+        ``e^{lam h b}`` and one weighted sum over rows, ``len(lam) (B + n / B)``
+        exponentials instead of ``len(lam) n``. Both factors are shifted so that the largest
+        loss (``lam >= 0``) or the smallest (``lam < 0``) has exponent 0: no overflow, and
+        the same terms underflow as in ``exp(lam loss_i - max_i lam loss_i)``."""
         lam = np.atleast_1d(np.asarray(lam, dtype=float))
-        exponents = lam[:, None] * self._losses[None, :]
-        top = exponents.max(axis=1, keepdims=True)
-        with np.errstate(divide="ignore"):
-            return np.log(np.exp(exponents - top) @ self.probs) + top[:, 0]
+        out = np.empty_like(lam)
+        h, n, b = self.interval, len(self.probs), np.arange(_BLOCK)
+        front, back = self._blocks
+        rows = np.arange(len(front))
+        for sel, blocks in ((lam >= 0.0, front), (lam < 0.0, back)):
+            if not sel.any():
+                continue
+            step = lam[sel, None] * h
+            if blocks is front:  # exponent 0 at the largest loss, index n - 1
+                inner = np.exp(step * (b - (_BLOCK - 1)))
+                outer = np.exp(step * _BLOCK * (rows - (len(rows) - 1)))
+                top = step[:, 0] * (self.lower + n - 1)
+            else:  # exponent 0 at the smallest loss, index 0
+                inner = np.exp(step * b)
+                outer = np.exp(step * _BLOCK * rows)
+                top = step[:, 0] * self.lower
+            sums = np.einsum("ma,am->m", outer, blocks @ inner.T)
+            with np.errstate(divide="ignore"):
+                out[sel] = np.log(sums) + top
+        return out
 
 
 def _x_truncation(sigma: float) -> float:
