@@ -76,7 +76,7 @@ from fedlap_privacy.fl.run_files import (
     settle_run_files,
 )
 from fedlap_privacy.fl.stop import STOPPED, stop_requested
-from fedlap_privacy.fl.user_runs import prepare_data, run_model, with_data
+from fedlap_privacy.fl.user_runs import check_user_run, prepare_data, run_model, with_data
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.run_lock import RunLock
@@ -443,6 +443,8 @@ def train(
                           "with --engine simulation")
     if out is None:
         return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback)
+    if data is None:
+        check_user_run(cfg)  # a user's layout and model: refused before the folder exists
     with _holding(out, lock, new=True):
         check_new_run_dir(out)
         settle_run_files(out)  # a first commit that never finished leaves staged files

@@ -32,7 +32,7 @@ from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.models import build_model as build_convnet
 from fedlap_privacy.user_data import load_user_data, probe
 
-__all__ = ["RunModel", "convnet_config", "prepare_data", "run_model", "with_data"]
+__all__ = ["RunModel", "check_user_run", "convnet_config", "prepare_data", "run_model", "with_data"]
 
 
 @dataclass(frozen=True)
@@ -83,13 +83,20 @@ def with_data(cfg: TrainConfig, data: str | Path) -> TrainConfig:
     return dataclasses.replace(cfg, data=str(data), dataset=CUSTOM).validate()
 
 
+def check_user_run(cfg: TrainConfig) -> None:
+    """The checks of the module docstring that read no features: the data's layout and the
+    model built for it (a run refused here is refused before its folder is created)."""
+    if cfg.data is not None:
+        layout = probe(cfg.data)
+        run_model(cfg, layout.input_shape, layout.num_classes)
+
+
 def prepare_data(cfg: TrainConfig) -> tuple[TrainConfig, Dataset]:
     """A user's records for a run of ``cfg`` (``cfg.data`` set), checked in the order of the
     module docstring; with a natural partition, ``clients`` becomes its number of clients."""
     if cfg.data is None:
         raise ConfigError("no user data configured (data=PATH)")
-    layout = probe(cfg.data)
-    run_model(cfg, layout.input_shape, layout.num_classes)  # refuse it before reading x
+    check_user_run(cfg)  # refuse the layout or the model before reading x
     data = load_user_data(cfg.data, cfg.seed)
     if data.partition is not None and cfg.clients != len(data.partition):
         cfg = dataclasses.replace(cfg, clients=len(data.partition)).validate()
