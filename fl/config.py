@@ -62,7 +62,10 @@ class TrainConfig:
     validation_records: int = 0  # training records held out of every client, for tuning
     client_fraction: float = 1.0
     rounds: int = 10
-    seed: int = 0
+    seed: int = 0  # the initial weights (public randomness: the released weights reveal it)
+    # the split, the validation hold-out and the client subsets; None: a secret seed drawn
+    # per run and kept in private.pt; set: reproducible, and the membership is declared public
+    split_seed: int | None = None
     width: int | None = None  # ConvNet channels; None: 128 (docs/algorithms.md#convnet), 8x8: 32
     depth: int | None = None  # ConvNet blocks; None: 3 (docs/algorithms.md#convnet), 8x8: 2
     # privacy (record level)
@@ -148,8 +151,12 @@ class TrainConfig:
         """What the method releases WITHOUT noise, declared public in the guarantee."""
         if self.notion == "none":
             return ()
+        split = () if self.split_seed is None else (
+            f"which records each client holds (and the validation hold-out): they follow from "
+            f"split_seed {self.split_seed}",)
         return ("each client's dataset size N_k (the smallest sets the sampling rate)",
-                "which clients were selected in each round, and how many", *self.spec.public)
+                "which clients were selected in each round, and how many", *self.spec.public,
+                *split)
 
     @property
     def private(self) -> bool:
@@ -180,6 +187,8 @@ class TrainConfig:
             (self.clients >= 1, f"clients {self.clients} must be >= 1"),
             (self.client_records is None or self.client_records >= 1,
              f"client records {self.client_records} must be >= 1"),
+            (self.split_seed is None or self.split_seed >= 0,
+             f"split seed {self.split_seed} must be >= 0"),
             (self.validation_records >= 0,
              f"validation records {self.validation_records} must be >= 0"),
             (0 < self.client_fraction <= 1, f"client fraction {self.client_fraction} not in (0,1]"),

@@ -294,7 +294,7 @@ def test_validation_split_is_held_out_of_every_client():
 
     data = load_dataset("digits")
     plain = tiny(method="fedavg", rounds=2)
-    cfg = tiny(method="fedavg", rounds=2, validation_records=300, local_steps=10)
+    cfg = tiny(method="fedavg", rounds=2, validation_records=300, local_steps=10, split_seed=7)
     held = validation_indices(cfg, data)
     parts = client_parts(cfg, data)
     assert len(held) == 300 and not np.isin(held, np.concatenate(parts)).any()
@@ -303,7 +303,7 @@ def test_validation_split_is_held_out_of_every_client():
     assert len(validation_indices(plain, data)) == 0  # nothing held out by default
     result = train(cfg, None, device="cpu")
     val = result.summary["validation_accuracy"]
-    assert [h["validation_accuracy"] for h in result.history][-1] == val
+    assert not any("validation_accuracy" in h for h in result.history)  # released: public only
     x, y = torch.from_numpy(data.x_train[held]), torch.from_numpy(data.y_train[held])
     assert evaluate(result.model, x, y)[0] == pytest.approx(val)
     assert val > 0.4  # FedAvg learns: well above chance (0.1) on records it never saw
