@@ -95,7 +95,7 @@ Callback = Callable[[str, dict[str, Any]], None]
 Bases = TrainConfig | Mapping[str, TrainConfig]
 
 
-def _client_sizes(cfg: TrainConfig, split_seed: int | None) -> list[int]:
+def _client_sizes(cfg: TrainConfig, split_seed: int | None = None) -> list[int]:
     from fedlap_privacy.data import load_dataset
     from fedlap_privacy.fl.simulation import client_parts
 
