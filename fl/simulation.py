@@ -12,8 +12,8 @@ from (seed, round, client), bit-for-bit reproducible and not private).
 Files (:mod:`~fedlap_privacy.fl.run_files`): the releasable ``ckpt.pt`` and the private
 ``private.pt``, saved before round 1 and after every round. The scores on the validation
 hold-out (private records) go to ``private.pt`` only; ``ckpt.pt`` and ``metrics.jsonl``
-hold the metrics on public data. Privacy bookkeeping: after the
-clients of a round are selected and before they touch private data, a marker
+hold the metrics on public data. Privacy bookkeeping: after the clients of a round are
+selected and before they touch private data, a marker
 ``round.pending`` records the round, its accounted T and the selected clients; the
 checkpoint written after the round removes it. A run resumed after a crash finds the marker
 and enters the interrupted round in the ledger (worst case, all the accesses it was
@@ -205,8 +205,8 @@ def local_clients(
 
 class _Run:
     """State of one training run (built fresh or from a checkpoint). ``split_seed``: the
-    seed of the split when ``cfg`` sets none (:func:`~fedlap_privacy.fl.randomness.
-    run_split_seed`: None draws a secret one)."""
+    seed of the split when ``cfg`` sets none (None: a fresh secret one, as
+    :func:`~fedlap_privacy.fl.randomness.run_split_seed` draws it)."""
 
     def __init__(
         self, cfg: TrainConfig, device: torch.device, out: Path | None,
