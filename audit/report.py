@@ -242,7 +242,9 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
         if name == CUSTOM:
             if used is None:
                 raise DataError("the run's data path is not recorded: pass --data-dir PATH")
-            dataset = load_user_data(used, int(private.config.get("seed", 0)))
+            held_out_seed = (private.split_seed if private.split_seed is not None
+                             else int(private.config.get("seed", 0)))  # an earlier version
+            dataset = load_user_data(used, held_out_seed)
         else:
             dataset = load_dataset(name, used)
     except DataError as exc:

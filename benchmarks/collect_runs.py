@@ -3,8 +3,9 @@
 Every folder below ``ROOT`` that holds a run (``metrics.jsonl`` and its private state)
 becomes one record: its path relative to ``ROOT``, the settings that tell runs apart
 (method, rounds, seed, sigma, batch size, T, the FedLAP server rate, the baselines' local
-steps, rate and proximal weight mu) and, after each round, the test and validation accuracy
-and epsilon spent.
+steps, rate and proximal weight mu) and, after each round, the test accuracy and epsilon
+spent (``metrics.jsonl``) and the validation accuracy (the run's private state: the
+validation records are private training records).
 A run is finished when its ledger has charged every planned round (``rounds_spent``; a round
 interrupted and charged on resume counts, so such a run trains fewer rounds than planned).
 
@@ -17,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedlap_privacy.fl.run_files import METRICS, load_history, load_run_config
+from fedlap_privacy.fl.run_files import METRICS, load_history, load_private, load_run_config
 
 SETTINGS = ("method", "rounds", "seed", "sigma", "batch_size", "accesses_per_round",
             "server_lr", "lr_schedule", "local_steps", "lr_local", "prox_mu",
@@ -37,7 +38,9 @@ def collect(root: Path) -> list[dict]:
             "finished": spent >= cfg.rounds,
             "rounds_spent": spent,
             "test_accuracy": [r["test_accuracy"] for r in rows],
-            "validation_accuracy": [r.get("validation_accuracy") for r in rows],
+            # older runs wrote it into metrics.jsonl
+            "validation_accuracy": [v.accuracy for v in load_private(run).validation_scores]
+            or [r.get("validation_accuracy") for r in rows],
             "epsilon": [r["epsilon"] for r in rows],
             "seconds": [r["seconds"] for r in rows],
         })

@@ -4,17 +4,20 @@ public proxy, at a matched epsilon; print what each picks.
 Every method gets the same number of candidate settings (``GRIDS``: six each). Each candidate
 is ``fedlap-privacy compare --methods M`` at the target epsilon and round count with
 ``--set validation_records=N``: N training records of the proxy are held out of every
-client, and the candidate is scored by its mean accuracy on them over the seeds. The test
-split is printed beside it but never used to choose. The pick per method is the candidate
-with the best validation mean; its ``--set`` flags are printed last, to be applied unchanged
-to other data (``--set`` of ``compare``/``train``).
+client, and the candidate is scored by its mean accuracy on them over the seeds (compare
+reads it from each run's private state: the validation records are training records, kept
+out of ``ckpt.pt``). Every candidate holds out the same records and splits the rest the
+same way: ``--set split_seed`` (``--split-seed``, declared public in the runs' guarantee:
+the proxy is public). The test split is printed beside it but never used to choose. The
+pick per method is the candidate with the best validation mean; its ``--set`` flags are
+printed last, to be applied unchanged to other data (``--set`` of ``compare``/``train``).
 
 Privacy status of the tuning: it runs on the proxy only (scikit-learn's bundled digits by
 default), a public dataset, so it spends nothing of any client's budget; the settings it
 picks are data-independent for the private data they are applied to.
 
     python benchmarks/tune.py [--dataset digits] [--eps 3] [--rounds 3] [--seeds 3]
-        [--validation 300] [--out runs/tune]
+        [--validation 300] [--split-seed 0] [--out runs/tune]
 """
 
 from __future__ import annotations
@@ -71,7 +74,8 @@ def evaluate(method: str, settings: list[str], args: argparse.Namespace, out: Pa
     cmd = [sys.executable, "-m", "fedlap_privacy", "compare", "--dataset", args.dataset,
            "--eps", str(args.eps), "--rounds", str(args.rounds), "--seeds", str(args.seeds),
            "--methods", method, "--out", str(out), "--json",
-           "--set", f"validation_records={args.validation}"]
+           "--set", f"validation_records={args.validation}",
+           "--set", f"split_seed={args.split_seed}"]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
     for item in settings:
@@ -100,6 +104,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--validation", type=int, default=300,
                         help="training records held out as the validation split")
+    parser.add_argument("--split-seed", type=int, default=0,
+                        help="the split seed every candidate shares (the same hold-out)")
     parser.add_argument("--out", type=Path, default=Path("runs/tune"))
     parser.add_argument("--methods", default=",".join(GRIDS))
     args = parser.parse_args()

@@ -83,6 +83,7 @@ def compare(
     from fedlap_privacy.fl.compare import (
         bases_by_rounds,
         check_overrides,
+        comparison_split_seed,
         plan_jobs,
         run_comparison,
     )
@@ -104,8 +105,9 @@ def compare(
     if SCHEDULED_METHOD in base and not json_output:
         print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
     # one count: base.rounds (after --set), exactly as a single --rounds always did
+    split_seed = guarded(lambda: comparison_split_seed(base, out))  # secret: never printed
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None,
-                                     by_rounds))
+                                     by_rounds, split_seed))
     guarded(lambda: check_writable(out))
 
     progress = Progress(
@@ -127,7 +129,8 @@ def compare(
 
     with progress, stop_between_rounds():
         report = guarded(
-            lambda: run_comparison(base, targets, chosen, seeds, out, device, on_event, jobs)
+            lambda: run_comparison(base, targets, chosen, seeds, out, device, on_event, jobs,
+                                   split_seed=split_seed)
         )
     if json_output:
         print_json(report)

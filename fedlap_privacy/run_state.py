@@ -5,11 +5,13 @@ model: weights and model shape (the ConvNet's ``model_config``, or for a factory
 its ``model_factory`` spec: the factory's name, input shape and classes, never code), the
 dataset's name, the public configuration (every
 setting but the seed and the data folder), the privacy statement, the ledger entries and
-the per-round metrics. ``private.pt`` (:class:`PrivateRunState`, format
-``fedlap-privacy-private/1``) never leaves the run's owner: the full configuration, each
-client's member indices, content hashes of the data and of each partition
-(``fingerprints``), the ledger's fingerprint, whether sigma was planned, the methods'
-node-local and server states and the canaries (:mod:`fedlap_privacy.canary_state`).
+the per-round metrics on public data (test set, epsilon, ...). ``private.pt``
+(:class:`PrivateRunState`, format ``fedlap-privacy-private/1``) never leaves the run's
+owner: the full configuration, the split seed, each client's member indices, content hashes
+of the data and of each partition (``fingerprints``), the ledger's fingerprint, whether
+sigma was planned, the methods' node-local and server states, the canaries
+(:mod:`fedlap_privacy.canary_state`) and the per-round scores on the validation hold-out
+(:class:`ValidationScore`: private records, released by nothing).
 
 What never changes within a format version: the field names and meanings above; a new
 field gets a default so that older files of the same version stay readable. Every defect
@@ -34,7 +36,7 @@ from fedlap_privacy.checkpoint import (
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.models import build_model
 
-__all__ = ["ModelRelease", "PrivateRunState"]
+__all__ = ["ModelRelease", "PrivateRunState", "ValidationScore"]
 
 
 def _fields_of(record: Any) -> dict[str, Any]:
@@ -138,6 +140,31 @@ class ModelRelease:
 
 
 @dataclass(frozen=True)
+class ValidationScore:
+    """A round's accuracy and mean loss on the validation hold-out: training records of
+    the private data, so kept in ``private.pt`` (with one held-out record, its label follows
+    from the loss)."""
+
+    round: int
+    accuracy: float
+    loss: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain form stored in ``private.pt`` (the names of the summary's keys)."""
+        return {"round": self.round, "validation_accuracy": self.accuracy,
+                "validation_loss": self.loss}
+
+    @classmethod
+    def from_dict(cls, values: Any) -> ValidationScore:
+        """One stored score; one :class:`CheckpointError` line if it is not one."""
+        try:
+            return cls(int(values["round"]), float(values["validation_accuracy"]),
+                       float(values["validation_loss"]))
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointError("private.pt: a validation score is malformed") from None
+
+
+@dataclass(frozen=True)
 class PrivateRunState:
     """``private.pt``: what never leaves the run's owner (module docstring)."""
 
@@ -150,6 +177,16 @@ class PrivateRunState:
     client_state: list[Any] = field(default_factory=list)
     server_state: dict[str, Any] = field(default_factory=dict)
     canaries: dict[str, Any] | None = None
+    #: the seed of the split, hold-out and subsets (None: a file from before split seeds,
+    #: whose split followed from the configuration's seed)
+    split_seed: int | None = None
+    #: one :meth:`ValidationScore.to_dict` per round (none without a validation hold-out)
+    validation: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def validation_scores(self) -> list[ValidationScore]:
+        """The stored validation scores as records."""
+        return [ValidationScore.from_dict(v) for v in self.validation]
 
     def save(self, path: str | Path) -> None:
         save_checkpoint(path, _fields_of(self), PRIVATE_FORMAT)
@@ -161,5 +198,5 @@ class PrivateRunState:
         return _from_payload(cls, payload, path, ("config", "client_indices"), {
             "config": dict, "client_indices": list, "fingerprints": dict, "ledger_digest": str,
             "sigma_planned": bool, "round": int, "client_state": list, "server_state": dict,
-            "canaries": dict,
+            "canaries": dict, "split_seed": int, "validation": list,
         })

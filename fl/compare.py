@@ -33,6 +33,11 @@ Each method starts from its own base configuration, resolved as ``train`` resolv
 (:func:`method_bases`): FedLAP-DP gets its schedule by client size
 (:mod:`~fedlap_privacy.fl.schedule`), the baselines keep their defaults.
 
+Every run of a comparison holds the same records (:func:`comparison_split_seed`): the split
+seed set with ``--set split_seed=N`` (declared public), else ONE secret split seed for the
+comparison, kept only in its runs' ``private.pt`` and read back from there when the
+comparison resumes.
+
 ``comparison.json`` (:func:`run_comparison`): ``configs`` holds each method's base
 configuration; ``rounds`` is the largest round count (the only one, usually) and
 ``round_counts`` all of them, ascending. Each cell (method, budget) of
@@ -58,7 +63,13 @@ from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, resolve_config
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
-from fedlap_privacy.fl.run_files import holds_run, load_history, load_run_config, lock_run
+from fedlap_privacy.fl.run_files import (
+    holds_run,
+    load_history,
+    load_private,
+    load_run_config,
+    lock_run,
+)
 from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 from fedlap_privacy.fl.stop import STOPPED, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
@@ -70,6 +81,7 @@ __all__ = [
     "bases_by_rounds",
     "budget_config",
     "check_overrides",
+    "comparison_split_seed",
     "method_bases",
     "plan_jobs",
     "plot_comparison",
@@ -88,21 +100,56 @@ Callback = Callable[[str, dict[str, Any]], None]
 Bases = TrainConfig | Mapping[str, TrainConfig]
 
 
-def _client_sizes(cfg: TrainConfig) -> list[int]:
+def _client_sizes(cfg: TrainConfig, split_seed: int | None = None) -> list[int]:
     from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.fl.randomness import run_split_seed
     from fedlap_privacy.fl.simulation import client_parts
     from fedlap_privacy.fl.user_runs import prepare_data
 
     if cfg.data is not None:  # a user's records: their natural partition, if any
-        cfg, data = prepare_data(cfg)
-        return [len(p) for p in client_parts(cfg, data)]
-    return [len(p) for p in client_parts(cfg, load_dataset(cfg.dataset, cfg.data_dir))]
+        cfg, data = prepare_data(cfg, run_split_seed(cfg, split_seed))
+    else:
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+    return [len(p) for p in client_parts(cfg, data, split_seed)]
 
 
-def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainConfig:
+def comparison_split_seed(base: Bases, out_dir: str | Path) -> int:
+    """The split seed every run of the comparison in ``out_dir`` shares: ``split_seed`` of
+    the configuration when set (public), else the secret one of the runs already in
+    ``OUT/runs`` (a resumed comparison), else a fresh secret. Refuses runs on different
+    splits, or from before split seeds (their split followed from each run's seed)."""
+    from fedlap_privacy.fl.randomness import secret_seed
+
+    explicit = {b.split_seed for b in (base.values() if isinstance(base, Mapping) else [base])}
+    if explicit != {None}:
+        if len(explicit) > 1:
+            raise ConfigError("the methods of a comparison must share one split_seed")
+        (seed,) = explicit
+        assert seed is not None
+        return seed
+    found: dict[int, Path] = {}
+    runs = Path(out_dir) / "runs"
+    for run_dir in sorted(runs.iterdir() if runs.is_dir() else []):
+        if not holds_run(run_dir):
+            continue
+        saved = load_private(run_dir)
+        if saved.split_seed is None:
+            raise ConfigError(f"{run_dir} was split by its own seed (an earlier version): "
+                              "its methods are not on one split; pick another --out")
+        found.setdefault(saved.split_seed, run_dir)
+    if len(found) > 1:
+        first, second = list(found.values())[:2]
+        raise ConfigError(f"{first} and {second} hold different splits: pick another --out")
+    return next(iter(found)) if found else secret_seed()
+
+
+def budget_config(base: TrainConfig, method: str, eps: float | None,
+                  split_seed: int | None = None) -> TrainConfig:
     """The configuration of ``method`` that spends ``eps`` (None: the non-private run) in
     ``base.rounds`` rounds, by the method table's
-    :class:`~fedlap_privacy.fl.method_table.Budget` rule (the module docstring)."""
+    :class:`~fedlap_privacy.fl.method_table.Budget` rule (the module docstring).
+    ``split_seed``: the comparison's secret split seed (ALI-DPFL's sigma depends on the
+    client sizes)."""
     budget = method_spec(method).budget
     cfg = dataclasses.replace(base, method=method, target_eps=None, ldp_epsilon=None)
     if budget == Budget.NONE:
@@ -117,7 +164,7 @@ def budget_config(base: TrainConfig, method: str, eps: float | None) -> TrainCon
         from fedlap_privacy.fl.privacy import with_planned_sigma
 
         reference = dataclasses.replace(cfg, method="dp-fedavg", sigma=None, target_eps=eps)
-        sigma = with_planned_sigma(reference, _client_sizes(reference)).sigma
+        sigma = with_planned_sigma(reference, _client_sizes(reference, split_seed)).sigma
         cfg = dataclasses.replace(cfg, sigma=sigma, target_eps=eps)
     else:
         cfg = dataclasses.replace(cfg, sigma=None, target_eps=eps)  # planned by the driver
@@ -211,15 +258,18 @@ def _run_dir(out: Path, job: Job, several_counts: bool) -> Path:
     return out / "runs" / f"{job.method}-{budget}{rounds}-seed{job.seed}"
 
 
-def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str) -> dict[str, Any]:
-    """Train into ``run_dir``; if it holds this very configuration already, resume it. The
-    run folder's lock is held from before the folder is read until the run returns, so a
-    second comparison on the same ``OUT`` is refused at the run the first one holds."""
+def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str, split_seed: int
+                     ) -> dict[str, Any]:
+    """Train into ``run_dir`` on the comparison's split; if it holds this very
+    configuration already, resume it (on its own split: :func:`comparison_split_seed`
+    checked that it is the comparison's). The run folder's lock is held from before the
+    folder is read until the run returns, so a second comparison on the same ``OUT`` is
+    refused at the run the first one holds."""
     from fedlap_privacy.fl.simulation import resume, train
 
     with lock_run(run_dir, new=True) as lock:
         if not holds_run(run_dir):
-            return train(cfg, run_dir, device, lock=lock).summary
+            return train(cfg, run_dir, device, split_seed=split_seed, lock=lock).summary
         saved = load_run_config(run_dir).to_dict()
         planned = (dict(cfg.to_dict(), sigma=saved.get("sigma")) if cfg.sigma is None
                    else cfg.to_dict())
@@ -235,6 +285,7 @@ def plan_jobs(
     seeds: int = 1,
     rounds: Sequence[int] | None = None,
     by_rounds: Mapping[int | None, Bases] | None = None,
+    split_seed: int | None = None,
 ) -> list[Job]:
     """Every run, ordered by method, target epsilon, round count and seed; checks the request.
 
@@ -242,7 +293,8 @@ def plan_jobs(
     round counts (None: the base's ``rounds`` alone). ``by_rounds``: the base resolved for
     a round count (:func:`bases_by_rounds`; FedLAP-DP's schedule depends on it), used for
     the counts it holds. Each job's configuration has ``rounds = R`` and its budget planned
-    for R rounds by :func:`budget_config`.
+    for R rounds by :func:`budget_config`. ``split_seed``: the comparison's
+    (:func:`comparison_split_seed`; needed where a budget depends on the client sizes).
     """
     _check_methods(methods)
     if not eps_values or any(not (math.isfinite(e) and e > 0) for e in eps_values):
@@ -257,7 +309,8 @@ def plan_jobs(
             for r in counts:
                 at_r = _base_for(by_rounds[r], method) if by_rounds and r in by_rounds else own
                 for seed in range(own.seed, own.seed + seeds):
-                    cfg = budget_config(dataclasses.replace(at_r, seed=seed, rounds=r), method, eps)
+                    cfg = budget_config(dataclasses.replace(at_r, seed=seed, rounds=r), method,
+                                        eps, split_seed)
                     jobs.append(Job(method, eps, r, seed, cfg))
     return jobs
 
@@ -326,6 +379,7 @@ def run_comparison(
     callback: Callback | None = None,
     jobs: list[Job] | None = None,
     rounds: Sequence[int] | None = None,
+    split_seed: int | None = None,
 ) -> dict[str, Any]:
     """Train every method at every budget, round count and seed; write and return
     ``comparison.json`` (its fields: the module docstring) and the plots
@@ -333,9 +387,13 @@ def run_comparison(
 
     ``base``: one configuration, or one per method (:func:`method_bases`). ``rounds``: the
     round counts (None: the base's ``rounds`` alone). ``jobs`` (from :func:`plan_jobs` with
-    the same arguments) skips planning them again.
+    the same arguments and ``split_seed``) skips planning them again. ``split_seed``: the
+    comparison's (None: :func:`comparison_split_seed` of ``out_dir``).
     """
-    jobs = jobs if jobs is not None else plan_jobs(base, eps_values, methods, seeds, rounds)
+    if split_seed is None:
+        split_seed = comparison_split_seed(base, out_dir)
+    if jobs is None:
+        jobs = plan_jobs(base, eps_values, methods, seeds, rounds, split_seed=split_seed)
     first = _base_for(base, methods[0])
     counts = sorted({job.rounds for job in jobs}) or [first.rounds]
     out = Path(out_dir)
@@ -351,7 +409,7 @@ def run_comparison(
         callback("run_start", {"method": method, "eps": eps, "rounds": job.rounds, "seed": seed})
         started = time.perf_counter()
         run_dir = _run_dir(out, job, len(counts) > 1)
-        summary = _train_or_resume(job.config, run_dir, device)
+        summary = _train_or_resume(job.config, run_dir, device, split_seed)
         if summary["stopped"] == STOPPED:
             raise StopRequested(
                 f"stopped on request after round {summary['rounds_run']} of {job.rounds} of "
@@ -362,6 +420,7 @@ def run_comparison(
             "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
             "test_accuracy": summary["test_accuracy"],
             # with --set validation_records=N: accuracy on the held-out training records
+            # (private data: from the run's private.pt, never in its ckpt.pt)
             "validation_accuracy": summary.get("validation_accuracy"),
             "epsilon": summary["epsilon"],
             "delta": summary["delta"],

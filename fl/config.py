@@ -74,7 +74,10 @@ class TrainConfig:
     validation_records: int = 0  # training records held out of every client, for tuning
     client_fraction: float = 1.0
     rounds: int = 10
-    seed: int = 0
+    seed: int = 0  # the initial weights (public randomness: the released weights reveal it)
+    # the split, the validation hold-out and the client subsets; None: a secret seed drawn
+    # per run and kept in private.pt; set: reproducible, and the membership is declared public
+    split_seed: int | None = None
     width: int | None = None  # ConvNet channels; None: 128 (docs/algorithms.md#convnet), 8x8: 32
     depth: int | None = None  # ConvNet blocks; None: 3 (docs/algorithms.md#convnet), 8x8: 2
     # privacy (record level)
@@ -160,8 +163,12 @@ class TrainConfig:
         """What the method releases WITHOUT noise, declared public in the guarantee."""
         if self.notion == "none":
             return ()
+        split = () if self.split_seed is None else (
+            f"which records each client holds (and the validation hold-out): they follow from "
+            f"split_seed {self.split_seed}",)
         return ("each client's dataset size N_k (the smallest sets the sampling rate)",
-                "which clients were selected in each round, and how many", *self.spec.public)
+                "which clients were selected in each round, and how many", *self.spec.public,
+                *split)
 
     @property
     def private(self) -> bool:
@@ -336,6 +343,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "client_fraction": _num(0, 1, lo_open=True),
     "rounds": _int(1, MAX_ROUNDS),
     "seed": _int(0, 2**63 - 1),  # numpy's and torch's seeds
+    "split_seed": _int(0, 2**63 - 1),  # none: secret, drawn per run (fl.randomness)
     "width": _int(1, 1024),  # ConvNet channels: width^2 x 9 weights per block
     "depth": _int(1, 5),  # each block halves the image: 5 blocks take 32x32 to 1x1
     "sigma": _num(0, SIGMA_RANGE[1], lo_open=True),

@@ -1,7 +1,16 @@
 """Where a run's randomness comes from: public (the seed) or secret (the operating system).
 
-Public randomness — the initial weights and the split of the records over the clients —
-is derived from the run's ``seed``, so a run's starting point can be reproduced.
+Public randomness — the initial weights — is derived from the run's ``seed``, so a run's
+starting point can be reproduced. The released weights stay correlated with the initial
+ones, so anyone can recover a small seed from ``ckpt.pt`` by brute force: the seed is
+public in effect.
+
+The split — which records each client holds, the validation hold-out and the client
+subsets — is drawn from a SEPARATE split seed (:func:`run_split_seed`): by default 63 bits
+from :mod:`secrets`, kept in ``private.pt`` only (so ``--resume`` restores the same split),
+never in ``ckpt.pt``; so the released weights do not reveal the membership. A user who sets
+``split_seed`` gets a reproducible split, and the guarantee then declares the membership
+public (:attr:`TrainConfig.public_metadata`).
 
 DP randomness — the Poisson batches, the Gaussian noise, LDP-FL's perturbation and
 shuffling, the server's noise and the client selection, with everything else a client round
@@ -28,7 +37,10 @@ import torch
 
 from fedlap_privacy.fl.config import TrainConfig
 
-__all__ = ["SERVER_KEY", "dp_generator", "secret_generator", "seeded_generator"]
+__all__ = [
+    "SERVER_KEY", "dp_generator", "run_split_seed", "secret_generator", "secret_seed",
+    "seeded_generator",
+]
 
 #: the third key of the server's generator in a round (clients use k + 1, selection 0)
 SERVER_KEY = 10**6
@@ -40,9 +52,23 @@ def seeded_generator(device: torch.device, *keys: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def secret_seed() -> int:
+    """63 bits of the operating system's entropy."""
+    return secrets.randbits(63)
+
+
 def secret_generator(device: torch.device) -> torch.Generator:
     """A generator seeded by the operating system's entropy; the seed is not kept."""
-    return torch.Generator(device=device).manual_seed(secrets.randbits(63))
+    return torch.Generator(device=device).manual_seed(secret_seed())
+
+
+def run_split_seed(cfg: TrainConfig, secret: int | None = None) -> int:
+    """The split seed of a new run: ``cfg.split_seed`` when the user set one (public),
+    else ``secret`` (one a caller shares over several runs: ``compare``, or the Flower
+    server, which needs it before the run starts), else a fresh :func:`secret_seed`."""
+    if cfg.split_seed is not None:
+        return cfg.split_seed
+    return secret_seed() if secret is None else secret
 
 
 def dp_generator(cfg: TrainConfig, device: torch.device, *keys: int) -> torch.Generator:

@@ -5,16 +5,18 @@ A run folder (``--out``) holds:
 
 * ``ckpt.pt`` — the RELEASABLE model checkpoint: the weights and model shape, the public
   configuration (every setting but the seed and the data folder), the privacy statement,
-  the ledger and the per-round metrics. Nothing in it depends on private data beyond what
-  the statement declares public; it may be shared with anyone the model may be shared with.
+  the ledger and the per-round metrics on public data. Nothing in it depends on private
+  data beyond what the statement declares public; it may be shared with anyone the model
+  may be shared with.
 * ``private.pt`` — the run's PRIVATE state, never to be shared: the full configuration
-  (seed included: it fixes the split), each client's member indices, content hashes of the
-  data and of each client's partition, the fingerprint of the ledger, and the methods'
-  node-local and server state (synthetic sets, control variates). ``--resume`` and
-  ``audit`` read it beside ``ckpt.pt``.
+  (seed included), the split seed, the validation scores, each client's member indices,
+  content hashes of the data and of each client's partition, the fingerprint of the
+  ledger, and the methods' node-local and server state (synthetic sets, control
+  variates). ``--resume`` and ``audit`` read it beside ``ckpt.pt``.
 * ``commit.json`` — which pair of the two is committed (:func:`commit_run_files`).
 * ``run.lock`` — the lock a run holds while it writes (:mod:`fedlap_privacy.run_lock`).
-* ``metrics.jsonl`` (one line per round), ``accuracy.png`` / ``epsilon.png``, and
+* ``metrics.jsonl`` (one line per round: the metrics of ``ckpt.pt``), ``accuracy.png`` /
+  ``epsilon.png``, and
   ``round.pending`` while a round that touches private data is under way.
 
 The two checkpoints are committed as a pair: both are written under names of their

@@ -3,18 +3,20 @@
 One call of :func:`train` runs a whole federated training (or resumes one) with the client
 and server steps of the method (:mod:`fedlap_privacy.fl.methods`), the same ones the Flower
 driver calls.
-Randomness (:mod:`~fedlap_privacy.fl.randomness`): the seed fixes the initial weights and
-the split; the DP randomness (selection, batches, noise) is secret, drawn from the operating
-system, unless the run asked for ``reproducible_noise`` (then it is derived from (seed,
-round, client), bit-for-bit reproducible and not private).
+Randomness (:mod:`~fedlap_privacy.fl.randomness`): the seed fixes the initial weights; the
+split seed (secret unless ``split_seed`` is set) fixes the split, the validation hold-out
+and the client subsets; the DP randomness (selection, batches, noise) is secret, drawn from
+the operating system, unless the run asked for ``reproducible_noise`` (then it is derived
+from (seed, round, client), bit-for-bit reproducible and not private).
 
 Files (:mod:`~fedlap_privacy.fl.run_files`): the releasable ``ckpt.pt`` and the private
-``private.pt``, committed together as one pair before round 1 and after every round. One
-writer per run: :func:`train` and :func:`resume` hold the run folder's lock
-(:mod:`fedlap_privacy.run_lock`) from before anything of the run is read until they return,
-so a second process on the same folder is refused instead of composing its own ledger from
-the same checkpoint. Privacy bookkeeping: after the
-clients of a round are selected and before they touch private data, a marker
+``private.pt``, committed together as one pair before round 1 and after every round. The
+scores on the validation hold-out (private records) go to ``private.pt`` only; ``ckpt.pt``
+and ``metrics.jsonl`` hold the metrics on public data. One writer per run: :func:`train`
+and :func:`resume` hold the run folder's lock (:mod:`fedlap_privacy.run_lock`) from before
+anything of the run is read until they return, so a second process on the same folder is
+refused instead of composing its own ledger from the same checkpoint. Privacy bookkeeping:
+after the clients of a round are selected and before they touch private data, a marker
 ``round.pending`` records the round, its accounted T and the selected clients; the
 checkpoint written after the round removes it. A run resumed after a crash finds the marker
 and enters the interrupted round in the ledger (worst case, all the accesses it was
@@ -62,7 +64,7 @@ from fedlap_privacy.fl.privacy import (
     privacy_warnings,
     with_planned_sigma,
 )
-from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator
+from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator, run_split_seed
 from fedlap_privacy.fl.run_files import (
     CHECKPOINT,
     METRICS,
@@ -80,12 +82,12 @@ from fedlap_privacy.fl.user_runs import check_user_run, prepare_data, run_model,
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.run_lock import RunLock
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
 from fedlap_privacy.user_data import HELD_OUT_NOTE
 
 __all__ = [
-    "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "local_clients", "resolve_device",
-    "resume", "train",
+    "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "client_parts", "local_clients",
+    "resolve_device", "restored_config", "resume", "train", "validation_indices",
 ]
 
 Callback = Callable[[str, dict[str, Any]], None]
@@ -137,33 +139,56 @@ def _to(state: Any, device: torch.device | str) -> Any:
     return state
 
 
-def validation_indices(cfg: TrainConfig, data: Dataset) -> np.ndarray:
+def _split_seed(cfg: TrainConfig, split_seed: int | None, natural: bool = False) -> int:
+    """``cfg.split_seed`` when set, else the run's (secret) ``split_seed``; a split that
+    draws nothing (the non-IID split or a user's ``natural`` partition, nothing held out or
+    cut) needs neither."""
+    seed = cfg.split_seed if cfg.split_seed is not None else split_seed
+    if seed is not None:
+        return seed
+    if ((natural or cfg.split == "noniid") and not cfg.validation_records
+            and cfg.client_records is None):
+        return 0  # unused: this split is a function of the labels alone
+    raise ConfigError("the split of this run is drawn from its split seed, which is secret: "
+                      "pass the run's split seed (private.pt) or set split_seed")
+
+
+def validation_indices(cfg: TrainConfig, data: Dataset, split_seed: int | None = None
+                       ) -> np.ndarray:
     """The training records held out as the run's validation split (``validation_records``
-    of them, drawn from the seed; none when 0). No client holds them."""
+    of them, drawn from the split seed: ``cfg.split_seed`` or the run's secret
+    ``split_seed``; none when 0). No client holds them."""
     if cfg.validation_records == 0:
         return np.empty(0, dtype=np.int64)
-    return holdout_indices(len(data.y_train), cfg.validation_records, cfg.seed)
+    return holdout_indices(len(data.y_train), cfg.validation_records,
+                           _split_seed(cfg, split_seed))
 
 
-def client_parts(cfg: TrainConfig, data: Dataset) -> list[np.ndarray]:
+def client_parts(cfg: TrainConfig, data: Dataset, split_seed: int | None = None
+                 ) -> list[np.ndarray]:
     """The run's split of the training records over its clients (docs/algorithms.md#splits):
     the records left after the validation split, each client cut to ``client_records`` when
-    set; the same in every driver, on every node."""
-    keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data))
-    if data.partition is not None:  # a user's natural partition (fl.user_runs)
-        return _cut(cfg, [p[np.isin(p, keep)] for p in data.partition])
+    set; all drawn from the split seed (``cfg.split_seed``, else the run's secret
+    ``split_seed``), never from the seed of the initial weights; the same in every driver,
+    on every node. A user's natural partition (:mod:`~fedlap_privacy.fl.user_runs`) is kept:
+    only the hold-out and the cuts are drawn."""
+    natural = data.partition is not None
+    seed = _split_seed(cfg, split_seed, natural)
+    keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data, seed))
+    if data.partition is not None:
+        return _cut(cfg, [p[np.isin(p, keep)] for p in data.partition], seed)
     parts = [keep[p] for p in split_clients(
-        data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, cfg.seed,
+        data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, seed,
         data.num_classes,
     )]
-    return _cut(cfg, parts)
+    return _cut(cfg, parts, seed)
 
 
-def _cut(cfg: TrainConfig, parts: list[np.ndarray]) -> list[np.ndarray]:
-    """Each part cut to ``client_records`` when set."""
+def _cut(cfg: TrainConfig, parts: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Each part cut to ``client_records`` when set (drawn from the split seed ``seed``)."""
     if cfg.client_records is None:
         return parts
-    return subsample_parts(parts, cfg.client_records, cfg.seed)
+    return subsample_parts(parts, cfg.client_records, seed)
 
 
 def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
@@ -201,25 +226,29 @@ def local_clients(
 
 
 class _Run:
-    """State of one training run (built fresh or from a checkpoint)."""
+    """State of one training run (built fresh or from a checkpoint). ``split_seed``: the
+    seed of the split when ``cfg`` sets none (None: a fresh secret one, as
+    :func:`~fedlap_privacy.fl.randomness.run_split_seed` draws it)."""
 
     def __init__(
         self, cfg: TrainConfig, device: torch.device, out: Path | None,
         ask_clients: AskClients = local_clients, data: Dataset | None = None,
+        split_seed: int | None = None,
     ) -> None:
+        self.split_seed = run_split_seed(cfg, split_seed)
         if data is None and cfg.data is not None:  # a user's records (fl.user_runs)
-            cfg, data = prepare_data(cfg)
+            cfg, data = prepare_data(cfg, self.split_seed)
         self.cfg, self.device, self.out = cfg, device, out
         self.ask_clients = ask_clients
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir) if data is None else data
-        self.parts = client_parts(cfg, self.data)
+        self.parts = client_parts(cfg, self.data, self.split_seed)
         self.sizes = [len(p) for p in self.parts]
         self.sigma_planned = cfg.private and cfg.sigma is None
         self.cfg = cfg = with_planned_sigma(cfg, self.sizes)
         self.ledger = build_ledger(cfg, self.sizes)
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
-        held = torch.from_numpy(validation_indices(cfg, self.data))
+        held = torch.from_numpy(validation_indices(cfg, self.data, self.split_seed))
         self.x_val = torch.from_numpy(self.data.x_train)[held].to(device)
         self.y_val = torch.from_numpy(self.data.y_train)[held].to(device)
         torch.manual_seed(cfg.seed)
@@ -230,6 +259,7 @@ class _Run:
         self.server_state = self.method.init_server_state(self.model, self.ledger)
         self.client_state: list[dict[str, Any]] = [{} for _ in range(cfg.clients)]
         self.history: list[dict[str, Any]] = []
+        self.validation: list[ValidationScore] = []
         self.round = 0
         self.canaries = None if cfg.canaries == 0 else CanarySet.create(
             cfg, self.model, self.data.x_train.shape[1:],
@@ -298,6 +328,7 @@ class _Run:
             client_state=_to(self.client_state, "cpu"),
             server_state=_to(self.server_state, "cpu"),
             canaries=None if self.canaries is None else self.canaries.to_state(),
+            split_seed=self.split_seed, validation=[v.to_dict() for v in self.validation],
         )
 
     def restore(self, ckpt: ModelRelease, private: PrivateRunState) -> None:
@@ -318,6 +349,7 @@ class _Run:
             raise CheckpointError(f"ckpt.pt does not fit the run's model ({first})") from None
         self.round = ckpt.round
         self.history = list(ckpt.history)
+        self.validation = private.validation_scores
         self.sigma_planned = private.sigma_planned
         self.client_state = _to(private.client_state, self.device)
         self.server_state = _to(private.server_state, self.device)
@@ -363,7 +395,9 @@ class _Run:
     # ---------------------------------------------------------------- one round
     def run_round(
         self, m: int, local_steps: int, chosen: list[int], callback: Callback
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], ValidationScore | None]:
+        """Round m: its released metrics (public data only) and its score on the validation
+        hold-out (None without one), which stays in ``private.pt``."""
         cfg, t0 = self.cfg, time.perf_counter()
         info = self.method.round_info(m, self.server_state)
         replies = self.ask_clients(self, m, chosen, info, callback)
@@ -382,19 +416,18 @@ class _Run:
         accesses = max((r.accesses for r in replies), default=0)
         entry = self.ledger.record(m, accesses, chosen, local_steps=local_steps)
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
-        validation = {}
+        validation = None
         if len(self.y_val):
-            val_acc, val_loss = evaluate(self.model, self.x_val, self.y_val)
-            validation = {"validation_accuracy": val_acc, "validation_loss": val_loss}
+            validation = ValidationScore(m, *evaluate(self.model, self.x_val, self.y_val))
         upload = [r.upload_bytes for r in replies]
         return {
-            "round": m, "test_accuracy": acc, "test_loss": loss, **validation,
+            "round": m, "test_accuracy": acc, "test_loss": loss,
             "epsilon": entry.epsilon, "delta": entry.delta, "rounds_spent": entry.rounds_spent,
             "accesses": accesses, "local_steps": entry.local_steps, "clients": len(chosen),
             "replies": len(replies),
             "lr": info.lr, "upload_bytes": float(np.mean(upload)) if upload else 0.0,
             **extra, "seconds": time.perf_counter() - t0,
-        }
+        }, validation
 
 
 @contextlib.contextmanager
@@ -417,6 +450,7 @@ def train(
     callback: Callback | None = None,
     ask_clients: AskClients = local_clients,
     data: Dataset | str | Path | None = None,
+    split_seed: int | None = None,
     *,
     lock: RunLock | None = None,
 ) -> TrainResult:
@@ -430,9 +464,11 @@ def train(
     (e.g. a subset of it, for reference models): the run's split, fingerprints and ledger
     are those of ``data``; resume such a run with the same ``data``. ``data`` a path: a
     user's own ``.npz`` records (:mod:`fedlap_privacy.user_data`), as ``--data`` takes them.
-    The run folder's lock (:mod:`fedlap_privacy.run_lock`; the folder is created) is taken
-    before any data is read and held until the run returns; ``lock``: the caller holds it
-    already.
+    ``split_seed``: the secret seed of the split when ``cfg.split_seed`` is None (``compare``
+    shares one over its runs, the Flower server draws it before discovery); None: a fresh
+    secret. The run folder's lock (:mod:`fedlap_privacy.run_lock`; the folder is created) is
+    taken before any data is read and held until the run returns; ``lock``: the caller holds
+    it already.
     """
     out = Path(out_dir) if out_dir is not None else None
     if isinstance(data, str | Path):
@@ -448,7 +484,7 @@ def train(
     with _holding(out, lock, new=True):
         check_new_run_dir(out)
         settle_run_files(out)  # a first commit that never finished leaves staged files
-        run = _Run(cfg, resolve_device(device), out, ask_clients, data)
+        run = _Run(cfg, resolve_device(device), out, ask_clients, data, split_seed)
         run.save()
         return _execute(run, callback)
 
@@ -476,15 +512,25 @@ def resume(
         settle_run_files(out)
         private = load_private(out)
         ckpt = load_release(out)
-        cfg = TrainConfig.from_dict(private.config)
+        cfg, split_seed = restored_config(private)
         if rounds is not None:
             cfg.rounds = rounds
         cfg.validate()
-        run = _Run(cfg, resolve_device(device), out, ask_clients, data)
+        run = _Run(cfg, resolve_device(device), out, ask_clients, data, split_seed)
         run.restore(ckpt, private)
         if (out / PENDING).exists():
             run.enter_interrupted()
         return _execute(run, callback)
+
+
+def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
+    """The configuration and split seed of a saved run. A run saved before split seeds drew
+    its split from ``seed``, which its released weights reveal: its configuration gets
+    ``split_seed = seed``, so its guarantee declares the membership public."""
+    cfg = TrainConfig.from_dict(private.config)
+    if private.split_seed is None:
+        cfg = dataclasses.replace(cfg, split_seed=cfg.seed)
+    return cfg, run_split_seed(cfg, private.split_seed)
 
 
 def _execute(run: _Run, callback: Callback | None) -> TrainResult:
@@ -510,16 +556,20 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         callback("round_start", {"round": m})
         chosen = select_clients(cfg, m)
         run.mark_pending(m, steps, chosen)
-        metrics = run.run_round(m, steps, chosen, callback)
+        metrics, validation = run.run_round(m, steps, chosen, callback)
         run.history.append(metrics)
+        if validation is not None:
+            run.validation.append(validation)
         run.round = m
         run.save()
-        callback("round_end", metrics)
+        shown = {} if validation is None else validation.to_dict()
+        callback("round_end", {**metrics, **shown})
     if out is not None:
         from fedlap_privacy.fl.plots import plot_history
 
         plot_history(run.history, out)
     last = run.history[-1] if run.history else {}
+    scored = run.validation[-1].accuracy if run.validation else None
     replies = sum(h["replies"] for h in run.history)
     total = sum(h["upload_bytes"] * h["replies"] for h in run.history)
     summary = {
@@ -527,8 +577,8 @@ def _execute(run: _Run, callback: Callback | None) -> TrainResult:
         "dataset": cfg.dataset,
         "rounds_run": run.round,
         "test_accuracy": last.get("test_accuracy"),
-        **({"validation_accuracy": last.get("validation_accuracy")}
-           if cfg.validation_records else {}),
+        # the owner's view (from private.pt): never written into ckpt.pt or metrics.jsonl
+        **({"validation_accuracy": scored} if cfg.validation_records else {}),
         **run.privacy(),
         "sigma_planned": run.sigma_planned,
         "upload_bytes_mean": total / replies if replies else None,

@@ -91,13 +91,13 @@ def check_user_run(cfg: TrainConfig) -> None:
         run_model(cfg, layout.input_shape, layout.num_classes)
 
 
-def prepare_data(cfg: TrainConfig) -> tuple[TrainConfig, Dataset]:
+def prepare_data(cfg: TrainConfig, split_seed: int) -> tuple[TrainConfig, Dataset]:
     """A user's records for a run of ``cfg`` (``cfg.data`` set), checked in the order of the
     module docstring; with a natural partition, ``clients`` becomes its number of clients."""
     if cfg.data is None:
         raise ConfigError("no user data configured (data=PATH)")
     check_user_run(cfg)  # refuse the layout or the model before reading x
-    data = load_user_data(cfg.data, cfg.seed)
+    data = load_user_data(cfg.data, split_seed)
     if data.partition is not None and cfg.clients != len(data.partition):
         cfg = dataclasses.replace(cfg, clients=len(data.partition)).validate()
     return cfg, data

@@ -13,6 +13,7 @@ discovery fails the round with one line naming the client and the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from fedlap_privacy.fl.simulation import Callback, client_parts
 
 __all__ = [
     "ClientFailure", "Expected", "FlowerClients", "FlowerError", "NodeInfo", "RunView",
-    "expected_partitions",
+    "expected_partitions", "instruction_config",
 ]
 
 _POLL = 0.2  # seconds between two pulls of replies
@@ -55,6 +56,7 @@ class RunView(Protocol):
     """What :class:`FlowerClients` reads of the simulator's run (and the one call it makes)."""
 
     cfg: TrainConfig
+    split_seed: int
     device: torch.device
     model: nn.Module
     out: Path | None
@@ -97,11 +99,19 @@ def _refusal(msg: Message) -> str | None:
     return None if rec is None else str(rec["reason"])[:300]
 
 
-def expected_partitions(cfg: TrainConfig) -> list[Expected]:
-    """Each partition's size and content hash under the run's split (as the simulator's)."""
+def expected_partitions(cfg: TrainConfig, split_seed: int | None = None) -> list[Expected]:
+    """Each partition's size and content hash under the run's split (as the simulator's;
+    ``split_seed``: the run's, when ``cfg`` sets none)."""
     data = load_dataset(cfg.dataset, cfg.data_dir)
     return [Expected(len(p), content_hash(p, data.x_train[p], data.y_train[p]))
-            for p in client_parts(cfg, data)]
+            for p in client_parts(cfg, data, split_seed)]
+
+
+def instruction_config(cfg: TrainConfig, split_seed: int) -> TrainConfig:
+    """The configuration the nodes are sent: the run's, with its split seed, from which a
+    simulated-split node recomputes its records (one machine, one owner); a node with its
+    own data file has no use for it. Never written into the releasable checkpoint."""
+    return dataclasses.replace(cfg, split_seed=split_seed)
 
 
 @dataclass
@@ -229,7 +239,8 @@ class FlowerClients:
         content = pack("extras", info.extras)
         content["weights"] = weights_record(run.model.state_dict())
         content["round"] = ConfigRecord({"round": m, "rounds": info.rounds, "lr": float(info.lr)})
-        content["config"] = ConfigRecord(config_values(run.cfg))
+        content["config"] = ConfigRecord(config_values(instruction_config(run.cfg,
+                                                                          run.split_seed)))
         ttl = DEFAULT_TTL if self.round_timeout <= 0 else self.round_timeout + 30.0
         messages = [Message(content, self.nodes[k].node_id, "train", ttl=ttl, group_id=str(m))
                     for k in chosen]

@@ -8,9 +8,10 @@ never from a value the server chose, except in simulation:
   records. Its content hash is SHA-256 of ``x`` and ``y``
   (:func:`fedlap_privacy.data.content_hash`).
 * otherwise (SIMULATION ONLY: one machine, ``train --engine flower`` and tests): partition
-  ``partition-id`` of the run's dataset split with the run's split and seed, as the
-  simulator computes it; its hash is the simulator's partition fingerprint. Here the split
-  follows the instruction's seed, which a real node must never let the server choose.
+  ``partition-id`` of the run's dataset split with the run's split and split seed (the
+  server sends its secret one in the instruction), as the simulator computes it; its hash is
+  the simulator's partition fingerprint. Here the split follows the instruction's split
+  seed, which a real node must never let the server choose.
 
 ``partition-id`` names the client index the node answers for in both cases.
 """

@@ -22,10 +22,15 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.flower.grid_clients import FlowerClients, expected_partitions
+from fedlap_privacy.fl.flower.grid_clients import (
+    FlowerClients,
+    expected_partitions,
+    instruction_config,
+)
 from fedlap_privacy.fl.flower.run_config import config_from_run_config
-from fedlap_privacy.fl.run_files import PENDING, load_run_config, lock_run
-from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.fl.randomness import run_split_seed
+from fedlap_privacy.fl.run_files import PENDING, load_private, load_run_config, lock_run
+from fedlap_privacy.fl.simulation import restored_config, resume, train
 from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["STATUS", "server_app"]
@@ -75,15 +80,21 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         clients = FlowerClients(grid, float(driver["round-timeout"]),
                                 bool(driver["allow-client-failures"]),
                                 float(driver["node-wait"]), _log)
+        # the split seed (secret unless the config sets one) is needed before the run starts:
+        # a simulated-split node recomputes its records from it at discovery
         if driver["resume"]:
-            cfg = load_run_config(out)
-        clients.discover(cfg, expected_partitions(cfg))
+            cfg, split_seed = restored_config(load_private(out))
+        else:
+            split_seed = run_split_seed(cfg)
+        sent = instruction_config(cfg, split_seed)
+        clients.discover(sent, expected_partitions(sent))
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])
             result = resume(out, rounds, str(driver["device"]), _progress, clients, lock=lock)
         else:
-            result = train(cfg, out, str(driver["device"]), _progress, clients, lock=lock)
+            result = train(cfg, out, str(driver["device"]), _progress, clients,
+                           split_seed=split_seed, lock=lock)
     except Exception as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         _write_status(out, {"status": "failed", "error": message,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -15,11 +16,12 @@ from fedlap_privacy.fl.compare import (
     COMPARISON,
     _client_sizes,
     budget_config,
+    comparison_split_seed,
     plan_jobs,
     run_comparison,
 )
 from fedlap_privacy.fl.privacy import with_planned_sigma
-from fedlap_privacy.fl.simulation import CHECKPOINT
+from fedlap_privacy.fl.simulation import CHECKPOINT, train
 
 #: this file's runs: the shared tiny configuration, narrower and with fewer local steps
 SMALL = dict(width=8, local_steps=2)
@@ -187,3 +189,31 @@ def test_comparison_tables_final_accuracy_per_round_count(tmp_path):
                            rounds=[1, 3])
     assert ckpt.stat().st_mtime_ns == stamp
     assert again["methods"]["dp-fedavg"]["results"]["3"]["by_rounds"] == cell["by_rounds"]
+
+
+def test_methods_share_one_secret_split_which_a_resumed_comparison_keeps(tmp_path):
+    """Issue 33 item 5: the split is drawn from a secret split seed, not from the seed the
+    released weights reveal; within one comparison every run holds the same records (and
+    the same validation hold-out), also after a resume, and the secret is never reported."""
+    from fedlap_privacy.checkpoint import PRIVATE
+    from fedlap_privacy.run_state import PrivateRunState
+
+    base = tiny(**SMALL, rounds=1, split="iid", validation_records=60)
+    methods = ["fedavg", "fedprox"]
+    report = run_comparison(base, [3.0], methods, 2, tmp_path, "cpu")
+    states = [PrivateRunState.load(p) for p in sorted(tmp_path.glob(f"runs/*/{PRIVATE}"))]
+    assert len(states) == 4 and len({s.split_seed for s in states}) == 1
+    secret = states[0].split_seed
+    assert len({tuple(map(tuple, (i.tolist() for i in s.client_indices))) for s in states}) == 1
+    assert all(r["validation_accuracy"] is not None
+               for row in report["methods"].values() for cell in row["results"].values()
+               for r in cell["runs"])
+    assert str(secret) not in (tmp_path / COMPARISON).read_text()
+    assert comparison_split_seed(base, tmp_path) == secret  # a resume keeps the split
+    assert comparison_split_seed(base, tmp_path / "elsewhere") != secret  # a fresh secret
+    assert comparison_split_seed(dataclasses.replace(base, split_seed=5), tmp_path) == 5
+    # a run on another split in the same folder is refused, not mixed in silently
+    other = tmp_path / "runs" / "fedavg-nodp-seed9"
+    train(dataclasses.replace(base, method="fedavg"), other, "cpu")
+    with pytest.raises(ConfigError, match="different splits"):
+        run_comparison(base, [3.0], methods, 2, tmp_path, "cpu")

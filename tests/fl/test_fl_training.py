@@ -13,8 +13,8 @@ from helpers import tiny
 from torch import Tensor
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
-from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint, save_checkpoint
+from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.fedavg import average_weights
 from fedlap_privacy.fl.fedlap import (
@@ -294,7 +294,7 @@ def test_validation_split_is_held_out_of_every_client():
 
     data = load_dataset("digits")
     plain = tiny(method="fedavg", rounds=2)
-    cfg = tiny(method="fedavg", rounds=2, validation_records=300, local_steps=10)
+    cfg = tiny(method="fedavg", rounds=2, validation_records=300, local_steps=10, split_seed=7)
     held = validation_indices(cfg, data)
     parts = client_parts(cfg, data)
     assert len(held) == 300 and not np.isin(held, np.concatenate(parts)).any()
@@ -303,10 +303,45 @@ def test_validation_split_is_held_out_of_every_client():
     assert len(validation_indices(plain, data)) == 0  # nothing held out by default
     result = train(cfg, None, device="cpu")
     val = result.summary["validation_accuracy"]
-    assert [h["validation_accuracy"] for h in result.history][-1] == val
+    assert not any("validation_accuracy" in h for h in result.history)  # released: public only
     x, y = torch.from_numpy(data.x_train[held]), torch.from_numpy(data.y_train[held])
     assert evaluate(result.model, x, y)[0] == pytest.approx(val)
     assert val > 0.4  # FedAvg learns: well above chance (0.1) on records it never saw
     # held-out training records measure what the test set measures (300 records: sd ~0.03)
     assert val == pytest.approx(result.summary["test_accuracy"], abs=0.12)
     assert "validation_accuracy" not in train(plain, None, device="cpu").summary
+
+
+def test_resume_restores_the_secret_split_and_refuses_another(tmp_path):
+    """The secret split seed lives in private.pt only: --resume restores exactly the same
+    split (the fingerprint check passes), and a private.pt whose split seed was changed is
+    refused (the fingerprints no longer match)."""
+    cfg = tiny(method="fedavg", rounds=1, local_steps=1, width=8, split="iid",
+               validation_records=50)
+    train(cfg, tmp_path / "run", device="cpu")
+    path = tmp_path / "run" / PRIVATE
+    before = load_checkpoint(path, PRIVATE_FORMAT)
+    assert before["config"]["split_seed"] is None and isinstance(before["split_seed"], int)
+    resumed = resume(tmp_path / "run", rounds=2, device="cpu")
+    after = load_checkpoint(path, PRIVATE_FORMAT)
+    assert after["split_seed"] == before["split_seed"] and resumed.ledger.rounds_spent == 2
+    for a, b in zip(before["client_indices"], after["client_indices"], strict=True):
+        assert torch.equal(a, b)
+    assert [v["round"] for v in after["validation"]] == [1, 2]
+    save_checkpoint(path, {**after, "split_seed": after["split_seed"] + 1}, PRIVATE_FORMAT)
+    with pytest.raises(CheckpointError, match="split of the records"):
+        resume(tmp_path / "run", rounds=3, device="cpu")
+
+
+def test_a_run_saved_before_split_seeds_resumes_with_its_split_declared_public(tmp_path):
+    """A private.pt without a split seed (an earlier version) drew its split from ``seed``,
+    which the released weights reveal: it resumes on that split, now declared public."""
+    cfg = tiny(method="dp-fedavg", rounds=1, local_steps=1, width=8, split="iid", seed=3)
+    train(dataclasses.replace(cfg, split_seed=3), tmp_path / "run", device="cpu")
+    path = tmp_path / "run" / PRIVATE
+    old = load_checkpoint(path, PRIVATE_FORMAT)
+    del old["split_seed"], old["validation"]
+    save_checkpoint(path, {**old, "config": {k: v for k, v in old["config"].items()
+                                             if k != "split_seed"}}, PRIVATE_FORMAT)
+    result = resume(tmp_path / "run", rounds=2, device="cpu")
+    assert any("split_seed 3" in item for item in result.summary["public"])

@@ -2,7 +2,8 @@
 
 Secret randomness (the seed does not reveal the noise), a ledger that composes what it
 recorded and cannot be shortened or re-priced, the threat model the epsilon holds for, a
-releasable checkpoint without secrets, and input that is refused before data is touched.
+releasable checkpoint without secrets (no scores on private records, no membership), and
+input that is refused before data is touched.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from fedlap_privacy.checkpoint import (
     save_checkpoint,
 )
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.data import load_dataset, split_clients
+from fedlap_privacy.data import holdout_indices, load_dataset, split_clients
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl import fedavg
 from fedlap_privacy.fl.config import TrainConfig
@@ -35,6 +36,8 @@ from fedlap_privacy.fl.randomness import seeded_generator
 from fedlap_privacy.fl.run_files import PENDING
 from fedlap_privacy.fl.simulation import resume, train
 from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.models import build_model
+from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
 runner = CliRunner()
 
@@ -200,6 +203,86 @@ def test_checkpoint_holds_no_secret(tmp_path: Path) -> None:
     assert private["config"]["seed"] == 1234 and len(private["client_indices"]) == 5
     with pytest.raises(CheckpointError, match="format"):
         load_checkpoint(out / PRIVATE)  # one cannot pass for the other
+
+
+def _strings(value: object) -> list[str]:
+    """Every key and string anywhere in a loaded checkpoint (tensors skipped)."""
+    if isinstance(value, dict):
+        return [str(k) for k in value] + [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def test_checkpoint_releases_no_validation_score(tmp_path: Path) -> None:
+    """Issue 33 item 5: the per-round loss and accuracy on held-out PRIVATE records were
+    released in ckpt.pt (and metrics.jsonl) without noise; with one held-out record, its
+    label follows from the loss. Read the released files as an outsider would."""
+    out = tmp_path / "run"
+    cfg = tiny(method="fedavg", rounds=2, local_steps=2, width=8, validation_records=40)
+    summary = train(cfg, out).summary
+    released = torch.load(out / CHECKPOINT, weights_only=True)
+    leaked = [s for s in _strings(released) if s.startswith("validation")
+              and s != "validation_records"]  # the setting (a count) is public
+    assert leaked == []
+    metrics = (out / "metrics.jsonl").read_text()
+    assert "validation" not in metrics and len(metrics.splitlines()) == 2
+    # the owner keeps them in private.pt; the summary (tuning, compare) reads them from there
+    scores = PrivateRunState.load(out / PRIVATE).validation_scores
+    assert [v.round for v in scores] == [1, 2]
+    assert summary["validation_accuracy"] == scores[-1].accuracy
+    assert resume(out).summary["validation_accuracy"] == scores[-1].accuracy
+
+
+def _seed_by_brute_force(release: ModelRelease, seeds: range) -> int:
+    """The attacker: the seed whose initial weights correlate best with the released ones."""
+    released = _weights(release.build_model())
+
+    def correlation(seed: int) -> float:
+        torch.manual_seed(seed)
+        initial = _weights(build_model(dict(release.model_config)))
+        return float(torch.corrcoef(torch.stack([initial, released]))[0, 1])
+
+    return max(seeds, key=correlation)
+
+
+def _split_from(public: dict, seed: int) -> list[np.ndarray]:
+    """The attacker's split: what the simulator drew from ``seed`` before split seeds (the
+    hold-out, then the split of the rest), from the public configuration and the data."""
+    y = load_dataset(public["dataset"]).y_train
+    keep = np.setdiff1d(np.arange(len(y)),
+                        holdout_indices(len(y), public["validation_records"], seed))
+    return [keep[p] for p in split_clients(y[keep], public["clients"], public["split"],
+                                           public["dirichlet_alpha"], seed)]
+
+
+def _owners(parts: list) -> dict[int, int]:
+    return {int(i): k for k, part in enumerate(parts) for i in np.asarray(part)}
+
+
+def test_released_weights_do_not_reveal_the_membership(tmp_path: Path) -> None:
+    """Issue 33 item 5: the released weights still correlate with the seeded initial ones,
+    so a brute force over seeds finds the seed, and the split was drawn from it: the
+    attacker learned which records each client holds. The split seed is now secret."""
+    cfg = tiny(method="dp-fedavg", rounds=1, local_steps=1, width=8, seed=13, split="iid",
+               validation_records=100)
+    train(cfg, tmp_path / "secret")
+    release = ModelRelease.load(tmp_path / "secret" / CHECKPOINT)
+    seed = _seed_by_brute_force(release, range(40))
+    assert seed == 13  # the attack on the seed works: the seed is public in effect
+    real = PrivateRunState.load(tmp_path / "secret" / PRIVATE).client_indices
+    guess = _owners(_split_from(release.config, seed))
+    truth = _owners(real)
+    right = sum(guess.get(i) == k for i, k in truth.items()) / len(truth)
+    assert right < 0.4  # 5 iid clients: chance is 0.2 (the seed-drawn split gave 1.0)
+    assert not any("split_seed" in item for item in release.privacy["public"])
+    assert release.config["split_seed"] is None  # secret, and not in ckpt.pt
+    # a split seed the user sets is reproducible, and the guarantee says so
+    train(dataclasses.replace(cfg, split_seed=21), tmp_path / "fixed")
+    fixed = ModelRelease.load(tmp_path / "fixed" / CHECKPOINT)
+    assert any("split_seed 21" in item for item in fixed.privacy["public"])
+    real = PrivateRunState.load(tmp_path / "fixed" / PRIVATE).client_indices
+    assert _owners(_split_from(fixed.config, 21)) == _owners(real)
 
 
 def test_seeded_noise_is_declared_everywhere(tmp_path: Path) -> None:

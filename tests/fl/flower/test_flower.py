@@ -139,6 +139,28 @@ def test_flower_driver_equals_simulator(tmp_path, method):
         assert private["client_state"] == [{}, {}]  # ... and never reached the server
 
 
+def test_a_secret_split_reaches_the_simulated_nodes_only(tmp_path):
+    """A split that draws (iid, a hold-out) from the run's secret split seed: the server
+    sends it in its instructions, so simulated-split nodes recompute exactly the server's
+    partitions; the releasable checkpoint neither holds it nor declares a split public."""
+    from fedlap_privacy.fl.flower.grid_clients import instruction_config
+    from fedlap_privacy.fl.randomness import run_split_seed
+    from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+
+    cfg = tiny(method="dp-fedavg", rounds=1, split="iid", validation_records=30)
+    secret = run_split_seed(cfg)
+    sent = instruction_config(cfg, secret)
+    clients = FlowerClients(FakeGrid(2), node_wait=5.0, log=lambda line: None)  # type: ignore[arg-type]
+    clients.discover(sent, expected_partitions(sent))
+    train(cfg, tmp_path / "run", "cpu", ask_clients=clients, split_seed=secret)
+    private = PrivateRunState.load(tmp_path / "run" / PRIVATE)
+    assert private.split_seed == secret and private.round == 1
+    assert [len(p) for p in private.client_indices] == [e.size for e in expected_partitions(sent)]
+    release = ModelRelease.load(tmp_path / "run" / CHECKPOINT)
+    assert release.config["split_seed"] is None
+    assert not any("split_seed" in item for item in release.privacy["public"])
+
+
 @pytest.mark.parametrize("how", ["silent", "unavailable"])
 def test_client_that_does_not_answer_fails_round_and_round_is_counted(tmp_path, how):
     cfg = tiny(rounds=3)
