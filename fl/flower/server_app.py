@@ -29,7 +29,7 @@ from fedlap_privacy.fl.flower.grid_clients import (
 )
 from fedlap_privacy.fl.flower.run_config import config_from_run_config
 from fedlap_privacy.fl.randomness import run_split_seed
-from fedlap_privacy.fl.run_files import PENDING, load_private, load_run_config, lock_run
+from fedlap_privacy.fl.run_files import PENDING, load_private, lock_run
 from fedlap_privacy.fl.simulation import restored_config, resume, train
 from fedlap_privacy.run_lock import RunLock
 

@@ -145,7 +145,7 @@ def test_open_cosine_keeps_a_rate_in_the_last_round():
         assert cosine_lr(0.1, m, 10, "cosine-open") == pytest.approx(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-    with pytest.raises(ValueError, match="lr schedule 'linear'"):
+    with pytest.raises(ValueError, match="lr_schedule 'linear'"):
         tiny(lr_schedule="linear").validate()
 
 

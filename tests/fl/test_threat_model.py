@@ -195,7 +195,8 @@ def test_checkpoint_holds_no_secret(tmp_path: Path) -> None:
     train(tiny(method="dp-fedavg", rounds=1, seed=1234, local_steps=1), out)
     ckpt = load_checkpoint(out / CHECKPOINT)
     assert set(ckpt) == {"format", "method", "model_state", "model_config", "dataset",
-                         "privacy", "ledger", "config", "round", "history"}
+                         "privacy", "ledger", "config", "round", "history", "model_factory"}
+    assert ckpt["model_factory"] is None  # the ConvNet: its model_config says it all
     assert "seed" not in ckpt["config"] and "data_dir" not in ckpt["config"]
     assert "1234" not in json.dumps({k: v for k, v in ckpt.items() if k != "model_state"})
     assert ckpt["privacy"]["noise"] == "secret" and ckpt["privacy"]["private"] is True
