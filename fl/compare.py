@@ -152,9 +152,25 @@ def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequen
     _check_methods(methods)
     if schedule != "auto" and SCHEDULED_METHOD not in methods:
         raise ConfigError(f"--schedule {schedule} is FedLAP-DP's, which --methods leaves out")
-    return {m: resolve_config(None, {**flags, "method": m}, settings, plan_sigma_for_target=False,
-                              schedule=schedule if m == SCHEDULED_METHOD else "auto")
-            for m in dict.fromkeys(methods)}
+    bases = {}
+    for m in dict.fromkeys(methods):
+        stand_in = _BUDGET_STAND_INS.get(METHOD_TABLE[m].budget, {})
+        cfg = resolve_config(None, {**stand_in, **flags, "method": m}, settings,
+                             plan_sigma_for_target=False,
+                             schedule=schedule if m == SCHEDULED_METHOD else "auto")
+        bases[m] = dataclasses.replace(cfg, **{k: getattr(_DEFAULTS, k) for k in stand_in})
+    return bases
+
+
+#: the budget keys a method's own check asks for before :func:`budget_config` gives them
+#: (ALI-DPFL: a target and a fixed sigma; LDP-FL: a per-weight epsilon): stand-ins, so the
+#: base passes every other check up front, reset to the defaults in the base (a template
+#: that every job's budget overwrites, never trained as it is)
+_BUDGET_STAND_INS: dict[Budget, dict[str, float]] = {
+    Budget.ALI: {"target_eps": 1.0, "sigma": 1.0},
+    Budget.LDP: {"ldp_epsilon": 1.0},
+}
+_DEFAULTS = TrainConfig()
 
 
 def bases_by_rounds(
