@@ -5,23 +5,29 @@ with several ``--rounds``, accuracy against the round count at matched epsilon
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fedlap_privacy.cli.common import (
+    DRY_RUN_HELP,
     SCHEDULE_HELP,
     ScheduleChoice,
     console,
     fail,
     guarded,
     human_bytes,
+    human_seconds,
+    print_data_plan,
     print_json,
     print_schedule,
 )
 from fedlap_privacy.fl.stop import stop_between_rounds
+
+if TYPE_CHECKING:
+    from fedlap_privacy.fl.dry_run import ComparePlan
 
 
 def _floats(text: str) -> list[float]:
@@ -68,6 +74,7 @@ def compare(
     json_output: bool = typer.Option(False, "--json", help="Print comparison.json's content."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
 ) -> None:
     """Train each method at each target epsilon (and round count); writes comparison.json and
     plots into --out."""
@@ -100,6 +107,15 @@ def compare(
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None,
                                      by_rounds))
+    if dry_run:
+        from fedlap_privacy.fl.dry_run import plan_compare
+
+        plan = guarded(lambda: plan_compare(jobs, out, device))
+        if json_output:
+            print_json(plan.to_json())
+        else:
+            _print_plan(plan)
+        return
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -196,3 +212,28 @@ def _print_by_rounds(report: dict[str, Any]) -> None:
                 end_section=i == len(cells) - 1,
             )
     console.print(table)
+
+
+def _print_plan(plan: ComparePlan) -> None:
+    """``compare --dry-run``: a row per run (budget, rounds, sigma, epsilon spent, time)."""
+    console.print("[bold]dry run[/]: nothing trained, nothing written", highlight=False)
+    print_data_plan(plan.data)
+    table = Table(title=f"{len(plan.runs)} runs into {plan.out}")
+    for column in ("method", "target", "seed", "rounds", "T", "sigma", "epsilon spent",
+                   "against", "time"):
+        table.add_column(column, justify="left" if column in ("method", "against") else "right")
+    for method, eps, seed, run, done in plan.runs:
+        p = run.privacy
+        spent = p["epsilon"]
+        table.add_row(
+            method, "-" if eps is None else f"{eps:g}", str(seed),
+            f"{run.rounds_run}" + ("" if run.rounds_run == run.config.rounds
+                                   else f" of {run.config.rounds}"),
+            str(run.accesses_per_round), "-" if p["sigma"] is None else f"{p['sigma']:.4g}",
+            "-" if spent is None else f"{spent:.3f} ({p['notion']})",
+            p["threat_model"] or "-", "in --out already" if done else human_seconds(run.seconds),
+        )
+    console.print(table)
+    console.print(f"time: about {human_seconds(plan.seconds)} on this machine (each method's "
+                  "round timed once on random data of the dataset's shape, with the machine's "
+                  "load now)", highlight=False)

@@ -78,6 +78,7 @@ __all__ = [
     "plot_rounds",
     "round_counts",
     "run_comparison",
+    "run_dir",
 ]
 
 COMPARISON = "comparison.json"
@@ -216,7 +217,7 @@ class Job:
     config: TrainConfig
 
 
-def _run_dir(out: Path, job: Job, several_counts: bool) -> Path:
+def run_dir(out: Path, job: Job, several_counts: bool) -> Path:
     """``OUT/runs/METHOD-BUDGET[-roundsR]-seedS``: the round count only with several counts,
     so a one-count comparison keeps the layout (and resumes the runs) of earlier versions."""
     budget = "nodp" if job.eps is None else f"eps{job.eps:g}"
@@ -359,13 +360,13 @@ def run_comparison(
         method, eps, seed = job.method, job.eps, job.seed
         callback("run_start", {"method": method, "eps": eps, "rounds": job.rounds, "seed": seed})
         started = time.perf_counter()
-        run_dir = _run_dir(out, job, len(counts) > 1)
-        summary = _train_or_resume(job.config, run_dir, device)
+        folder = run_dir(out, job, len(counts) > 1)
+        summary = _train_or_resume(job.config, folder, device)
         if summary["stopped"] == STOPPED:
             raise StopRequested(
                 f"stopped on request after round {summary['rounds_run']} of {job.rounds} of "
-                f"{run_dir}; the same command resumes the comparison")
-        history = load_history(run_dir)
+                f"{folder}; the same command resumes the comparison")
+        history = load_history(folder)
         run = {
             "seed": seed,
             "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
