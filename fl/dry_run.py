@@ -45,6 +45,9 @@ __all__ = [
 
 #: ALI-DPFL's tau adapts; its first round's tau is the one a dry run can know
 _ADAPTIVE_TAU = "ali-dpfl"
+#: the noise of the timing rounds: it does not change their time, and it is large enough
+#: that ALI-DPFL's own budget (its target) leaves room for the two timing rounds
+_TIMING_SIGMA = 50.0
 
 
 @dataclass(frozen=True)
@@ -206,7 +209,7 @@ def time_rounds(cfg: TrainConfig, data: Dataset, device: str = "auto") -> RoundT
     measured = []
     for step in (1, 2):
         timed = dataclasses.replace(
-            cfg, rounds=1, client_fraction=1.0, sigma=cfg.sigma or 1.0, data_dir=None,
+            cfg, rounds=1, client_fraction=1.0, sigma=_TIMING_SIGMA, data_dir=None,
             target_eps=cfg.target_eps if cfg.method == _ADAPTIVE_TAU else None,
             **_timing_knobs(cfg, step),
         )
