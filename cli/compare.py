@@ -102,11 +102,11 @@ def compare(
     by_rounds = guarded(lambda: bases_by_rounds(flags, settings, chosen, schedule.value,
                                                 counts if several else [flags["rounds"]]))
     base = list(by_rounds.values())[-1]
-    if SCHEDULED_METHOD in base and not json_output:
-        print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None,
                                      by_rounds))
+    if SCHEDULED_METHOD in base and not json_output:  # after every check: errors stay one line
+        print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
     if dry_run:
         from fedlap_privacy.fl.dry_run import plan_compare
 
