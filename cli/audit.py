@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from fedlap_privacy.cli.common import check_writable, console, fail, guarded, print_json
+from fedlap_privacy.cli.common import (
+    DRY_RUN_HELP,
+    check_writable,
+    console,
+    fail,
+    guarded,
+    human_seconds,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from fedlap_privacy.audit.results import AuditReport
@@ -184,6 +192,7 @@ def audit(
     threads: Annotated[int | None, typer.Option("--threads", min=1, help=(
         "torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help=DRY_RUN_HELP)] = False,
 ) -> None:
     """Membership-inference audit: attack a model's training records, bound epsilon.
 
@@ -245,6 +254,10 @@ def audit(
             factory=model_factory,
         )
 
+    if dry_run:
+        _dry_run(model, data_dir, attacks, seed, max_per_half, reference_models, members,
+                 nonmembers, model_factory, claimed_eps, delta, normalise, out, json_output)
+        return
     if json_output:
         report = guarded(run).to_json()
         print_json(report)
@@ -258,3 +271,54 @@ def audit(
             console.print(f"wrote {out / 'report.json'} and {out / 'roc.png'}", highlight=False)
     if fail_on_violation and report["violation"]:
         raise typer.Exit(1)
+
+
+def _dry_run(model: Path, data_dir: Path | None, attacks: str, seed: int,
+             max_per_half: int | None, reference_models: int, members: str | None,
+             nonmembers: str | None, model_factory: str | None, claimed_eps: float | None,
+             delta: float | None, normalise: str | None, out: Path | None,
+             json_output: bool) -> None:
+    """``audit --dry-run``: the plan (fedlap_privacy.audit.dry_run), printed."""
+    from fedlap_privacy.audit.dry_run import plan_audit, plan_external_audit
+    from fedlap_privacy.fl.dry_run import cached_reference_models
+
+    if members is not None or nonmembers is not None:
+        if members is None or nonmembers is None or reference_models:
+            fail("a model trained elsewhere needs both --members and --nonmembers (and no "
+                 "--reference-models)")
+        _pair(normalise)
+        plan = guarded(lambda: plan_external_audit(
+            model, members, nonmembers, model_factory, claimed_eps, delta, attacks,
+            max_per_half, out))
+        cached = 0
+    else:
+        if model_factory or claimed_eps is not None or delta is not None or normalise:
+            fail("--model-factory, --claimed-eps, --delta and --normalise apply to a model "
+                 "trained elsewhere (--members / --nonmembers)")
+        plan = guarded(lambda: plan_audit(model, data_dir, attacks, seed, max_per_half, out))
+        cached = cached_reference_models(model.parent, reference_models)
+    if json_output:
+        print_json({**plan.to_json(), "reference_models": reference_models,
+                    "reference_models_cached": cached})
+        return
+    claim = plan.claim
+    tested = claim["epsilon_tested"]
+    console.print("[bold]dry run[/]: nothing audited, nothing written", highlight=False)
+    console.print(f"model: {plan.source}; records: {plan.records}", highlight=False)
+    sets = ("drawn from the files" if plan.per_half is None else
+            f"{plan.per_half:,} records in each of the four sets (attack and audit halves)")
+    console.print(f"attacks: {', '.join(plan.attacks)} (MLP and threshold), {sets}"
+                  + ("; one-run canary audits" if plan.canaries else ""), highlight=False)
+    console.print("tests: " + ("nothing (no record-level claim)" if tested is None else
+                               f"epsilon {tested:.3f}, delta {claim['delta_tested']:.3g}")
+                  + f" -- {claim['basis']}", highlight=False)
+    if reference_models:
+        console.print(f"reference models: {reference_models} ({cached} trained already; each "
+                      "other one is a full training of the run's configuration)",
+                      highlight=False)
+    console.print(f"time: about {human_seconds(plan.seconds)} for the features (timed on "
+                  "random records of the model's input shape)"
+                  if plan.seconds is not None else "time: not estimated (the model is loaded "
+                  "only by the audit itself)", highlight=False)
+    console.print("would write: " + ("nothing (no --out)" if plan.out is None else
+                                     f"{plan.out} (report.json, roc.png)"), highlight=False)

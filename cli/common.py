@@ -20,6 +20,7 @@ from fedlap_privacy.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
+    from fedlap_privacy.fl.dry_run import DataPlan, RunPlan, TrainPlan
 
 console = Console()
 err_console = Console(stderr=True)
@@ -31,6 +32,13 @@ SCHEDULE_HELP = (
     "one-round run, 50 from three rounds on, server rate x10) when clients hold >= "
     f"{LARGE_MIN_RECORDS:,} records on average, else small (train's defaults: B 64, T = 10; "
     "about 4x cheaper per round than T = 50). Keys you set win."
+)
+
+#: --dry-run's help (train, compare, audit)
+DRY_RUN_HELP = (
+    "Check every setting and input file and print what the run would do (methods, rounds, "
+    "sigma, the epsilon it spends and against whom, the data, an estimated time from one "
+    "round timed on random data); trains nothing, writes nothing, downloads nothing."
 )
 
 
@@ -154,3 +162,53 @@ def privacy_sentence(p: dict[str, Any]) -> str:
     if p.get("public"):
         text += ". Released as public: " + "; ".join(p["public"])
     return text
+
+
+def human_seconds(seconds: float | None) -> str:
+    """``95`` -> ``1 min 35 s``; None -> ``not timed``."""
+    if seconds is None:
+        return "not timed"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
+def print_data_plan(data: DataPlan) -> None:
+    console.print(f"data: {data.describe()} (labels read for the split, no image used)",
+                  highlight=False)
+
+
+def print_run_plan(run: RunPlan) -> None:
+    """The lines of one planned run: method, rounds, sigma, epsilon and against whom, time."""
+    cfg = run.config
+    sigma = ("no Gaussian noise" if not cfg.private else
+             f"sigma {cfg.sigma:.4g}" + (" (planned for the target)" if run.sigma_planned
+                                          else ""))
+    start = f", from round {run.start_round}" if run.start_round > 1 else ""
+    console.print(
+        f"run: {cfg.method}, {cfg.rounds} rounds{start}, {cfg.clients} clients (fraction "
+        f"{cfg.client_fraction:g}), B {cfg.batch_size}, T = {run.accesses_per_round} "
+        f"accesses per client-round, {sigma}", highlight=False)
+    if run.stop:
+        console.print(f"[bold yellow]stops after {run.rounds_run} round(s):[/] {run.stop}",
+                      highlight=False)
+    console.print("privacy: " + privacy_sentence(run.privacy), highlight=False)
+
+
+def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
+    """``train --dry-run``'s report."""
+    console.print("[bold]dry run[/]: nothing trained, nothing written", highlight=False)
+    print_data_plan(plan.data)
+    if download:
+        console.print("--download: the files are present; nothing would be fetched",
+                      highlight=False)
+    print_run_plan(plan.run)
+    run = plan.run
+    console.print(
+        f"time: about {human_seconds(run.seconds)} on this machine ({engine} engine; one "
+        f"round timed on random data of the dataset's shape, with the machine's load now)",
+        highlight=False)
+    console.print(f"would write: {plan.out}" + (" (continuing the run there)" if plan.resume
+                                                 else " (ckpt.pt, private.pt, metrics.jsonl, "
+                                                 "plots)"), highlight=False)

@@ -5,7 +5,7 @@ with several ``--rounds``, accuracy against the round count at matched epsilon
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -13,6 +13,7 @@ from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     DATA_HELP,
+    DRY_RUN_HELP,
     MODEL_HELP,
     SCHEDULE_HELP,
     ScheduleChoice,
@@ -22,10 +23,15 @@ from fedlap_privacy.cli.common import (
     fail,
     guarded,
     human_bytes,
+    human_seconds,
+    print_data_plan,
     print_json,
     print_schedule,
 )
 from fedlap_privacy.fl.stop import stop_between_rounds
+
+if TYPE_CHECKING:
+    from fedlap_privacy.fl.dry_run import ComparePlan
 
 
 def _floats(text: str) -> list[float]:
@@ -74,6 +80,7 @@ def compare(
     json_output: bool = typer.Option(False, "--json", help="Print comparison.json's content."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
 ) -> None:
     """Train each method at each target epsilon (and round count); writes comparison.json and
     plots into --out."""
@@ -102,12 +109,21 @@ def compare(
     by_rounds = guarded(lambda: bases_by_rounds(flags, settings, chosen, schedule.value,
                                                 counts if several else [flags["rounds"]]))
     base = list(by_rounds.values())[-1]
-    if SCHEDULED_METHOD in base and not json_output:
-        print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
     # one count: base.rounds (after --set), exactly as a single --rounds always did
     split_seed = guarded(lambda: comparison_split_seed(base, out))  # secret: never printed
     jobs = guarded(lambda: plan_jobs(base, targets, chosen, seeds, counts if several else None,
                                      by_rounds, split_seed))
+    if SCHEDULED_METHOD in base and not json_output:  # after every check: errors stay one line
+        print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
+    if dry_run:
+        from fedlap_privacy.fl.dry_run import plan_compare
+
+        plan = guarded(lambda: plan_compare(jobs, out, device))
+        if json_output:
+            print_json(plan.to_json())
+        else:
+            _print_plan(plan)
+        return
     guarded(lambda: check_writable(out))
 
     progress = Progress(
@@ -206,3 +222,28 @@ def _print_by_rounds(report: dict[str, Any]) -> None:
                 end_section=i == len(cells) - 1,
             )
     console.print(table)
+
+
+def _print_plan(plan: ComparePlan) -> None:
+    """``compare --dry-run``: a row per run (budget, rounds, sigma, epsilon spent, time)."""
+    console.print("[bold]dry run[/]: nothing trained, nothing written", highlight=False)
+    print_data_plan(plan.data)
+    table = Table(title=f"{len(plan.runs)} runs into {plan.out}")
+    for column in ("method", "target", "seed", "rounds", "T", "sigma", "epsilon spent",
+                   "against", "time"):
+        table.add_column(column, justify="left" if column in ("method", "against") else "right")
+    for method, eps, seed, run, done in plan.runs:
+        p = run.privacy
+        spent = p["epsilon"]
+        table.add_row(
+            method, "-" if eps is None else f"{eps:g}", str(seed),
+            f"{run.rounds_run}" + ("" if run.rounds_run == run.config.rounds
+                                   else f" of {run.config.rounds}"),
+            str(run.accesses_per_round), "-" if p["sigma"] is None else f"{p['sigma']:.4g}",
+            "-" if spent is None else f"{spent:.3f} ({p['notion']})",
+            p["threat_model"] or "-", "in --out already" if done else human_seconds(run.seconds),
+        )
+    console.print(table)
+    console.print(f"time: about {human_seconds(plan.seconds)} on this machine (each method's "
+                  "round timed once on random data of the dataset's shape, with the machine's "
+                  "load now)", highlight=False)

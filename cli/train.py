@@ -15,6 +15,7 @@ from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     DATA_HELP,
+    DRY_RUN_HELP,
     MODEL_HELP,
     SCHEDULE_HELP,
     ScheduleChoice,
@@ -27,6 +28,7 @@ from fedlap_privacy.cli.common import (
     human_bytes,
     print_json,
     print_schedule,
+    print_train_plan,
     privacy_sentence,
 )
 from fedlap_privacy.fl.config import METHODS
@@ -116,6 +118,7 @@ def train(
     ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
     from fedlap_privacy.threads import apply_cpu_policy
@@ -149,6 +152,21 @@ def train(
         guarded(lambda: check_writable(out))
     if preset is None and not resume and not json_output:
         print_schedule(schedule.value, cfg)
+    if engine is Engine.flower:
+        _require_flower()
+    elif allow_client_failures or node_policy is not None:
+        fail("--allow-client-failures and --node-policy apply to --engine flower only")
+    if dry_run:
+        from fedlap_privacy.fl.dry_run import plan_train
+
+        if node_policy is not None and not node_policy.is_file():
+            fail(f"--node-policy {node_policy}: no such file")
+        plan = guarded(lambda: plan_train(None if resume else cfg, out, device, resume, rounds))
+        if json_output:
+            print_json(plan.to_json())
+        else:
+            print_train_plan(plan, engine.value, download)
+        return
 
     if download:
         from fedlap_privacy.data import load_dataset
@@ -176,10 +194,6 @@ def train(
                 f"round {info['round']}  acc {info['test_accuracy']:.2%}  "
                 + ("eps -" if eps is None else f"eps {eps:.2f}")))
 
-    if engine is Engine.flower:
-        _require_flower()
-    elif allow_client_failures or node_policy is not None:
-        fail("--allow-client-failures and --node-policy apply to --engine flower only")
     def run() -> Any:
         if engine is Engine.flower:
             from fedlap_privacy.fl.flower_app import run_flower

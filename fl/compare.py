@@ -89,6 +89,7 @@ __all__ = [
     "plot_rounds",
     "round_counts",
     "run_comparison",
+    "run_dir",
 ]
 
 COMPARISON = "comparison.json"
@@ -202,9 +203,25 @@ def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequen
     _check_methods(methods)
     if schedule != "auto" and SCHEDULED_METHOD not in methods:
         raise ConfigError(f"--schedule {schedule} is FedLAP-DP's, which --methods leaves out")
-    return {m: resolve_config(None, {**flags, "method": m}, settings, plan_sigma_for_target=False,
-                              schedule=schedule if m == SCHEDULED_METHOD else "auto")
-            for m in dict.fromkeys(methods)}
+    bases = {}
+    for m in dict.fromkeys(methods):
+        stand_in = _BUDGET_STAND_INS.get(METHOD_TABLE[m].budget, {})
+        cfg = resolve_config(None, {**stand_in, **flags, "method": m}, settings,
+                             plan_sigma_for_target=False,
+                             schedule=schedule if m == SCHEDULED_METHOD else "auto")
+        bases[m] = dataclasses.replace(cfg, **{k: getattr(_DEFAULTS, k) for k in stand_in})
+    return bases
+
+
+#: the budget keys a method's own check asks for before :func:`budget_config` gives them
+#: (ALI-DPFL: a target and a fixed sigma; LDP-FL: a per-weight epsilon): stand-ins, so the
+#: base passes every other check up front, reset to the defaults in the base (a template
+#: that every job's budget overwrites, never trained as it is)
+_BUDGET_STAND_INS: dict[Budget, dict[str, float]] = {
+    Budget.ALI: {"target_eps": 1.0, "sigma": 1.0},
+    Budget.LDP: {"ldp_epsilon": 1.0},
+}
+_DEFAULTS = TrainConfig()
 
 
 def bases_by_rounds(
@@ -250,7 +267,7 @@ class Job:
     config: TrainConfig
 
 
-def _run_dir(out: Path, job: Job, several_counts: bool) -> Path:
+def run_dir(out: Path, job: Job, several_counts: bool) -> Path:
     """``OUT/runs/METHOD-BUDGET[-roundsR]-seedS``: the round count only with several counts,
     so a one-count comparison keeps the layout (and resumes the runs) of earlier versions."""
     budget = "nodp" if job.eps is None else f"eps{job.eps:g}"
@@ -408,13 +425,13 @@ def run_comparison(
         method, eps, seed = job.method, job.eps, job.seed
         callback("run_start", {"method": method, "eps": eps, "rounds": job.rounds, "seed": seed})
         started = time.perf_counter()
-        run_dir = _run_dir(out, job, len(counts) > 1)
-        summary = _train_or_resume(job.config, run_dir, device, split_seed)
+        folder = run_dir(out, job, len(counts) > 1)
+        summary = _train_or_resume(job.config, folder, device, split_seed)
         if summary["stopped"] == STOPPED:
             raise StopRequested(
                 f"stopped on request after round {summary['rounds_run']} of {job.rounds} of "
-                f"{run_dir}; the same command resumes the comparison")
-        history = load_history(run_dir)
+                f"{folder}; the same command resumes the comparison")
+        history = load_history(folder)
         run = {
             "seed": seed,
             "rounds": job.rounds,  # planned for (and budgeted over) this many rounds

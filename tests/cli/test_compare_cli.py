@@ -76,3 +76,35 @@ def test_one_round_count_keeps_the_epsilon_table_and_layout(tmp_path):
     saved = json.loads((tmp_path / COMPARISON).read_text())
     assert saved["rounds"] == 1 and saved["round_counts"] == [1]
     assert (tmp_path / "runs" / "dp-fedavg-eps5-seed0").is_dir()
+
+
+#: one access, one local step and a 4-channel model for every method (FedLAP's knobs too)
+TINIEST = ["--set", "width=4", "--set", "local_steps=1", "--set", "reinits=1",
+           "--set", "max_loops=1", "--set", "real_batches=1", "--set", "syn_steps=1",
+           "--set", "ipc=1", "--set", "server_epochs=1", "--set", "local_model_steps=0"]
+
+
+def test_compare_with_the_default_methods_runs_every_method(tmp_path):
+    """No --methods: all of them, ALI-DPFL (a fixed sigma and its own budget) and LDP-FL (a
+    per-weight epsilon) included; each private one spends at most its target."""
+    from fedlap_privacy.fl.config import METHODS
+
+    ok = CliRunner().invoke(
+        app, ["compare", "--eps", "5", "--rounds", "1", *TINIEST, "--out", str(tmp_path)],
+        env={"COLUMNS": "200"},
+    )
+    assert ok.exit_code == 0, ok.output
+    saved = json.loads((tmp_path / COMPARISON).read_text())
+    assert list(saved["methods"]) == list(METHODS)
+    for method, row in saved["methods"].items():
+        (column,) = row["results"]
+        (run,) = row["results"][column]["runs"]
+        assert run["rounds_run"] == 1, method
+        if row["notion"] == "none":
+            assert column == "non-private" and run["epsilon"] is None
+        else:
+            assert column == "5" and 0 < run["epsilon"] <= 5.0 + 1e-9, (method, run)
+    ali = saved["methods"]["ali-dpfl"]["results"]["5"]["runs"][0]
+    fedavg = saved["methods"]["dp-fedavg"]["results"]["5"]["runs"][0]
+    assert ali["sigma"] == fedavg["sigma"]  # DP-FedAvg's planned sigma, its own budget
+    assert saved["configs"]["ali-dpfl"]["target_eps"] is None  # the base is a template

@@ -1,0 +1,143 @@
+"""``--dry-run`` on train, compare and audit: the plan is the run's own (sigma, epsilon, data),
+nothing is written, bad input is one line and exit 2, the timing reads no record."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedlap_privacy.cli.main import app
+from fedlap_privacy.data import Dataset
+
+TINY = ["--set", "width=4", "--set", "local_steps=1"]
+
+
+def _invoke(args: list[str]):
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+@pytest.fixture
+def constant_timing(monkeypatch):
+    """A fixed round timing (the real one is tested below, on one method)."""
+    from fedlap_privacy.fl import dry_run
+
+    monkeypatch.setattr(dry_run, "time_rounds",
+                        lambda cfg, data, device: dry_run.RoundTiming(1, 2, 0.5, 1, 0, "cpu"))
+
+
+def test_train_dry_run_plans_sigma_for_the_target_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    ok = _invoke(["train", "--method", "dp-fedavg", "--target-eps", "3", "--rounds", "2", *TINY,
+                  "--out", str(out), "--dry-run", "--json"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads(ok.output)
+    run = plan["run"]
+    assert run["sigma_planned"] and run["rounds_run"] == 2 and run["stop"] is None
+    assert 2.99 < run["privacy"]["epsilon"] <= 3.0 + 1e-9  # spends the target, no more
+    assert run["privacy"]["threat_model"] == "server"
+    assert plan["data"]["client_sizes"] and sum(plan["data"]["client_sizes"]) == 1438
+    assert run["seconds"] > 0
+    assert not out.exists()
+
+
+def test_train_dry_run_says_where_a_target_stops_a_run(tmp_path, constant_timing):
+    ok = _invoke(["train", "--method", "dp-fedavg", "--sigma", "1", "--target-eps", "2",
+                  "--rounds", "20", *TINY, "--out", str(tmp_path / "r"), "--dry-run"])
+    assert ok.exit_code == 0, ok.output
+    assert "stops after" in ok.output and "target epsilon 2 would be exceeded" in ok.output
+
+
+def test_train_dry_run_refuses_what_train_refuses(tmp_path, constant_timing):
+    (tmp_path / "ckpt.pt").write_bytes(b"")
+    bad = _invoke(["train", "--out", str(tmp_path), "--dry-run"])
+    assert bad.exit_code == 2 and "already holds a run" in bad.output
+    bad = _invoke(["train", "--set", "clip=0", "--out", str(tmp_path / "x"), "--dry-run"])
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()[-1:]) == 1
+    assert "Traceback" not in bad.output and not (tmp_path / "x").exists()
+
+
+def test_resume_dry_run_continues_the_ledger(tmp_path, constant_timing):
+    out = tmp_path / "run"
+    ran = _invoke(["train", "--method", "dp-fedavg", "--sigma", "2", "--rounds", "1", *TINY,
+                   "--out", str(out)])
+    assert ran.exit_code == 0, ran.output
+    before = sorted(p.name for p in out.iterdir())
+    ok = _invoke(["train", "--out", str(out), "--resume", "--rounds", "3", "--dry-run",
+                  "--json"])
+    assert ok.exit_code == 0, ok.output
+    run = json.loads(ok.output)["run"]
+    assert run["start_round"] == 2 and run["rounds_run"] == 2
+    one_round = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["epsilon"]
+    assert run["privacy"]["epsilon"] > one_round  # three rounds spend more than one
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_compare_dry_run_plans_every_method(tmp_path, constant_timing):
+    from fedlap_privacy.fl.config import METHODS
+
+    ok = _invoke(["compare", "--eps", "3", "--rounds", "1", *TINY, "--set", "max_loops=1",
+                  "--set", "real_batches=1", "--set", "server_epochs=1", "--out",
+                  str(tmp_path / "cmp"), "--dry-run", "--json"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads(ok.output)
+    runs = {r["method"]: r for r in plan["runs"]}
+    assert list(runs) == list(METHODS)
+    assert runs["ali-dpfl"]["privacy"]["sigma"] == runs["dp-fedavg"]["privacy"]["sigma"]
+    assert 2.99 < runs["dp-fedavg"]["privacy"]["epsilon"] <= 3.0 + 1e-9
+    assert runs["fedavg"]["privacy"]["epsilon"] is None
+    # 10 private runs and 5 non-private ones of 1 round: 5 clients x (2 + 0.5 T) + 1 + setup 1
+    expected = sum(2 + 5 * (2 + 0.5 * r["accesses_per_round"]) for r in plan["runs"])
+    assert plan["seconds"] == pytest.approx(expected)
+    assert not (tmp_path / "cmp").exists()
+
+
+def test_the_timing_reads_shapes_and_sizes_only():
+    """time_rounds gets a dataset whose images cannot be read: it times random ones."""
+    from fedlap_privacy.fl.config import TrainConfig
+    from fedlap_privacy.fl.dry_run import time_rounds
+
+    class Unreadable:
+        shape = (300, 1, 8, 8)
+
+        def __array__(self, *args, **kwargs):
+            raise AssertionError("the timing read a private record")
+
+    y = np.zeros(300, dtype=np.int64)
+    data = Dataset("digits", Unreadable(), y, Unreadable(), y[:50], 10, (0.3,), (0.4,))  # type: ignore[arg-type]
+    cfg = TrainConfig(method="dp-fedavg", width=4, local_steps=3, clients=2, split="iid",
+                      batch_size=16)
+    timing = time_rounds(cfg, data, "cpu")
+    assert timing.fixed >= 0 and timing.per_access >= 0 and timing.server > 0
+    assert timing.per_access > 0 or timing.fixed > 0
+    assert timing.seconds(cfg, 10, 3) > timing.seconds(cfg, 1, 3)
+
+
+def test_external_audit_dry_run_checks_headers_and_never_runs_the_factory(tmp_path):
+    (tmp_path / "w.pt").write_bytes(b"x")
+    (tmp_path / "net.py").write_text("raise SystemExit('imported')\ndef build():\n    pass\n")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "m.npz", x=rng.standard_normal((10, 1, 8, 8)), y=np.arange(10) % 3)
+    np.savez(tmp_path / "n.npz", x=rng.standard_normal((8, 1, 8, 8)), y=np.arange(8) % 3)
+    common = ["audit", "--model", str(tmp_path / "w.pt"), "--members", str(tmp_path / "m.npz"),
+              "--dry-run", "--json"]
+    ok = _invoke([*common, "--nonmembers", str(tmp_path / "n.npz"), "--model-factory",
+                  f"{tmp_path / 'net.py'}:build", "--claimed-eps", "2"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads(ok.output)
+    assert plan["per_half"] == 4 and plan["claim"]["epsilon_tested"] == 2
+    np.savez(tmp_path / "bad.npz", x=rng.standard_normal((8, 1, 8, 8)))
+    for extra, word in ((["--nonmembers", str(tmp_path / "bad.npz")], "'y'"),
+                        (["--nonmembers", str(tmp_path / "n.npz"), "--model-factory",
+                          f"{tmp_path / 'net.py'}:other"], "defines no other")):
+        bad = _invoke([*common, *extra])
+        assert bad.exit_code == 2 and word in bad.output and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize("args", [["--attacks", "nope"], ["--max-per-half", "0"]])
+def test_audit_dry_run_bad_flags_are_one_line(tmp_path, args):
+    bad = _invoke(["audit", "--model", str(tmp_path / "missing.pt"), "--dry-run", *args])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
