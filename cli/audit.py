@@ -203,7 +203,7 @@ def audit(
 
     guarded(lambda: apply_cpu_policy(threads))
     if out is not None:
-        guarded(lambda: check_writable(out))
+        guarded(lambda: check_writable(out, probe=not dry_run))
 
     external = members is not None or nonmembers is not None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -98,10 +99,12 @@ def guarded(call: Callable[[], T]) -> T:
         fail("interrupted", code=130)
 
 
-def check_writable(folder: Path, flag: str = "--out") -> None:
+def check_writable(folder: Path, flag: str = "--out", *, probe: bool = True) -> None:
     """Refuse (ConfigError, one line) an output folder that cannot be created or written,
     before any work: the nearest existing folder on its path must take a new entry (probed
-    with a temporary folder, removed at once; nothing else is created)."""
+    with a temporary folder, removed at once; nothing else is created). ``probe=False`` (a
+    dry run, which leaves every folder as it was): asked of the file system's permissions
+    only (``os.access``), which root always passes."""
     existing = folder
     while not existing.exists() and not existing.is_symlink() and existing != existing.parent:
         existing = existing.parent
@@ -109,6 +112,10 @@ def check_writable(folder: Path, flag: str = "--out") -> None:
         return  # a dangling link: the run folder's own check names it
     if not existing.is_dir():
         raise ConfigError(f"{flag} {folder} cannot be created: {existing} is a file, not a folder")
+    if not probe:
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {folder} cannot be written ({existing})")
+        return
     try:
         with tempfile.TemporaryDirectory(dir=existing, prefix=".fedlap-probe-"):
             pass

@@ -118,13 +118,13 @@ def compare(
     if dry_run:
         from fedlap_privacy.fl.dry_run import plan_compare
 
-        plan = guarded(lambda: plan_compare(jobs, out, device))
+        plan = guarded(lambda: plan_compare(jobs, out, device, split_seed=split_seed))
         if json_output:
             print_json(plan.to_json())
         else:
             _print_plan(plan)
         return
-    guarded(lambda: check_writable(out))
+    guarded(lambda: check_writable(out, probe=not dry_run))
 
     progress = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

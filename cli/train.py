@@ -149,7 +149,7 @@ def train(
     else:
         cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
                                              settings, schedule=schedule.value))
-        guarded(lambda: check_writable(out))
+        guarded(lambda: check_writable(out, probe=not dry_run))
     if preset is None and not resume and not json_output:
         print_schedule(schedule.value, cfg)
     if engine is Engine.flower:

@@ -36,7 +36,13 @@ from fedlap_privacy.data import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.privacy import build_ledger, privacy_block, with_planned_sigma
-from fedlap_privacy.fl.run_files import check_new_run_dir, load_history, load_private
+from fedlap_privacy.fl.run_files import (
+    check_new_run_dir,
+    holds_run,
+    load_history,
+    load_private,
+    load_release,
+)
 
 __all__ = [
     "ComparePlan", "DataPlan", "RoundTiming", "RunPlan", "TrainPlan", "plan_compare",
@@ -56,7 +62,7 @@ class DataPlan:
 
     dataset: str
     source: str  # the folder of the files, or "scikit-learn (bundled)"
-    shape: tuple[int, int, int]  # channels, height, width
+    shape: tuple[int, ...]  # one record: channels, height, width, or features
     num_classes: int
     train_records: int
     test_records: int
@@ -64,10 +70,11 @@ class DataPlan:
     seconds: float  # time to read and split them
 
     def describe(self) -> str:
-        c, h, w = self.shape
         sizes = self.client_sizes
+        record = ("x".join(map(str, self.shape)) if len(self.shape) > 1
+                  else f"{self.shape[0]} features")
         return (f"{self.dataset} from {self.source}: {self.train_records:,} training / "
-                f"{self.test_records:,} test records of {c}x{h}x{w}, {self.num_classes} "
+                f"{self.test_records:,} test records of {record}, {self.num_classes} "
                 f"classes; {len(sizes)} clients of {min(sizes):,}-{max(sizes):,} records")
 
 
@@ -149,19 +156,30 @@ class ComparePlan:
         }
 
 
-def read_data(cfg: TrainConfig) -> tuple[DataPlan, Dataset]:
-    """Read and validate ``cfg``'s dataset (never downloading) and split it as the run does."""
+def read_data(cfg: TrainConfig, split_seed: int | None = None
+              ) -> tuple[TrainConfig, DataPlan, Dataset]:
+    """Read and validate ``cfg``'s dataset (never downloading; a user's records as
+    ``--data`` reads them) and split it as the run does: on ``split_seed`` (a resumed run's),
+    else on ``cfg.split_seed`` or a fresh secret draw, as a new run's split is drawn.
+    Returns ``cfg`` as the run has it (a natural partition sets its number of clients)."""
+    from fedlap_privacy.fl.randomness import run_split_seed
     from fedlap_privacy.fl.simulation import client_parts
+    from fedlap_privacy.fl.user_runs import prepare_data
 
     start = time.perf_counter()
-    data = load_dataset(cfg.dataset, cfg.data_dir)
-    sizes = tuple(len(p) for p in client_parts(cfg, data))
-    source = ("scikit-learn (bundled)" if cfg.dataset == "digits"
-              else str(cfg.data_dir or Path("data") / cfg.dataset))
+    seed = run_split_seed(cfg, split_seed)
+    if cfg.data is not None:
+        cfg, data = prepare_data(cfg, seed)
+        source = cfg.data
+    else:
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+        source = ("scikit-learn (bundled)" if cfg.dataset == "digits"
+                  else str(cfg.data_dir or Path("data") / cfg.dataset))
+    sizes = tuple(len(p) for p in client_parts(cfg, data, seed))
     plan = DataPlan(cfg.dataset, source, tuple(int(v) for v in data.x_train.shape[1:]),
                     data.num_classes, len(data.y_train), len(data.y_test), sizes,
                     time.perf_counter() - start)
-    return plan, data
+    return cfg, plan, data
 
 
 def _accesses(cfg: TrainConfig) -> int:
@@ -178,7 +196,7 @@ def _synthetic(data: Dataset, seed: int = 0) -> Dataset:
         rng.permutation(np.arange(n) % data.num_classes).astype(np.int64),
         rng.standard_normal((n_test, *shape), dtype=np.float32),
         (np.arange(n_test) % data.num_classes).astype(np.int64),
-        data.num_classes, data.mean, data.std,
+        data.num_classes, data.mean, data.std, data.partition,
     )
 
 
@@ -277,13 +295,13 @@ def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume:
     """``train --dry-run``: a new run of ``cfg`` into ``out`` (refused where ``train`` would
     refuse the folder), or with ``resume`` the run already in ``out`` (its own settings,
     ``rounds`` as the new total), continued from its checkpoint and ledger."""
-    from fedlap_privacy.run_state import ModelRelease
+    from fedlap_privacy.fl.simulation import restored_config
 
-    entries, start, planned_before = None, 1, None
+    entries, start, planned_before, split_seed = None, 1, None, None
     if resume:
         private = load_private(out)
-        release = ModelRelease.load(out / CHECKPOINT)
-        cfg = TrainConfig.from_dict(private.config)
+        release = load_release(out)
+        cfg, split_seed = restored_config(private)
         if rounds is not None:
             cfg = dataclasses.replace(cfg, rounds=rounds)
         entries, start = release.ledger, private.round + 1
@@ -295,23 +313,23 @@ def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume:
             raise ConfigError("a new run needs its configuration")
         check_new_run_dir(out)
     cfg.validate()
-    data_plan, data = read_data(cfg)
+    cfg, data_plan, data = read_data(cfg, split_seed)
     timing = (timer or time_rounds)(cfg, data, device)
     run = plan_run(cfg, data_plan.client_sizes, timing, start, entries, planned_before)
     return TrainPlan(data_plan, run, str(out), resume)
 
 
 def plan_compare(jobs: Sequence[Any], out: Path, device: str = "auto",
-                 timer: Timer | None = None) -> ComparePlan:
-    """``compare --dry-run`` of :func:`fedlap_privacy.fl.compare.plan_jobs`'s ``jobs``: each
-    run's plan, one timing per method (sigma does not change a round's time), and which runs
-    ``out`` holds complete already."""
+                 timer: Timer | None = None, *, split_seed: int | None = None) -> ComparePlan:
+    """``compare --dry-run`` of :func:`fedlap_privacy.fl.compare.plan_jobs`'s ``jobs`` on the
+    comparison's ``split_seed``: each run's plan, one timing per method (sigma does not
+    change a round's time), and which runs ``out`` holds complete already."""
     from fedlap_privacy.fl.compare import run_dir
 
     if not jobs:
         raise ConfigError("compare has no run to plan")
     several = len({job.rounds for job in jobs}) > 1
-    data_plan, data = read_data(jobs[0].config)
+    _, data_plan, data = read_data(jobs[0].config, split_seed)
     timings: dict[str, RoundTiming] = {}
     runs = []
     for job in jobs:
@@ -320,7 +338,7 @@ def plan_compare(jobs: Sequence[Any], out: Path, device: str = "auto",
         if key not in timings:
             timings[key] = (timer or time_rounds)(job.config, data, device)
         folder = run_dir(out, job, several)
-        history = load_history(folder) if (folder / CHECKPOINT).is_file() else []
+        history = load_history(folder) if holds_run(folder) else []
         done = len(history) >= job.rounds
         runs.append((job.method, job.eps, job.seed,
                      plan_run(job.config, data_plan.client_sizes, timings[key]), done))

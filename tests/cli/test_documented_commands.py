@@ -5,7 +5,10 @@ The commands come from the fenced shell blocks and from inline code in the prose
 input file checked, the configuration resolved), ``plan`` runs for real. A flag that no
 longer exists or a refused configuration fails here. They run in-process (typer's
 CliRunner) in a folder holding what they read: a one-round run in runs/latest (and a copy
-as runs/flower), miniature FashionMNIST files, record files for the external audits. The
+as runs/flower), miniature FashionMNIST files, record files for the external audits, the
+files the documentation's own snippets write (``python - <<'PY'`` blocks, and Python blocks
+headed ``# NAME.py``), and, for each documented ``audit --model RUN/ckpt.pt``, the run a
+documented ``train --out RUN`` makes (trained for real, one round). The
 round and feature timings of the dry runs are replaced by a constant (they are tested in
 test_dry_run.py). Commands a test cannot run are in :data:`NOT_RUN`, with the reason.
 """
@@ -16,6 +19,8 @@ import re
 import shlex
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +73,49 @@ def documented_commands() -> list[tuple[str, str]]:
             for where, c in found]
 
 
+def documented_files() -> tuple[list[str], dict[str, str]]:
+    """What the documentation's snippets write: the code of every ``python - <<'PY'`` block
+    of its shell blocks, and each Python block headed ``# NAME.py`` (NAME.py -> its text)."""
+    root = repo_root()
+    scripts: list[str] = []
+    modules: dict[str, str] = {}
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = path.read_text()
+        for block in re.finditer(r"^```(?:bash|sh|shell)\n(.*?)^```", text, re.S | re.M):
+            scripts += re.findall(r"^python3? - <<'PY'\n(.*?)^PY$", block.group(1), re.S | re.M)
+        for block in re.finditer(r"^```python\n# ([\w.]+\.py)\n(.*?)^```", text, re.S | re.M):
+            modules[block.group(1)] = block.group(2)
+    return scripts, modules
+
+
+def _documented_runs(folder: Path) -> None:
+    """In ``folder``: each run a documented audit reads, made by the documented train that
+    writes it, for real and for one round."""
+    commands = [shlex.split(c)[1:] for _, c in documented_commands()]
+    audited = {Path(a[a.index("--model") + 1]).parent for a in commands
+               if a[0] == "audit" and "--model" in a and a[a.index("--model") + 1].endswith(
+                   "ckpt.pt")}
+    for args in commands:
+        if args[0] == "train" and "--out" in args and Path(args[args.index("--out") + 1]) in (
+                audited - {Path("runs/latest"), Path("runs/flower")}):
+            run = CliRunner().invoke(app, [*args, "--rounds", "1"])
+            assert run.exit_code == 0, f"{shlex.join(args)}\n{run.output}"
+
+
 def _workspace(root: Path) -> None:
     """What the commands read, in ``root`` (their working folder): ``fresh/`` as a fresh
     clone with the dataset files, ``used/`` as after ``train`` (for --resume and audit)."""
     for folder in ("fresh", "used"):
         write_mini_mnist(root / folder / "data" / "fashion-mnist", n_train=2600, n_test=100)
+    scripts, modules = documented_files()
+    for folder in ("fresh", "used"):
+        for script in scripts:
+            subprocess.run([sys.executable, "-"], input=script, text=True, check=True,
+                           cwd=root / folder)
+        for name, text in modules.items():
+            (root / folder / name).write_text(text)
     root = root / "used"
+    _documented_runs(root)
     run = CliRunner().invoke(app, [
         "train", "--method", "dp-fedavg", "--target-eps", "5", "--rounds", "1", "--set",
         "width=4", "--set", "local_steps=1", "--canaries", "10", "--out", "runs/latest"])
