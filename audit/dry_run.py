@@ -17,13 +17,11 @@ import gzip
 import importlib.util
 import struct
 import time
-import zipfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedlap_privacy.audit.features import compute_features
@@ -31,6 +29,7 @@ from fedlap_privacy.audit.membership import make_membership_split
 from fedlap_privacy.audit.report import _load_target, parse_attacks, privacy_claim
 from fedlap_privacy.data import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
 from fedlap_privacy.errors import ConfigError, DataError
+from fedlap_privacy.user_data import npz_headers
 
 __all__ = ["AuditPlan", "RecordFile", "plan_audit", "plan_external_audit", "time_features"]
 
@@ -168,24 +167,10 @@ def record_file(spec: str) -> RecordFile:
 
 
 def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The shape of every array of an ``.npz``, from the .npy headers (no data read)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            out = {}
-            for name in archive.namelist():
-                if not name.endswith(".npy"):
-                    continue
-                with archive.open(name) as f:
-                    version = np.lib.format.read_magic(f)
-                    header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                              else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = header(f)
-                if dtype.hasobject:
-                    raise DataError(f"{path}: array {name} holds objects (pickles), refused")
-                out[name[:-4]] = tuple(int(v) for v in shape)
-            return out
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None
+    """The shape of every array of an ``.npz``, from the .npy headers (no data read; object
+    arrays refused: :func:`fedlap_privacy.user_data.npz_headers`)."""
+    return {name: tuple(int(v) for v in header.shape)
+            for name, header in npz_headers(path).items()}
 
 
 def _idx_dims(path: Path, magic: int, ndim: int) -> list[int]:

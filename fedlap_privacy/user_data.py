@@ -41,8 +41,8 @@ import numpy as np
 from fedlap_privacy.data import CUSTOM, Dataset
 from fedlap_privacy.errors import DataError
 
-__all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "load_user_data",
-           "probe"]
+__all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
+           "load_user_data", "npz_headers", "probe"]
 
 TEST_FILE = "test.npz"
 #: share of each client's records held out for evaluation when there is no test set
@@ -53,7 +53,7 @@ HELD_OUT_NOTE = ("the test accuracy and loss of every round, measured on records
 
 
 @dataclass(frozen=True)
-class _Header:
+class NpyHeader:
     """What an ``.npy`` member's header says, read without its data."""
 
     shape: tuple[int, ...]
@@ -76,11 +76,11 @@ class DataLayout:
         return len(self.input_shape) == 1
 
 
-def _members(path: Path) -> dict[str, _Header]:
+def npz_headers(path: Path) -> dict[str, NpyHeader]:
     """The arrays of an ``.npz`` and their headers; object arrays (pickles) are refused."""
     if not path.is_file():
         raise DataError(f"no such file: {path}")
-    out: dict[str, _Header] = {}
+    out: dict[str, NpyHeader] = {}
     try:
         with zipfile.ZipFile(path) as archive:
             for info in archive.infolist():
@@ -91,7 +91,7 @@ def _members(path: Path) -> dict[str, _Header]:
                     read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                             else np.lib.format.read_array_header_2_0)
                     shape, _, dtype = read(f)
-                out[info.filename[:-4]] = _Header(tuple(shape), np.dtype(dtype))
+                out[info.filename[:-4]] = NpyHeader(tuple(shape), np.dtype(dtype))
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None
     for name, header in out.items():
@@ -109,7 +109,7 @@ def _read(path: Path, name: str) -> np.ndarray:
         raise DataError(f"cannot read {name!r} from {path}: {str(exc)[:120]}") from None
 
 
-def _check_x(path: Path, header: _Header) -> None:
+def _check_x(path: Path, header: NpyHeader) -> None:
     if len(header.shape) not in (2, 4):
         raise DataError(f"{path}: x has shape {header.shape}; expected images (N, C, H, W) "
                         "or feature rows (N, D)")
@@ -121,7 +121,7 @@ def _check_x(path: Path, header: _Header) -> None:
         raise DataError(f"{path}: x has shape {header.shape}; a record cannot be empty")
 
 
-def _labels(path: Path, members: dict[str, _Header], records: int) -> np.ndarray:
+def _labels(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
     header = members["y"]
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: y must hold one integer label per record of x ({records}), "
@@ -132,7 +132,7 @@ def _labels(path: Path, members: dict[str, _Header], records: int) -> np.ndarray
     return y
 
 
-def _declared_classes(path: Path, members: dict[str, _Header]) -> int | None:
+def _declared_classes(path: Path, members: dict[str, NpyHeader]) -> int | None:
     if "num_classes" not in members:
         return None
     header = members["num_classes"]
@@ -164,12 +164,12 @@ def probe(path: str | Path) -> DataLayout:
         clients, test = (root,), None
     else:
         raise DataError(f"--data {root}: no such file or folder")
-    reference: tuple[Path, _Header] | None = None
+    reference: tuple[Path, NpyHeader] | None = None
     declared: tuple[Path, int] | None = None
     top = -1
     natural = root.is_dir()
     for file in (*clients, *((test,) if test else ())):
-        members = _members(file)
+        members = npz_headers(file)
         missing = [a for a in ("x", "y") if a not in members]
         if missing:
             raise DataError(f"{file}: an .npz of records needs arrays 'x' and 'y' "
@@ -212,7 +212,7 @@ def probe(path: str | Path) -> DataLayout:
     return DataLayout(root, clients, test, reference[1].shape[1:], num_classes, natural)
 
 
-def _client_ids(path: Path, members: dict[str, _Header], records: int) -> np.ndarray:
+def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
     header = members["client"]
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: client must hold one integer per record of x ({records})")
@@ -250,7 +250,7 @@ def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
     layout = probe(path)
     if layout.natural and layout.clients[0] == layout.path:
         x_all, y_all = _features(layout.path), _read(layout.path, "y").astype(np.int64)
-        ids = _client_ids(layout.path, _members(layout.path), len(y_all))
+        ids = _client_ids(layout.path, npz_headers(layout.path), len(y_all))
         pieces = [(x_all[ids == k], y_all[ids == k]) for k in range(int(ids.max()) + 1)]
     else:
         pieces = [(_features(p), _read(p, "y").astype(np.int64)) for p in layout.clients]
