@@ -270,9 +270,11 @@ def _check_shape(release: ModelRelease, dataset: Dataset) -> None:
         expected = ((config["in_channels"], size, size), config["num_classes"])
     found = (dataset.input_shape, dataset.num_classes)
     if expected != found:
+        def shape(s: tuple[int, ...]) -> str:
+            return "x".join(map(str, s))
         raise DataError(
-            f"dataset {dataset.name!r} has records of shape {found[0]} and {found[1]} classes, "
-            f"but the checkpoint's model expects {expected[0]} and {expected[1]}"
+            f"dataset {dataset.name!r} has records of {shape(found[0])} and {found[1]} classes, "
+            f"but the checkpoint's model expects {shape(expected[0])} and {expected[1]}"
         )
 
 
