@@ -51,6 +51,7 @@ __all__ = [
     "METHODS",
     "OneRunResult",
     "one_run_audit",
+    "one_run_candidate_counts",
     "one_run_candidate_grid",
     "one_run_ceiling",
     "one_run_lower_bound",
@@ -322,6 +323,24 @@ def _best_over_grid(
         if p0 < best_p0:
             best_p0, best_pair, best_rv = p0, pair, (r, v)
     return best, best_pair, best_rv[0], best_rv[1]
+
+
+def one_run_candidate_counts(
+    scores: np.ndarray, included: np.ndarray, seed: int | None = 0,
+    grid: Sequence[tuple[int, int]] | None = None,
+) -> list[tuple[int, int, int, int]]:
+    """``(k_plus, k_minus, r, v)`` at every pair of ``grid`` (default
+    :func:`one_run_candidate_grid`), ordered as :func:`one_run_audit` orders (same ``seed``):
+    the counts its ``"bonferroni"`` selection chooses from, for other tests of the same
+    guesses (:mod:`fedlap_privacy.audit.claim_curve`)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    included_arr = np.asarray(included).astype(bool)
+    if scores.ndim != 1 or included_arr.shape != scores.shape or len(scores) < 2:
+        raise ConfigError("scores and included must be 1-D arrays of the same length >= 2")
+    m = len(scores)
+    order = np.lexsort((np.random.default_rng(seed).random(m), scores))
+    pairs = one_run_candidate_grid(m) if grid is None else [(int(a), int(b)) for a, b in grid]
+    return [(a, b, *_guess_counts(order, included_arr, a, b)) for a, b in pairs]
 
 
 def one_run_audit(
