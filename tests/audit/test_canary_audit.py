@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.audit.claim_curve import ClaimCurve
 from fedlap_privacy.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl import dp
@@ -28,6 +29,7 @@ runner = CliRunner()
 N, B, T, M, CLIP, DELTA = 32, 8, 40, 1000, 1.0, 1e-5
 SCHEDULE = FedLAPSchedule(batch_size=B, client_size=N, local_steps=T)
 SIGMA = plan_sigma(SCHEDULE, 1, 1.0, DELTA)  # the ledger claims epsilon 1
+CURVE = ClaimCurve.from_steps({(SIGMA, B / N): T}, DELTA)  # the curve that ledger describes
 
 
 def _claimed() -> float:
@@ -36,15 +38,16 @@ def _claimed() -> float:
     return ledger.epsilon
 
 
-def _white_box_bound(seed: int) -> tuple[float, str]:
-    """Run T real DP steps with Dirac canaries; the white-box one-run audit of them."""
+def _white_box_audit(seed: int):
+    """Run T real DP steps with Dirac canaries; the white-box one-run audit of them (every
+    method: Steinke, f-DP, the ledger's curve)."""
     g = torch.Generator().manual_seed(seed)
     model = torch.nn.Linear(1000, 10)
     x, y = torch.randn(N, 1000, generator=g), torch.randint(0, 10, (N,), generator=g)
     state = audit_dp_steps(model, x, y, steps=T, batch_size=B, clip=CLIP, sigma=SIGMA,
                            canaries=M, generator=g)
-    (audit,) = run_canary_audits(state, None, _claimed(), DELTA)
-    return audit.result.epsilon_lower_bound, audit.verdict
+    (audit,) = run_canary_audits(state, None, _claimed(), DELTA, curve=CURVE)
+    return audit
 
 
 def _noise_scaled(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
@@ -59,6 +62,9 @@ FAULTS = {
     "noise 10x too small": lambda mp: _noise_scaled(mp, 0.1),
     "no clipping": lambda mp: mp.setattr(dp, "clip_factors", lambda norms, c: torch.ones_like(
         norms)),
+    # a noise deficit Steinke's bound misses (5 of 20 seeds) but the claim-curve test
+    # catches (measured: 19 of 20 seeds alone, 17 for the f-DP bound, 20 together)
+    "noise at 0.3x": lambda mp: _noise_scaled(mp, 0.3),
 }
 
 
@@ -66,13 +72,19 @@ FAULTS = {
 def test_white_box_audit_catches_a_broken_dp_step(fault: str, monkeypatch) -> None:
     assert _claimed() == pytest.approx(1.0, abs=0.01)
     FAULTS[fault](monkeypatch)
-    results = [_white_box_bound(seed) for seed in range(20)]
-    violations = sum(verdict == "violation" for _, verdict in results)
-    bounds = [round(b, 2) for b, _ in results]
+    audits = [_white_box_audit(seed) for seed in range(20)]
+    violations = sum(a.verdict == "violation" for a in audits)
+    bounds = [round(a.epsilon_lower_bound, 2) for a in audits]
+    assert all(a.fdp_valid for a in audits)  # at epsilon 1 the ledger's curve is GDP-covered
     if fault == "correct":
         assert violations == 0, bounds
+        assert all(m["verdict"] != "violation" for a in audits for m in a.methods().values())
     else:
         assert violations >= 19, bounds
+    if fault == "noise at 0.3x":
+        steinke = sum(a.methods()["steinke"]["verdict"] == "violation" for a in audits)
+        curve = sum(a.methods()["claim-curve"]["verdict"] == "violation" for a in audits)
+        assert steinke <= 8 and curve >= 18, (steinke, curve)
 
 
 def _tiny(**kw) -> TrainConfig:
