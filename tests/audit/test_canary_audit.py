@@ -183,3 +183,29 @@ def test_every_gradient_releasing_method_feeds_the_white_box_auditor(tmp_path, m
     assert audit["audit"] == "white-box" and audit["canaries"] == 50
     assert len(audit["scores_in"]) + len(audit["scores_out"]) == 50
     assert all(s != 0.0 for s in audit["scores_in"] + audit["scores_out"])  # every release read
+
+
+def test_audit_reports_every_method_beside_the_claim_near_epsilon_8(tmp_path: Path) -> None:
+    """Acceptance of issue 36 (first part): DP-FedAvg with 1,000 white-box canaries at a
+    claim near epsilon 8; the f-DP bound is reported beside Steinke's and never below it,
+    the claim-curve p-value beside both, and a correct run is never flagged."""
+    run = tmp_path / "run"
+    train(_tiny(canaries=1000, sigma=0.6), run)
+    code, report = _audit_json(run, "--fail-on-violation")
+    one_run = report["one_run"]
+    assert 6.0 < report["privacy"]["epsilon"] < 10.0
+    (audit,) = one_run["audits"]
+    methods = audit["methods"]
+    assert set(methods) == {"steinke", "fdp", "claim-curve"}
+    for name in ("steinke", "fdp"):
+        assert methods[name]["method"] == name and methods[name]["canaries"] == 1000
+        assert {"epsilon_lower_bound", "ceiling", "verdict"} <= set(methods[name])
+    assert methods["fdp"]["epsilon_lower_bound"] >= methods["steinke"]["epsilon_lower_bound"]
+    assert 0.0 < methods["claim-curve"]["p_value"] <= 1.0
+    assert code == 0 and one_run["verdict"] != "violation" and report["violation"] is False
+    assert one_run["method"] in ("steinke", "fdp")
+    # measured: Steinke 0.38 (ceiling 2.13), f-DP 0.53 (3.86), claim-curve p = 1 (the
+    # claim-curve test alone could have refuted this claim: "consistent", not "inconclusive")
+    table = runner.invoke(app, ["audit", "--model", str(run / CHECKPOINT),
+                                "--max-per-half", "60", "--attacks", "loss"])
+    assert "f-DP LB" in table.stdout and "claim-curve p" in table.stdout
