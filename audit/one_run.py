@@ -26,7 +26,10 @@ the grid), or chooses them on a random half of the canaries and reports the boun
 on the other half only (the chosen half is then public, non-random data and ``m`` is the
 size of the reporting half).
 
-Only numpy / scipy are used (no torch).
+``method="fdp"`` replaces the p-value by the f-DP test of Mahloujifar, Melis, Chaudhuri
+(ICML 2025) for the Gaussian trade-off family (:mod:`fedlap_privacy.audit.fdp`): the bound is
+the epsilon at ``delta`` of the largest ``mu``-GDP the counts reject, with the same threshold
+selection and its own ceiling. Only numpy / scipy are used (no torch).
 """
 
 from __future__ import annotations
@@ -41,11 +44,14 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import bdtrc, gammaln, log_expit
 
+from fedlap_privacy.audit.fdp import fdp_lower_bound
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
+    "METHODS",
     "OneRunResult",
     "one_run_audit",
+    "one_run_candidate_counts",
     "one_run_candidate_grid",
     "one_run_ceiling",
     "one_run_lower_bound",
@@ -53,6 +59,9 @@ __all__ = [
 ]
 
 Selection = Literal["bonferroni", "split"]
+Method = Literal["steinke", "fdp"]
+#: Bound methods: Steinke et al.'s (eps, delta) p-value, or the f-DP test of the Gaussian family.
+METHODS: tuple[str, ...] = ("steinke", "fdp")
 
 _EPS_MAX = 500.0  # far beyond any bound a finite audit can report (log of ~1e217)
 _MIN_GUESSES = 16  # smallest r in the automatic grid (fewer guesses give tiny bounds)
@@ -79,6 +88,14 @@ def _check_delta(delta: float) -> None:
 def _check_confidence(confidence: float) -> None:
     if not (math.isfinite(confidence) and 0.0 < confidence < 1.0):
         raise ConfigError(f"confidence must lie in (0, 1), got {confidence}")
+
+
+def _check_method(method: str, delta: float) -> None:
+    if method not in METHODS:
+        raise ConfigError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "fdp" and delta <= 0.0:
+        raise ConfigError(f"method 'fdp' needs delta > 0 (mu-GDP is never (eps, 0)-DP), "
+                          f"got {delta}")
 
 
 def _p_value(eps: float, delta: float, m: int, r: int, v: int) -> float:
@@ -143,37 +160,55 @@ def _lower_bound(
     )
 
 
-def one_run_lower_bound(m: int, r: int, v: int, delta: float, confidence: float = 0.95) -> float:
+def _bound(
+    method: str, m: int, r: int, v: int, delta: float, level: float, at_least: float = 0.0
+) -> float:
+    """The lower bound of ``method`` (``at_least`` only shortcuts Steinke's search)."""
+    if method == "fdp":
+        return fdp_lower_bound(m, r, v, delta, level)
+    return _lower_bound(m, r, v, delta, level, at_least)
+
+
+def one_run_lower_bound(
+    m: int, r: int, v: int, delta: float, confidence: float = 0.95, method: Method = "steinke"
+) -> float:
     """Empirical lower bound on epsilon from one run (Steinke, Nasr, Jagielski 2023).
 
-    The largest ``eps`` rejected at level ``1 - confidence``, i.e. the ``eps`` at which
-    :func:`one_run_p_value` first reaches ``1 - confidence`` (found by bracketing then
-    Brent's method); 0 when even ``eps = 0`` is not rejected. If the mechanism is
+    ``method="fdp"``: the f-DP bound of the Gaussian family instead
+    (:func:`fedlap_privacy.audit.fdp.fdp_lower_bound`; Mahloujifar, Melis, Chaudhuri 2025).
+    Steinke's (the default): the largest ``eps`` rejected at level ``1 - confidence``, i.e.
+    the ``eps`` at which :func:`one_run_p_value` first reaches ``1 - confidence`` (found by
+    bracketing then Brent's method); 0 when even ``eps = 0`` is not rejected. If the mechanism is
     ``(eps, delta)``-DP, the bound exceeds ``eps`` with probability at most
     ``1 - confidence`` over the canaries' secret inclusion bits.
     """
     _check_counts(m, r, v)
     _check_delta(delta)
     _check_confidence(confidence)
-    return _lower_bound(int(m), int(r), int(v), float(delta), 1.0 - confidence)
+    _check_method(method, delta)
+    return _bound(method, int(m), int(r), int(v), float(delta), 1.0 - confidence)
 
 
 @lru_cache(maxsize=4096)
-def _ceiling(m: int, r: int, delta: float, level: float) -> float:
-    return _lower_bound(m, r, r, delta, level)
+def _ceiling(m: int, r: int, delta: float, level: float, method: str = "steinke") -> float:
+    return _bound(method, m, r, r, delta, level)
 
 
-def one_run_ceiling(m: int, r: int, delta: float, confidence: float = 0.95) -> float:
+def one_run_ceiling(
+    m: int, r: int, delta: float, confidence: float = 0.95, method: Method = "steinke"
+) -> float:
     """The bound reported when all ``r`` guesses are right: the most this audit can show.
 
     A claimed epsilon at or above the ceiling can never be refuted by an audit with these
     ``(m, r, delta, confidence)``. Reference values (Steinke et al. 2023 setting, 95%,
-    delta 1e-5): ``m = 1000`` with ``r = 1000`` gives 5.78; with ``r = 100``, 3.47.
+    delta 1e-5): ``m = 1000`` with ``r = 1000`` gives 5.78; with ``r = 100``, 3.47
+    (``method="fdp"``: 12.34 and 5.55).
     """
     _check_counts(m, r, r)
     _check_delta(delta)
     _check_confidence(confidence)
-    return _ceiling(int(m), int(r), float(delta), 1.0 - confidence)
+    _check_method(method, delta)
+    return _ceiling(int(m), int(r), float(delta), 1.0 - confidence, method)
 
 
 def one_run_candidate_grid(m: int) -> list[tuple[int, int]]:
@@ -224,6 +259,7 @@ class OneRunResult:
     selection: str
     delta: float
     candidates: int
+    method: str = "steinke"
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict (JSON-serialisable) with every field."""
@@ -261,10 +297,11 @@ def _best_over_grid(
     grid: list[tuple[int, int]],
     delta: float,
     level: float,
+    method: str = "steinke",
 ) -> tuple[float, tuple[int, int], int, int]:
-    """Best bound over ``grid`` (same ``m``, same level); ties keep the earliest candidate.
-
-    When every bound is 0 the candidate with the smallest p-value at ``eps = 0`` is kept.
+    """Best bound of ``method`` over ``grid`` (same ``m``, same level); ties keep the earliest
+    candidate. When every bound is 0 the candidate with the smallest Steinke p-value at
+    ``eps = 0`` is kept.
     """
     m = len(order)
     best, best_pair, best_rv = 0.0, grid[0], _guess_counts(order, included, *grid[0])
@@ -272,19 +309,38 @@ def _best_over_grid(
     for pair in grid:
         r, v = _guess_counts(order, included, *pair)
         if best > 0.0:
-            if _ceiling(m, r, delta, level) <= best:  # cannot beat the best so far
+            if _ceiling(m, r, delta, level, method) <= best:  # cannot beat the best so far
                 continue
-            bound = _lower_bound(m, r, v, delta, level, at_least=best)
+            bound = _bound(method, m, r, v, delta, level, at_least=best)
             if bound > best:
                 best, best_pair, best_rv = bound, pair, (r, v)
             continue
+        bound = _bound(method, m, r, v, delta, level)
+        if bound > 0.0:
+            best, best_pair, best_rv = bound, pair, (r, v)
+            continue
         p0 = _p_value(0.0, delta, m, r, v)
-        if p0 < level:
-            best = _lower_bound(m, r, v, delta, level)
-            best_pair, best_rv = pair, (r, v)
-        elif p0 < best_p0:
+        if p0 < best_p0:
             best_p0, best_pair, best_rv = p0, pair, (r, v)
     return best, best_pair, best_rv[0], best_rv[1]
+
+
+def one_run_candidate_counts(
+    scores: np.ndarray, included: np.ndarray, seed: int | None = 0,
+    grid: Sequence[tuple[int, int]] | None = None,
+) -> list[tuple[int, int, int, int]]:
+    """``(k_plus, k_minus, r, v)`` at every pair of ``grid`` (default
+    :func:`one_run_candidate_grid`), ordered as :func:`one_run_audit` orders (same ``seed``):
+    the counts its ``"bonferroni"`` selection chooses from, for other tests of the same
+    guesses (:mod:`fedlap_privacy.audit.claim_curve`)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    included_arr = np.asarray(included).astype(bool)
+    if scores.ndim != 1 or included_arr.shape != scores.shape or len(scores) < 2:
+        raise ConfigError("scores and included must be 1-D arrays of the same length >= 2")
+    m = len(scores)
+    order = np.lexsort((np.random.default_rng(seed).random(m), scores))
+    pairs = one_run_candidate_grid(m) if grid is None else [(int(a), int(b)) for a, b in grid]
+    return [(a, b, *_guess_counts(order, included_arr, a, b)) for a, b in pairs]
 
 
 def one_run_audit(
@@ -297,6 +353,7 @@ def one_run_audit(
     selection: Selection = "bonferroni",
     seed: int | None = 0,
     grid: Sequence[tuple[int, int]] | None = None,
+    method: Method = "steinke",
 ) -> OneRunResult:
     """One-run audit (Steinke, Nasr, Jagielski, NeurIPS 2023) from canary scores.
 
@@ -323,9 +380,13 @@ def one_run_audit(
     level costs a lot and ``"split"`` (or ``k_plus`` / ``k_minus`` fixed in advance) gives
     much larger bounds; measured on a simulated Gaussian mechanism with sigma 1 and
     ``10^5`` canaries: 1.4 (Bonferroni, 37 candidates) vs 2.7 (split).
+
+    ``method``: ``"steinke"`` (default) or ``"fdp"`` (the Gaussian-family f-DP bound,
+    :mod:`fedlap_privacy.audit.fdp`), with the same selection and its own ceiling.
     """
     _check_delta(delta)
     _check_confidence(confidence)
+    _check_method(method, delta)
     scores = np.asarray(scores, dtype=np.float64)
     included_arr = np.asarray(included)
     if scores.ndim != 1 or included_arr.shape != scores.shape:
@@ -353,8 +414,8 @@ def one_run_audit(
             )
         r, v = _guess_counts(order, included_arr, int(k_plus), int(k_minus))
         return OneRunResult(
-            epsilon_lower_bound=_lower_bound(m, r, v, delta, level),
-            ceiling=_ceiling(m, r, delta, level),
+            epsilon_lower_bound=_bound(method, m, r, v, delta, level),
+            ceiling=_ceiling(m, r, delta, level, method),
             canaries=m,
             guesses=r,
             correct=v,
@@ -364,6 +425,7 @@ def one_run_audit(
             selection="fixed",
             delta=delta,
             candidates=1,
+            method=method,
         )
 
     if selection == "bonferroni":
@@ -373,10 +435,11 @@ def one_run_audit(
         if not grid or any(a < 0 or b < 0 or not 1 <= a + b <= m for a, b in grid):
             raise ConfigError(f"every grid pair needs k_plus, k_minus >= 0, 1 <= sum <= m={m}")
         level_each = level / len(grid)
-        bound, (kp, km), r, v = _best_over_grid(order, included_arr, grid, delta, level_each)
+        bound, (kp, km), r, v = _best_over_grid(order, included_arr, grid, delta, level_each,
+                                                method)
         return OneRunResult(
             epsilon_lower_bound=bound,
-            ceiling=_ceiling(m, r, delta, level_each),
+            ceiling=_ceiling(m, r, delta, level_each, method),
             canaries=m,
             guesses=r,
             correct=v,
@@ -386,6 +449,7 @@ def one_run_audit(
             selection="bonferroni",
             delta=delta,
             candidates=len(grid),
+            method=method,
         )
 
     if selection == "split":
@@ -397,7 +461,7 @@ def one_run_audit(
         scores_a = scores[half_a]
         order_a = np.lexsort((rng.random(m_a), scores_a))
         _, (kp_a, km_a), _, _ = _best_over_grid(
-            order_a, included_arr[half_a], one_run_candidate_grid(m_a), delta, level
+            order_a, included_arr[half_a], one_run_candidate_grid(m_a), delta, level, method
         )
         # Transfer the chosen cut as score thresholds: "in" for scores >= the k+-th highest
         # score of the first half, "out" for scores <= its k- -th lowest.
@@ -409,8 +473,8 @@ def one_run_audit(
         order_b = np.lexsort((rng.random(m_b), scores[half_b]))
         r, v = _guess_counts(order_b, included_arr[half_b], kp, km)
         return OneRunResult(
-            epsilon_lower_bound=_lower_bound(m_b, r, v, delta, level),
-            ceiling=_ceiling(m_b, r, delta, level),
+            epsilon_lower_bound=_bound(method, m_b, r, v, delta, level),
+            ceiling=_ceiling(m_b, r, delta, level, method),
             canaries=m_b,
             guesses=r,
             correct=v,
@@ -420,6 +484,7 @@ def one_run_audit(
             selection="split",
             delta=delta,
             candidates=1,
+            method=method,
         )
 
     raise ConfigError(f"selection must be 'bonferroni' or 'split', got {selection!r}")

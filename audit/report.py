@@ -43,6 +43,7 @@ import torch
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.attacks import ATTACK_MODELS, make_attack
 from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
 from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
@@ -463,14 +464,32 @@ def _canary_report(target: AuditTarget, claim: PrivacyClaim,
         found = scorer.score(state.images.float().numpy(), state.labels.long().numpy())
         extra = {f"black-box/{name}": values for name, values in found.items()}
     audits = run_canary_audits(state, target.model, claim.epsilon, delta, CONFIDENCE,
-                               extra_scores=extra)
+                               extra_scores=extra, curve=_claim_curve(target, state.kind))
     if not audits:
         return None
     entries = [{**a.to_json(), "scores_in": a.scores_in, "scores_out": a.scores_out}
                for a in audits]
-    best = max(range(len(audits)), key=lambda i: audits[i].result.epsilon_lower_bound)
+    rank = {"violation": 2, "consistent": 1, "inconclusive": 0}
+    best = max(range(len(audits)),
+               key=lambda i: (rank[audits[i].verdict], audits[i].epsilon_lower_bound))
     primary = {k: v for k, v in entries[best].items() if k not in ("scores_in", "scores_out")}
     return {**primary, "kind": state.kind, "audits": entries}
+
+
+def _claim_curve(target: AuditTarget, kind: str) -> ClaimCurve | None:
+    """The trade-off curve of the mechanism the run's ledger describes, for canaries of
+    ``kind`` (:mod:`.claim_curve`): record-level ledgers for record canaries (white-box,
+    black-box), client-level ones for canary clients; None otherwise or without a ledger."""
+    if target.release is None or not target.release.ledger:
+        return None
+    ledger = PrivacyLedger.replay(target.release.ledger)
+    unit = "client-level" if kind == "clients" else "record-level"
+    if ledger.notion != unit:
+        return None
+    steps = ledger_steps(ledger)
+    if steps is None:
+        return None
+    return ClaimCurve.from_steps(steps, ledger.delta or 1e-5)
 
 
 def _config_delta(private: PrivateRunState) -> float:

@@ -105,26 +105,38 @@ def render_report(report: dict[str, Any]) -> None:
 
 
 def _render_one_run(one_run: dict[str, Any]) -> None:
-    """The canary audits: bound, ceiling, verdict per audit."""
+    """The canary audits: every method's bound (or p-value), ceiling and verdict per audit."""
     table = Table(title=f"one-run canary audits ({one_run['kind']} canaries)")
-    for column in ("audit", "canaries", "guesses", "correct", "eps LB", "ceiling", "claimed",
-                   "verdict"):
+    for column in ("audit", "canaries", "guesses", "correct", "Steinke LB", "ceiling",
+                   "f-DP LB", "ceiling", "claim-curve p", "claimed", "verdict"):
         table.add_column(column, justify="left" if column in ("audit", "verdict") else "right")
     colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
     for a in one_run["audits"]:
         estimate = a.get("epsilon_estimate")
         name = a["audit"] + ("" if estimate is None else
                              f" (estimate eps {estimate['epsilon']:.2f})")
+        methods = a.get("methods", {})
+        steinke = methods.get("steinke", a)
+        fdp = methods.get("fdp")
+        curve = methods.get("claim-curve")
+        fdp_cells = ("-", "-") if fdp is None else (
+            _fmt(fdp["epsilon_lower_bound"]) + ("" if fdp["valid"] else "*"),
+            _fmt(fdp["ceiling"]))
         table.add_row(
-            name, str(a["canaries"]), str(a["guesses"]), str(a["correct"]),
-            _fmt(a["epsilon_lower_bound"]), _fmt(a["ceiling"]), _fmt(a["claimed_epsilon"]),
-            f"[{colour[a['verdict']]}]{a['verdict']}[/]",
+            name, str(steinke["canaries"]), str(steinke["guesses"]), str(steinke["correct"]),
+            _fmt(steinke["epsilon_lower_bound"]), _fmt(steinke["ceiling"]), *fdp_cells,
+            "-" if curve is None else f"{curve['p_value']:.2g}", _fmt(a["claimed_epsilon"]),
+            f"[{colour[a['verdict']]}]{a['verdict']}[/] ({a.get('verdict_method', 'steinke')})",
         )
     console.print(table)
     console.print(
-        "eps LB: Steinke-Nasr-Jagielski one-run bound (confidence "
-        f"{one_run['confidence']:.3g} each); ceiling: the largest bound this audit could "
-        "reach; inconclusive: the claim is above it", highlight=False)
+        "Steinke LB: Steinke-Nasr-Jagielski one-run bound; f-DP LB: Mahloujifar-Melis-"
+        "Chaudhuri bound of the Gaussian trade-off family (* : the claimed mechanism is not "
+        "that Gaussian-private, so its verdict does not count); claim-curve p: p-value of the "
+        "counts under the ledger's own trade-off curve; every test at confidence "
+        f"{one_run['confidence']:.3g}; ceiling: the largest bound an audit could reach; "
+        "inconclusive: the claim is above it; verdict: the strongest valid one (its method)",
+        highlight=False)
 
 
 def _pair(text: str | None) -> tuple[float, float] | None:

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.audit.claim_curve import ClaimCurve
 from fedlap_privacy.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl import dp
@@ -28,6 +29,7 @@ runner = CliRunner()
 N, B, T, M, CLIP, DELTA = 32, 8, 40, 1000, 1.0, 1e-5
 SCHEDULE = FedLAPSchedule(batch_size=B, client_size=N, local_steps=T)
 SIGMA = plan_sigma(SCHEDULE, 1, 1.0, DELTA)  # the ledger claims epsilon 1
+CURVE = ClaimCurve.from_steps({(SIGMA, B / N): T}, DELTA)  # the curve that ledger describes
 
 
 def _claimed() -> float:
@@ -36,15 +38,16 @@ def _claimed() -> float:
     return ledger.epsilon
 
 
-def _white_box_bound(seed: int) -> tuple[float, str]:
-    """Run T real DP steps with Dirac canaries; the white-box one-run audit of them."""
+def _white_box_audit(seed: int):
+    """Run T real DP steps with Dirac canaries; the white-box one-run audit of them (every
+    method: Steinke, f-DP, the ledger's curve)."""
     g = torch.Generator().manual_seed(seed)
     model = torch.nn.Linear(1000, 10)
     x, y = torch.randn(N, 1000, generator=g), torch.randint(0, 10, (N,), generator=g)
     state = audit_dp_steps(model, x, y, steps=T, batch_size=B, clip=CLIP, sigma=SIGMA,
                            canaries=M, generator=g)
-    (audit,) = run_canary_audits(state, None, _claimed(), DELTA)
-    return audit.result.epsilon_lower_bound, audit.verdict
+    (audit,) = run_canary_audits(state, None, _claimed(), DELTA, curve=CURVE)
+    return audit
 
 
 def _noise_scaled(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
@@ -66,13 +69,27 @@ FAULTS = {
 def test_white_box_audit_catches_a_broken_dp_step(fault: str, monkeypatch) -> None:
     assert _claimed() == pytest.approx(1.0, abs=0.01)
     FAULTS[fault](monkeypatch)
-    results = [_white_box_bound(seed) for seed in range(20)]
-    violations = sum(verdict == "violation" for _, verdict in results)
-    bounds = [round(b, 2) for b, _ in results]
+    audits = [_white_box_audit(seed) for seed in range(20)]
+    violations = sum(a.verdict == "violation" for a in audits)
+    bounds = [round(a.epsilon_lower_bound, 2) for a in audits]
+    assert all(a.fdp_valid for a in audits)  # at epsilon 1 the ledger's curve is GDP-covered
     if fault == "correct":
         assert violations == 0, bounds
+        assert all(m["verdict"] != "violation" for a in audits for m in a.methods().values())
     else:
         assert violations >= 19, bounds
+
+
+def test_claim_curve_catches_a_noise_deficit_the_bounds_miss(monkeypatch) -> None:
+    """Noise at 0.3 times the ledger's (benchmarks/audit_power.py --deficit, 20 seeds):
+    Steinke's bound finds 6, the f-DP bound 17, the claim-curve test 19."""
+    _noise_scaled(monkeypatch, 0.3)
+    audits = [_white_box_audit(seed) for seed in range(20)]
+    found = {name: sum(a.methods()[name]["verdict"] == "violation" for a in audits)
+             for name in ("steinke", "fdp", "claim-curve")}
+    assert found["steinke"] <= 9 and found["claim-curve"] >= 16, found
+    assert found["claim-curve"] > found["steinke"] + 6, found
+    assert sum(a.verdict == "violation" for a in audits) >= found["claim-curve"]
 
 
 def _tiny(**kw) -> TrainConfig:
@@ -171,3 +188,29 @@ def test_every_gradient_releasing_method_feeds_the_white_box_auditor(tmp_path, m
     assert audit["audit"] == "white-box" and audit["canaries"] == 50
     assert len(audit["scores_in"]) + len(audit["scores_out"]) == 50
     assert all(s != 0.0 for s in audit["scores_in"] + audit["scores_out"])  # every release read
+
+
+def test_audit_reports_every_method_beside_the_claim_near_epsilon_8(tmp_path: Path) -> None:
+    """Acceptance of issue 36 (first part): DP-FedAvg with 1,000 white-box canaries at a
+    claim near epsilon 8; the f-DP bound is reported beside Steinke's and never below it,
+    the claim-curve p-value beside both, and a correct run is never flagged."""
+    run = tmp_path / "run"
+    train(_tiny(canaries=1000, sigma=0.6), run)
+    code, report = _audit_json(run, "--fail-on-violation")
+    one_run = report["one_run"]
+    assert 6.0 < report["privacy"]["epsilon"] < 10.0
+    (audit,) = one_run["audits"]
+    methods = audit["methods"]
+    assert set(methods) == {"steinke", "fdp", "claim-curve"}
+    for name in ("steinke", "fdp"):
+        assert methods[name]["method"] == name and methods[name]["canaries"] == 1000
+        assert {"epsilon_lower_bound", "ceiling", "verdict"} <= set(methods[name])
+    assert methods["fdp"]["epsilon_lower_bound"] >= methods["steinke"]["epsilon_lower_bound"]
+    assert 0.0 < methods["claim-curve"]["p_value"] <= 1.0
+    assert code == 0 and one_run["verdict"] != "violation" and report["violation"] is False
+    assert one_run["method"] in ("steinke", "fdp")
+    # measured: Steinke 0.38 (ceiling 2.13), f-DP 0.53 (3.86), claim-curve p = 1 (the
+    # claim-curve test alone could have refuted this claim: "consistent", not "inconclusive")
+    table = runner.invoke(app, ["audit", "--model", str(run / CHECKPOINT),
+                                "--max-per-half", "60", "--attacks", "loss"])
+    assert "f-DP LB" in table.stdout and "claim-curve p" in table.stdout
