@@ -37,6 +37,7 @@ __all__ = ["MODEL_RECORD", "ModelShape", "build_node_model", "check_records", "l
 
 #: the instruction's record holding the model's public shape
 MODEL_RECORD = "model"
+_SAME_FACTORY = "check that every node has the same model factory installed"
 
 
 def _dims(values: Any) -> tuple[int, ...] | None:
@@ -107,11 +108,11 @@ def load_weights(model: nn.Module, weights: dict[str, Tensor], device: torch.dev
         extra, missing = sorted(set(weights) - set(own)), sorted(set(own) - set(weights))
         name = (f"parameter {extra[0]!r} is not in this node's model" if extra
                 else f"parameter {missing[0]!r} is missing")
-        raise ConfigError(f"the server's weights are not this node's model ({name}): check "
-                          "that every node has the same model factory installed")
+        raise ConfigError(f"the server's weights are not this node's model ({name}): "
+                          f"{_SAME_FACTORY}")
     for key, value in own.items():
         if tuple(weights[key].shape) != tuple(value.shape):
             raise ConfigError(f"the server's weights are not this node's model (parameter "
                               f"{key!r} is {tuple(weights[key].shape)} from the server, "
-                              f"{tuple(value.shape)} here)")
+                              f"{tuple(value.shape)} here): {_SAME_FACTORY}")
     model.load_state_dict({k: v.to(device) for k, v in weights.items()})

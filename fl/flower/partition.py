@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from fedlap_privacy.data import content_hash, load_dataset
-from fedlap_privacy.errors import ConfigError, DataError
+from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.simulation import client_parts
 from fedlap_privacy.fl.user_runs import prepare_data
@@ -75,10 +75,7 @@ def partition_id(node_config: dict[str, Any], clients: int) -> int:
 
 
 def _from_file(k: int, path: Path, device: torch.device) -> NodeData:
-    try:
-        records = load_records(path)
-    except DataError as exc:
-        raise DataError(f"data-file: {exc}") from None
+    records = load_records(path)  # each refusal is one line naming the file
     x, y = records.x, records.y
     return NodeData(k, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device),
                     content_hash(x, y), DATA_FILE, records.input_shape,

@@ -28,6 +28,7 @@ from fedlap_privacy.data import load_dataset  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
+from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
 from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
 from fedlap_privacy.fl.flower_app import (  # noqa: E402
     ClientFailure,
@@ -37,7 +38,6 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     client_app,
     expected_partitions,
 )
-from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
 from fedlap_privacy.fl.simulation import CHECKPOINT, default_model_config, train  # noqa: E402
 from fedlap_privacy.models import build_model  # noqa: E402
 
