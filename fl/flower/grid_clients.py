@@ -115,10 +115,13 @@ def run_data(cfg: TrainConfig, split_seed: int | None = None) -> tuple[TrainConf
     return prepare_data(cfg, seed)
 
 
-def expected_partitions(cfg: TrainConfig, split_seed: int | None = None) -> list[Expected]:
+def expected_partitions(cfg: TrainConfig, split_seed: int | None = None,
+                        data: Dataset | None = None) -> list[Expected]:
     """Each partition's size and content hash under the run's split (as the simulator's;
-    ``split_seed``: the run's, when ``cfg`` sets none)."""
-    cfg, data = run_data(cfg, split_seed)
+    ``split_seed``: the run's, when ``cfg`` sets none; ``data``: the run's dataset, when
+    the caller has it from :func:`run_data`)."""
+    if data is None:
+        cfg, data = run_data(cfg, split_seed)
     return [Expected(len(p), content_hash(p, data.x_train[p], data.y_train[p]))
             for p in client_parts(cfg, data, split_seed)]
 

@@ -90,7 +90,7 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
             split_seed = run_split_seed(cfg)
         # a user's records (cfg.data): their natural partition fixes the clients
         sent, data = run_data(instruction_config(cfg, split_seed))
-        clients.discover(sent, expected_partitions(sent), model_shape(data))
+        clients.discover(sent, expected_partitions(sent, data=data), model_shape(data))
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])
