@@ -42,7 +42,7 @@ from fedlap_privacy.data import CUSTOM, Dataset
 from fedlap_privacy.errors import DataError
 
 __all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
-           "load_user_data", "npz_headers", "probe"]
+           "Records", "load_records", "load_user_data", "npz_headers", "probe"]
 
 TEST_FILE = "test.npz"
 #: share of each client's records held out for evaluation when there is no test set
@@ -74,6 +74,20 @@ class DataLayout:
     @property
     def tabular(self) -> bool:
         return len(self.input_shape) == 1
+
+
+@dataclass(frozen=True, eq=False)
+class Records:
+    """One party's records, read and checked (:func:`load_records`)."""
+
+    path: Path
+    x: np.ndarray  # float32 (N, *input_shape)
+    y: np.ndarray  # int64 labels
+    declared_classes: int | None  # the file's num_classes, if it declares one
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
 
 
 def npz_headers(path: Path) -> dict[str, NpyHeader]:
@@ -119,6 +133,17 @@ def _check_x(path: Path, header: NpyHeader) -> None:
         raise DataError(f"{path}: an empty client (x has no records)")
     if 0 in header.shape[1:]:
         raise DataError(f"{path}: x has shape {header.shape}; a record cannot be empty")
+
+
+def _records_header(path: Path, members: dict[str, NpyHeader]) -> NpyHeader:
+    """The header of ``x`` in a file of records, checked (arrays ``x`` and ``y`` present)."""
+    missing = [a for a in ("x", "y") if a not in members]
+    if missing:
+        raise DataError(f"{path}: an .npz of records needs arrays 'x' and 'y' "
+                        f"(missing {', '.join(missing)})")
+    header = members["x"]
+    _check_x(path, header)
+    return header
 
 
 def _labels(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
@@ -170,12 +195,7 @@ def probe(path: str | Path) -> DataLayout:
     natural = root.is_dir()
     for file in (*clients, *((test,) if test else ())):
         members = npz_headers(file)
-        missing = [a for a in ("x", "y") if a not in members]
-        if missing:
-            raise DataError(f"{file}: an .npz of records needs arrays 'x' and 'y' "
-                            f"(missing {', '.join(missing)})")
-        header = members["x"]
-        _check_x(file, header)
+        header = _records_header(file, members)
         if reference is None:
             reference = (file, header)
         elif header.shape[1:] != reference[1].shape[1:]:
@@ -287,3 +307,22 @@ def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
         num_classes=layout.num_classes, mean=(), std=(), partition=partition,
         held_out=held_out,
     )
+
+
+def load_records(path: str | Path) -> Records:
+    """ONE party's records (a Flower node's ``data-file``): an ``.npz`` with ``x`` and ``y``
+    and optionally ``num_classes``, under the checks of one file of :func:`probe` and
+    :func:`load_user_data` (headers first, then labels, then the features; no pickle). Its
+    labels need not cover every class (a node may hold one); a ``client`` array is refused:
+    the file is the party's own partition."""
+    file = Path(path).expanduser()
+    members = npz_headers(file)
+    header = _records_header(file, members)
+    if "client" in members:
+        raise DataError(f"{file}: a client array splits a file among clients (--data); a "
+                        "node's data file holds its own records only")
+    y = _labels(file, members, header.shape[0])
+    declared = _declared_classes(file, members)
+    if declared is not None and int(y.max()) >= declared:
+        raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
+    return Records(file, _features(file), y, declared)

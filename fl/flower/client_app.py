@@ -4,14 +4,19 @@ Contract (docs/threat-model.md, "Cross-silo deployment"): the node answers two m
 
 * ``query`` (discovery): the partition it holds, its size N_k and the content hash of its
   records (public metadata the server pins for the run), after checking the run's
-  configuration against the node's policy.
+  configuration against the node's policy and, when the query carries the model's shape
+  (:class:`.node_model.ModelShape`), its records and the model's factory against it.
 * ``train``: in this order, and nothing is read from the records before step 3 —
   1. the instruction is decoded with the strict parser (:func:`.run_config.parse_config`);
-  2. :meth:`NodePolicy.check` (the full :meth:`TrainConfig.validate` and the policy; the
-     round's number and learning rate must be numbers, the rate within ``max-lr``);
+  2. :meth:`NodePolicy.check` (the full :meth:`TrainConfig.validate` and the policy, its
+     ``allowed-models`` among it; the round's number and learning rate must be numbers, the
+     rate within ``max-lr``);
   3. the node's partition is loaded (:mod:`.partition`: its own data file, or the simulated
-     split) and its ledger (:mod:`.node_ledger`) admits the round (no replay, no change of
-     the run, within the node's budget) and records it at its full T, persisted;
+     split) and checked against the model's shape, the model is built from the node's own
+     installation and takes the broadcast weights only if they are its own shape
+     (:mod:`.node_model`), then its ledger (:mod:`.node_ledger`) admits the round (no
+     replay, no change of the run, within the node's budget) and records it at its full T,
+     persisted;
   4. :meth:`Method.client` runs on the broadcast weights, with the node's own LDP-FL ranges
      (:func:`.policy.node_round_info`: never the server's) and the node's own DP generator
      (:func:`~fedlap_privacy.fl.randomness.dp_generator`: OS-seeded; seeded only if the
@@ -31,18 +36,25 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig, typed_value
 from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
 from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
+from fedlap_privacy.fl.flower.node_model import (
+    MODEL_RECORD,
+    ModelShape,
+    build_node_model,
+    check_records,
+    load_weights,
+)
 from fedlap_privacy.fl.flower.partition import NodeData, load_partition
 from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal, node_round_info
 from fedlap_privacy.fl.flower.run_config import parse_config
 from fedlap_privacy.fl.methods import RoundInfo, build_method
 from fedlap_privacy.fl.randomness import dp_generator
-from fedlap_privacy.fl.simulation import default_model_config, resolve_device
-from fedlap_privacy.models import build_model
+from fedlap_privacy.fl.simulation import resolve_device
 from fedlap_privacy.threads import apply_cpu_policy
 
 __all__ = ["client_app"]
@@ -86,9 +98,14 @@ def _describe(msg: Message, context: Context) -> Message:
     """Discovery: the partition this node holds, N_k and its content hash (public metadata)."""
     try:
         cfg = _instruction_config(msg.content)
-        NodePolicy.from_node_config(dict(context.node_config)).check_config(cfg,
-                                                                           discovery=True)
+        policy = NodePolicy.from_node_config(dict(context.node_config))
+        policy.check_config(cfg, discovery=True)
         data = load_partition(cfg, dict(context.node_config), torch.device("cpu"))
+        if MODEL_RECORD in msg.content.config_records:
+            shape = ModelShape.from_content(msg.content)
+            check_records(shape, data.input_shape, data.y, data.declared_classes,
+                          _where(context))
+            build_node_model(cfg, shape, policy)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
     reply = ConfigRecord({"partition-id": data.index, "num-examples": data.size,
@@ -107,29 +124,38 @@ def _round_info(content: RecordDict, device: torch.device) -> RoundInfo:
     return RoundInfo(round_, rounds, lr, unpack(content, "extras", device))
 
 
+def _where(context: Context) -> str:
+    data_file = str(context.node_config.get("data-file", ""))
+    return f"data-file {data_file}" if data_file else "this node's part of the run's data"
+
+
 def _admit(msg: Message, context: Context, device: torch.device
-           ) -> tuple[TrainConfig, RoundInfo, NodeData, int]:
+           ) -> tuple[TrainConfig, RoundInfo, NodeData, nn.Module, int]:
     """Steps 1-3 of the module docstring; raises one of ``_REFUSALS``."""
     node_config = dict(context.node_config)
     policy = NodePolicy.from_node_config(node_config)
     cfg = _instruction_config(msg.content)
     info = _round_info(msg.content, device)
     steps = policy.check(cfg, info)
+    shape = ModelShape.from_content(msg.content)
+    if "weights" not in msg.content.array_records:
+        raise ConfigError("the instruction has no weights")
     data = load_partition(cfg, node_config, device)
+    check_records(shape, data.input_shape, data.y, data.declared_classes, _where(context))
+    model = build_node_model(cfg, shape, policy).to(device)
+    load_weights(model, msg.content.array_records["weights"].to_torch_state_dict(), device)
     state_dir = Path(str(node_config.get("state-dir", "")) or default_state_dir()).expanduser()
     ledger = NodeLedger.open(state_dir, int(context.run_id), data.index, data.content_hash,
                              data.size, cfg, policy)
     ledger.admit(info.round, cfg, data.index, data.content_hash, steps, policy)
     ledger.record(info.round, steps)
-    return cfg, info, data, steps
+    return cfg, info, data, model, steps
 
 
-def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, content: RecordDict,
+def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Module,
                 context: Context, device: torch.device, steps: int) -> RecordDict:
-    """Step 4: one client round on ``data``; returns the reply's records."""
-    model = build_model(default_model_config(cfg, data.shape)).to(device)
-    weights = content.array_records["weights"].to_torch_state_dict()
-    model.load_state_dict({k: v.to(device) for k, v in weights.items()})
+    """Step 4: one client round on ``data`` from ``model`` (holding the broadcast weights);
+    returns the reply's records."""
     info = node_round_info(cfg, info, model.state_dict())
     state: dict[str, Any] = {}
     if "state-tree" in context.state.config_records:
@@ -162,8 +188,8 @@ def _train(msg: Message, context: Context) -> Message:
     device = _device(context)
     try:
         apply_cpu_policy()
-        cfg, info, data, steps = _admit(msg, context, device)
+        cfg, info, data, model, steps = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
-    out = train_round(cfg, info, data, msg.content, context, device, steps)
+    out = train_round(cfg, info, data, model, context, device, steps)
     return Message(out, reply_to=msg)

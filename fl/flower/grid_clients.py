@@ -26,18 +26,20 @@ from flwr.app import DEFAULT_TTL, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
-from fedlap_privacy.data import content_hash, load_dataset
+from fedlap_privacy.data import Dataset, content_hash, load_dataset
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.codec import pack, unpack, weights_record
+from fedlap_privacy.fl.flower.node_model import MODEL_RECORD, ModelShape
 from fedlap_privacy.fl.flower.partition import SIMULATED
 from fedlap_privacy.fl.flower.run_config import config_values
 from fedlap_privacy.fl.methods import Reply, RoundInfo
 from fedlap_privacy.fl.simulation import Callback, client_parts
+from fedlap_privacy.fl.user_runs import prepare_data
 
 __all__ = [
     "ClientFailure", "Expected", "FlowerClients", "FlowerError", "NodeInfo", "RunView",
-    "expected_partitions", "instruction_config",
+    "expected_partitions", "instruction_config", "model_shape", "run_data",
 ]
 
 _POLL = 0.2  # seconds between two pulls of replies
@@ -59,6 +61,7 @@ class RunView(Protocol):
     split_seed: int
     device: torch.device
     model: nn.Module
+    data: Dataset
     out: Path | None
 
     def enter_interrupted(self) -> None: ...
@@ -99,12 +102,33 @@ def _refusal(msg: Message) -> str | None:
     return None if rec is None else str(rec["reason"])[:300]
 
 
-def expected_partitions(cfg: TrainConfig, split_seed: int | None = None) -> list[Expected]:
+def run_data(cfg: TrainConfig, split_seed: int | None = None) -> tuple[TrainConfig, Dataset]:
+    """The run's dataset as the simulator loads it: a built-in one, or the user's records
+    of ``cfg.data`` (:func:`fedlap_privacy.fl.user_runs.prepare_data`; with a natural
+    partition, ``clients`` becomes its number of clients)."""
+    if cfg.data is None:
+        return cfg, load_dataset(cfg.dataset, cfg.data_dir)
+    seed = split_seed if split_seed is not None else cfg.split_seed
+    if seed is None:
+        raise FlowerError("a run on a user's records needs its split seed to find the "
+                          "partitions")
+    return prepare_data(cfg, seed)
+
+
+def expected_partitions(cfg: TrainConfig, split_seed: int | None = None,
+                        data: Dataset | None = None) -> list[Expected]:
     """Each partition's size and content hash under the run's split (as the simulator's;
-    ``split_seed``: the run's, when ``cfg`` sets none)."""
-    data = load_dataset(cfg.dataset, cfg.data_dir)
+    ``split_seed``: the run's, when ``cfg`` sets none; ``data``: the run's dataset, when
+    the caller has it from :func:`run_data`)."""
+    if data is None:
+        cfg, data = run_data(cfg, split_seed)
     return [Expected(len(p), content_hash(p, data.x_train[p], data.y_train[p]))
             for p in client_parts(cfg, data, split_seed)]
+
+
+def model_shape(data: Dataset) -> ModelShape:
+    """The public shape of the run's model on ``data`` (sent with every instruction)."""
+    return ModelShape(tuple(data.input_shape), int(data.num_classes))
 
 
 def instruction_config(cfg: TrainConfig, split_seed: int) -> TrainConfig:
@@ -143,15 +167,20 @@ class FlowerClients:
                 time.sleep(_POLL)
         return got
 
-    def discover(self, cfg: TrainConfig, expected: list[Expected]) -> None:
+    def discover(self, cfg: TrainConfig, expected: list[Expected],
+                 shape: ModelShape | None = None) -> None:
         """Map partition k -> the SuperNode holding it; pin its size and content hash.
 
         Asks every connected node (and nodes that join later) until each partition answered
         or ``node_wait`` seconds passed. A simulated-split node must hold exactly the
         server's partition; a node with its own data file at least as many records as the
         smallest partition the server's ledger accounts with (fewer would be under-counted).
+        With ``shape`` (the run's model, :func:`model_shape`), each node checks its records
+        and its model factory against it now, and refuses the run rather than round 1.
         """
         content = RecordDict({"config": ConfigRecord(config_values(cfg))})
+        if shape is not None:
+            content[MODEL_RECORD] = shape.to_record()
         deadline = time.monotonic() + self.node_wait
         asked: list[int] = []
         waiting: dict[str, int] = {}
@@ -239,6 +268,7 @@ class FlowerClients:
         content = pack("extras", info.extras)
         content["weights"] = weights_record(run.model.state_dict())
         content["round"] = ConfigRecord({"round": m, "rounds": info.rounds, "lr": float(info.lr)})
+        content[MODEL_RECORD] = model_shape(run.data).to_record()
         content["config"] = ConfigRecord(config_values(instruction_config(run.cfg,
                                                                           run.split_seed)))
         ttl = DEFAULT_TTL if self.round_timeout <= 0 else self.round_timeout + 30.0

@@ -3,15 +3,20 @@
 Contract: :func:`load_partition` returns the node's partition from its node config and
 never from a value the server chose, except in simulation:
 
-* ``data-file`` (the real deployment): an ``.npz`` with ``x`` (float32 ``(N, C, H, W)``,
-  normalised as the run's dataset) and ``y`` (integer labels in ``[0, 10)``), the node's own
-  records. Its content hash is SHA-256 of ``x`` and ``y``
-  (:func:`fedlap_privacy.data.content_hash`).
+* ``data-file`` (the real deployment): ONE ``.npz`` of the node's own records, in the formats
+  of ``train --data`` (README "Train on your own data"), read by
+  :func:`fedlap_privacy.user_data.load_records` under its checks and never unpickled: ``x``
+  images ``(N, C, H, W)`` or feature rows ``(N, D)`` (numbers of any dtype, used as float32,
+  normalised as the run's model expects), ``y`` integer labels, optionally a 0-d
+  ``num_classes``. Whether they fit the server's model (shape, classes) is checked by
+  :func:`.node_model.check_records`. Its content hash is SHA-256 of ``x`` (as float32) and
+  ``y`` (:func:`fedlap_privacy.data.content_hash`).
 * otherwise (SIMULATION ONLY: one machine, ``train --engine flower`` and tests): partition
-  ``partition-id`` of the run's dataset split with the run's split and split seed (the
-  server sends its secret one in the instruction), as the simulator computes it; its hash is
-  the simulator's partition fingerprint. Here the split follows the instruction's split
-  seed, which a real node must never let the server choose.
+  ``partition-id`` of the run's dataset (a built-in one, or the run's ``data``: a user's
+  records on the same machine, :mod:`fedlap_privacy.user_data`) split with the run's split
+  and split seed (the server sends its secret one in the instruction), as the simulator
+  computes it; its hash is the simulator's partition fingerprint. Here the split follows the
+  instruction's split seed, which a real node must never let the server choose.
 
 ``partition-id`` names the client index the node answers for in both cases.
 """
@@ -22,14 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from fedlap_privacy.data import NORMALISATION, NUM_CLASSES, Dataset, content_hash, load_dataset
-from fedlap_privacy.errors import ConfigError, DataError
+from fedlap_privacy.data import content_hash, load_dataset
+from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.simulation import client_parts
+from fedlap_privacy.fl.user_runs import prepare_data
+from fedlap_privacy.user_data import load_records
 
 __all__ = ["SIMULATED", "NodeData", "load_partition"]
 
@@ -47,7 +53,8 @@ class NodeData:
     y: Tensor
     content_hash: str
     source: str  # SIMULATED or DATA_FILE
-    shape: Dataset  # channels, image size and classes for the model (no test records)
+    input_shape: tuple[int, ...]  # one record's shape
+    declared_classes: int | None  # the classes its file (or the run's dataset) declares
 
     @property
     def size(self) -> int:
@@ -67,23 +74,12 @@ def partition_id(node_config: dict[str, Any], clients: int) -> int:
     return k
 
 
-def _from_file(cfg: TrainConfig, k: int, path: Path, device: torch.device) -> NodeData:
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            x, y = np.asarray(f["x"]), np.asarray(f["y"])
-    except (OSError, KeyError, ValueError) as exc:
-        raise DataError(f"data-file {path}: not an .npz with arrays x and y ({exc})") from None
-    if x.dtype != np.float32 or x.ndim != 4 or x.shape[2] != x.shape[3]:
-        raise DataError(f"data-file {path}: x must be float32 (N, C, H, W) square images")
-    if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"data-file {path}: y must hold one integer label per image")
-    if len(y) == 0 or y.min() < 0 or y.max() >= NUM_CLASSES:
-        raise DataError(f"data-file {path}: labels must lie in [0, {NUM_CLASSES})")
-    y = y.astype(np.int64)
-    mean, std = NORMALISATION[cfg.dataset]
-    shape = Dataset(cfg.dataset, x[:0], y[:0], x[:0], y[:0], NUM_CLASSES, mean, std)
+def _from_file(k: int, path: Path, device: torch.device) -> NodeData:
+    records = load_records(path)  # each refusal is one line naming the file
+    x, y = records.x, records.y
     return NodeData(k, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device),
-                    content_hash(x, y), DATA_FILE, shape)
+                    content_hash(x, y), DATA_FILE, records.input_shape,
+                    records.declared_classes)
 
 
 def load_partition(
@@ -93,10 +89,20 @@ def load_partition(
     k = partition_id(node_config, cfg.clients)
     data_file = str(node_config.get("data-file", ""))
     if data_file:
-        return _from_file(cfg, k, Path(data_file).expanduser(), device)
-    data_dir = str(node_config.get("data-dir", "")) or cfg.data_dir
-    data = load_dataset(cfg.dataset, data_dir)
+        return _from_file(k, Path(data_file).expanduser(), device)
+    if cfg.data is not None:  # simulation: the user's records on this (the same) machine
+        cfg, data = prepare_data(cfg, _split_seed(cfg))
+    else:
+        data_dir = str(node_config.get("data-dir", "")) or cfg.data_dir
+        data = load_dataset(cfg.dataset, data_dir)
     part = client_parts(cfg, data)[k]
     x, y = data.x_train[part], data.y_train[part]
     return NodeData(k, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device),
-                    content_hash(part, x, y), SIMULATED, data)
+                    content_hash(part, x, y), SIMULATED, data.input_shape, data.num_classes)
+
+
+def _split_seed(cfg: TrainConfig) -> int:
+    if cfg.split_seed is None:
+        raise ConfigError("the instruction has no split seed, which a node without a "
+                          "data-file needs to recompute its part of the run's data")
+    return cfg.split_seed

@@ -28,7 +28,12 @@ unless ALL of these hold, and nothing is read from the node's records before it 
   ``batch-size`` >= ``min-batch-size``; FedLAP-DP must optimise its synthetic set
   (``syn-steps`` >= 1);
 * ``reproducible-noise`` (noise derived from a seed the server knows) only with
-  ``allow-reproducible-noise = true``.
+  ``allow-reproducible-noise = true``;
+* the run's ``model`` (a factory spec, ``module:FUNC`` or ``FILE.py:FUNC``, never code) only
+  when ``allowed-models`` lists it exactly: importing a module runs its code, so a node
+  never imports what the server names unless its operator listed it. The default lists the
+  built-in tabular MLP only (:data:`~fedlap_privacy.model_factory.DEFAULT_TABULAR`); the
+  built-in ConvNet (no ``model``, images) imports nothing and is always admitted.
 
 Nothing else the server broadcasts changes what the upload reveals unchecked: LDP-FL's
 weight ranges are the node's own (:func:`node_round_info`), never the server's.
@@ -59,6 +64,7 @@ from fedlap_privacy.fl.ldpfl import layer_ranges
 from fedlap_privacy.fl.method_table import METHOD_TABLE
 from fedlap_privacy.fl.methods import RoundInfo
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion
+from fedlap_privacy.model_factory import DEFAULT_TABULAR
 
 __all__ = ["NODE_THREAT_MODELS", "PRICING", "NodePolicy", "PolicyRefusal", "Pricing",
            "accesses_of", "node_round_info"]
@@ -112,9 +118,11 @@ class NodePolicy:
     threat_model: str = "server"
     accountant: str = "rdp"
     allow_reproducible_noise: bool = False
+    allowed_models: tuple[str, ...] = (DEFAULT_TABULAR,)  # factory specs it may import
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.allowed_methods if m not in METHOD_TABLE]
+        malformed = [m for m in self.allowed_models if not _is_factory_spec(m)]
         checks = [
             (not unknown, f"allowed-methods: unknown method {unknown[0] if unknown else ''!r}"),
             (self.min_sigma >= 0 and math.isfinite(self.min_sigma), "min-sigma must be >= 0"),
@@ -130,6 +138,8 @@ class NodePolicy:
              f"threat-model {self.threat_model!r} must be server or trusted-server (a node "
              "sees only the rounds it answered: hidden selection cannot be checked)"),
             (self.accountant in ACCOUNTANTS, f"accountant must be one of {ACCOUNTANTS}"),
+            (not malformed, f"allowed-models: {malformed[0] if malformed else ''!r} is not "
+             "module:FUNC or FILE.py:FUNC"),
         ]
         for ok, message in checks:
             if not ok:
@@ -195,9 +205,19 @@ class NodePolicy:
         if cfg.reproducible_noise and not self.allow_reproducible_noise:
             raise PolicyRefusal("reproducible-noise (noise the server can recompute from the "
                                 "seed) is refused by the node's policy")
+        if cfg.model is not None:
+            self.check_factory(cfg.model)
         if cfg.is_fedlap and cfg.syn_steps < 1:
             raise PolicyRefusal(f"syn-steps {cfg.syn_steps}: FedLAP-DP must optimise its "
                                 "synthetic set (it would upload its initialisation)")
+
+    def check_factory(self, spec: str) -> None:
+        """Refuse a model factory the node's ``allowed-models`` does not list (module
+        docstring): nothing is imported before this check."""
+        if spec not in self.allowed_models:
+            raise PolicyRefusal(f"model {spec!r} is not allowed by the node's policy "
+                                f"(allowed-models: {', '.join(self.allowed_models) or 'none'}); "
+                                "importing it would run its code on this node")
 
     def _check_method(self, cfg: TrainConfig) -> None:
         if cfg.method not in self.allowed_methods:
@@ -272,6 +292,11 @@ def _check_numbers(cfg: TrainConfig) -> None:
                               "number >= 0")
 
 
+def _is_factory_spec(spec: str) -> bool:
+    where, sep, name = spec.rpartition(":")
+    return bool(sep and where and name.isidentifier())
+
+
 def _typed(key: str, default: Any, raw: Any) -> Any:
     """``raw`` with the type of the field's ``default`` (a list or comma string for tuples)."""
     if isinstance(default, bool):
@@ -282,7 +307,7 @@ def _typed(key: str, default: Any, raw: Any) -> Any:
         ok = isinstance(raw, int | float) and not isinstance(raw, bool) and not math.isnan(raw)
     elif isinstance(default, str):
         ok = isinstance(raw, str)
-    else:  # allowed-methods
+    else:  # allowed-methods, allowed-models
         if isinstance(raw, str):
             raw = [m.strip() for m in raw.split(",") if m.strip()]
         ok = isinstance(raw, list) and all(isinstance(m, str) for m in raw)

@@ -13,6 +13,7 @@ SuperNode starts, until the run ends, and hand its token to the ServerApp (run-c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -36,6 +37,7 @@ from fedlap_privacy.fl.run_files import (
     lock_run,
 )
 from fedlap_privacy.fl.simulation import Callback
+from fedlap_privacy.fl.user_runs import prepare_data
 from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["FlowerResult", "run_flower", "run_on"]
@@ -57,6 +59,27 @@ def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfi
         raise ConfigError("a new Flower run needs a configuration")
     cfg.validate()
     check_new_run_dir(out)
+    return _local_paths(cfg)
+
+
+def _local_paths(cfg: TrainConfig) -> TrainConfig:
+    """A run on a user's records (``data``) with absolute paths, since the ServerApp and the
+    SuperNodes run in the deployment's folder: ``data``, and a ``FILE.py:FUNC`` model (a node
+    policy's ``allowed-models`` must list that absolute spec). The records and the model are
+    checked now (:func:`fedlap_privacy.fl.user_runs.prepare_data`: one line, before any
+    process starts); a natural partition fixes the number of clients, hence SuperNodes."""
+    changes: dict[str, Any] = {}
+    if cfg.data is not None:
+        changes["data"] = str(Path(cfg.data).expanduser().resolve())
+    if cfg.model is not None:
+        where, _, name = cfg.model.rpartition(":")
+        if where.endswith(".py"):
+            changes["model"] = f"{Path(where).expanduser().resolve()}:{name}"
+    if not changes:
+        return cfg
+    cfg = dataclasses.replace(cfg, **changes).validate()
+    if cfg.data is not None:
+        cfg, _ = prepare_data(cfg, 0)  # the seed draws held-out records only: not the count
     return cfg
 
 

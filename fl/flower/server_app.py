@@ -26,6 +26,8 @@ from fedlap_privacy.fl.flower.grid_clients import (
     FlowerClients,
     expected_partitions,
     instruction_config,
+    model_shape,
+    run_data,
 )
 from fedlap_privacy.fl.flower.run_config import config_from_run_config
 from fedlap_privacy.fl.randomness import run_split_seed
@@ -86,8 +88,9 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
             cfg, split_seed = restored_config(load_private(out))
         else:
             split_seed = run_split_seed(cfg)
-        sent = instruction_config(cfg, split_seed)
-        clients.discover(sent, expected_partitions(sent))
+        # a user's records (cfg.data): their natural partition fixes the clients
+        sent, data = run_data(instruction_config(cfg, split_seed))
+        clients.discover(sent, expected_partitions(sent, data=data), model_shape(data))
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])

@@ -11,7 +11,7 @@ from user_records import CLASSES, FEATURES, blobs, tabular_folder
 
 from fedlap_privacy.data import CUSTOM
 from fedlap_privacy.errors import DataError
-from fedlap_privacy.user_data import HOLDOUT_FRACTION, load_user_data, probe
+from fedlap_privacy.user_data import HOLDOUT_FRACTION, load_records, load_user_data, probe
 
 
 def test_folder_is_the_natural_partition_in_file_order(tmp_path: Path) -> None:
@@ -128,3 +128,20 @@ def test_probe_reads_no_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     layout = probe(root)
     assert layout.input_shape == (FEATURES,) and layout.num_classes == CLASSES
     assert "x" not in read and layout.natural and len(layout.clients) == 3
+
+
+def test_one_partys_records_a_flower_nodes_data_file(tmp_path: Path) -> None:
+    """load_records: one file under the same checks, as float32 / int64; one class is fine
+    (a node may hold one); a client array or a label beyond num_classes is one line."""
+    x, _ = blobs(12, 1)
+    path = tmp_path / "node.npz"
+    np.savez(path, x=x.astype(np.float64), y=np.ones(12, dtype=np.uint8), num_classes=CLASSES)
+    records = load_records(path)
+    assert records.x.dtype == np.float32 and records.y.dtype == np.int64
+    assert records.input_shape == (FEATURES,) and records.declared_classes == CLASSES
+    np.savez(path, x=x, y=np.ones(12, dtype=np.int64), client=np.zeros(12, dtype=np.int64))
+    with pytest.raises(DataError, match=r"a node's data file holds its own records only$"):
+        load_records(path)
+    np.savez(path, x=x, y=np.full(12, CLASSES), num_classes=CLASSES)
+    with pytest.raises(DataError, match=rf"label {CLASSES} is out of range 0..{CLASSES - 1}$"):
+        load_records(path)

@@ -28,6 +28,7 @@ from fedlap_privacy.data import load_dataset  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
+from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
 from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
 from fedlap_privacy.fl.flower_app import (  # noqa: E402
     ClientFailure,
@@ -61,9 +62,11 @@ def instruction(cfg: TrainConfig, round_: int, extras: dict | None = None, lr: f
     """A ``train`` message as a (malicious) server would craft it; ``raw``: run-config values
     sent as they are (kebab-case keys)."""
     torch.manual_seed(0)
-    model = build_model(default_model_config(cfg, load_dataset(cfg.dataset)))
+    data = load_dataset(cfg.dataset)
+    model = build_model(default_model_config(cfg, data))
     content = pack("extras", extras or {})
     content["weights"] = weights_record(model.state_dict())
+    content["model"] = model_shape(data).to_record()
     content["round"] = ConfigRecord({"round": round_, "rounds": cfg.rounds, "lr": lr})
     content["config"] = ConfigRecord({**config_values(cfg), **raw})
     return Message(content, 1, "train")
