@@ -9,12 +9,12 @@ and the competing process share the machine). Prints wall times and the ratio
 or below 2 while oversubscribed OpenMP threads spin.
 
 Then times the whole default ``fedlap-privacy train --rounds 2`` (a fresh process each time,
-since GNU OpenMP reads its wait policy when torch loads) alone and beside one busy torch
-process (training-like small convolutions and matrix products on torch's default threads),
-under the package's default ``OMP_WAIT_POLICY=PASSIVE`` (:mod:`fedlap_privacy.runtime_env`),
-under GNU OpenMP's own default (spin 300,000 iterations before sleeping, what torch does when
-nothing is set) and with one thread. A run slower than ``--cap`` seconds is stopped and
-reported as at least the cap.
+after one warm-up run) alone and beside one busy torch process (training-like small
+convolutions and matrix products on torch's default threads): with the package's default,
+threads that follow the load (``fedlap_privacy.threads.LoadFollower``); with the thread count
+fixed (torch's GNU OpenMP threads spin a few milliseconds before they sleep); fixed and
+waiting passively (``OMP_WAIT_POLICY=PASSIVE``); and with one thread. A run slower than
+``--cap`` seconds is stopped and reported as at least the cap.
 
     python benchmarks/threads.py [--repeats 2] [--whole-run-repeats 1] [--cap 150]
 """
@@ -50,11 +50,14 @@ BUSY_TORCH = (
 )
 #: environment of each whole-run setting (on top of the caller's, less these variables)
 WAIT_SETTINGS = {
-    "package default (OMP_WAIT_POLICY=PASSIVE)": {},
-    "GNU OpenMP default (spin 300,000)": {"GOMP_SPINCOUNT": "300000"},
-    "one thread, passive": {"OMP_NUM_THREADS": "1"},
+    "package default (threads follow the load)": {},
+    "fixed threads (FEDLAP_FOLLOW_LOAD=0)": {"FEDLAP_FOLLOW_LOAD": "0"},
+    "fixed threads, OMP_WAIT_POLICY=PASSIVE": {"FEDLAP_FOLLOW_LOAD": "0",
+                                               "OMP_WAIT_POLICY": "PASSIVE"},
+    "one thread": {"OMP_NUM_THREADS": "1"},
 }
-_CLEARED = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_CLEARED = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "FEDLAP_FOLLOW_LOAD")
 
 
 def train_seconds(extra_env: dict[str, str], cap: float) -> float:
@@ -75,6 +78,7 @@ def train_seconds(extra_env: dict[str, str], cap: float) -> float:
 def whole_runs(repeats: int, cap: float) -> None:
     """The wait-policy table of the module docstring."""
     print(f"default 2-round train, whole process, wall time (cap {cap:.0f} s)")
+    train_seconds({}, cap)  # warm-up: file caches, compiled kernels, imports
     times: dict[tuple[str, bool], list[float]] = {}
     for _ in range(repeats):
         for busy in (False, True):

@@ -13,6 +13,18 @@ one thread (``benchmarks/threads.py`` measures the policy). The policy:
    quota (``/sys/fs/cgroup/cpu.max``) when one is set, and ``workers`` is the number of
    co-located worker processes sharing them (default: ``FEDLAP_WORKERS``, else 1).
 
+3. the count of 2. then FOLLOWS THE LOAD (:class:`LoadFollower`, on by default in every
+   command; ``FEDLAP_FOLLOW_LOAD=0`` keeps it fixed): before the first step and again before
+   every round and client step, the CPU time other processes took on this process's CPUs
+   since the last look (``/proc/stat`` less this process's own time) is subtracted from
+   the usable CPUs, and torch runs that many threads (at least 1, at most the count of 2.).
+   GNU OpenMP's idle threads spin a few milliseconds before they sleep, so threads beyond
+   the idle cores spin on every small operation: a default two-round ``train`` beside one
+   busy torch process took 3.6-3.8x its time alone with two threads and 0.9x with one;
+   waiting passively instead (``OMP_WAIT_POLICY=PASSIVE``) cured that but made the run alone
+   1.5-1.75x slower (``benchmarks/threads.py``). Runs that ask for bit-for-bit reproducible
+   noise keep their thread count (a different count rounds differently).
+
 Worker processes (e.g. one Flower SuperNode per client on one machine) call
 ``apply_thread_policy(workers=n)`` (or ``torch.set_num_threads(threads_for(n))``) before
 their first torch operation, or inherit ``FEDLAP_WORKERS=n`` from the process that starts
@@ -28,6 +40,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,18 +50,26 @@ from fedlap_privacy.errors import ConfigError
 
 __all__ = [
     "CGROUP_CPU_MAX",
+    "FOLLOW_ENV",
     "WORKERS_ENV",
     "CpuPolicy",
+    "LoadFollower",
     "apply_cpu_policy",
     "apply_thread_policy",
     "cgroup_cpu_limit",
     "explicit_threads",
+    "follow_load",
     "threads_for",
     "usable_cpus",
 ]
 
 #: environment variable with the number of co-located worker processes
 WORKERS_ENV = "FEDLAP_WORKERS"
+#: environment variable that turns load following off (``0``)
+FOLLOW_ENV = "FEDLAP_FOLLOW_LOAD"
+#: /proc/stat's per-CPU fields that count busy time: user nice system (idle iowait) irq
+#: softirq steal
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
 #: the cgroup v2 CPU quota file: ``"max 100000"`` (no quota) or ``"<quota> <period>"``
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -138,6 +159,94 @@ def apply_thread_policy(requested: int | None = None, workers: int | None = None
 
 
 @dataclass(frozen=True)
+class LoadSample:
+    """One look at the machine: wall clock, busy seconds of the watched CPUs since boot, and
+    this process's own CPU seconds (all its threads)."""
+
+    wall: float
+    busy: float
+    own: float
+
+
+def sample_load(cpus: frozenset[int], stat: Path = Path("/proc/stat")) -> LoadSample | None:
+    """:class:`LoadSample` of ``cpus`` from ``/proc/stat``; None where it cannot be read."""
+    try:
+        lines = stat.read_text().splitlines()
+    except OSError:
+        return None
+    ticks, found = 0, 0
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            fields = rest.split()
+            ticks += sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields))
+            found += 1
+    if found == 0:
+        return None
+    times = os.times()
+    return LoadSample(time.monotonic(), ticks / os.sysconf("SC_CLK_TCK"),
+                      times.user + times.system)
+
+
+def others_busy(before: LoadSample, after: LoadSample) -> float:
+    """CPUs that other processes kept busy between two looks (busy time less our own)."""
+    elapsed = after.wall - before.wall
+    if elapsed <= 0:
+        return 0.0
+    return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / elapsed)
+
+
+class LoadFollower:
+    """torch's intra-op threads following the load (module docstring, rule 3): ``ceiling``
+    threads at most, one per CPU that other processes left idle since the last look, at
+    least one. Looks closer together than ``min_interval`` seconds are skipped (too short
+    to measure)."""
+
+    def __init__(self, ceiling: int, cpus: frozenset[int], min_interval: float = 0.05,
+                 stat: Path = Path("/proc/stat")) -> None:
+        self.ceiling, self.cpus, self.min_interval, self.stat = ceiling, cpus, min_interval, stat
+        self.last = sample_load(cpus, stat)
+
+    def threads_now(self) -> int | None:
+        """The thread count for what other processes did since the last look (None: too
+        soon, or the load cannot be read)."""
+        now = sample_load(self.cpus, self.stat)
+        if now is None or self.last is None or now.wall - self.last.wall < self.min_interval:
+            self.last = self.last or now
+            return None
+        busy, self.last = others_busy(self.last, now), now
+        return max(1, min(self.ceiling, math.floor(len(self.cpus) - busy + 0.5)))
+
+    def update(self) -> int:
+        """Set torch's threads by :meth:`threads_now`; returns the count in force."""
+        import torch
+
+        threads = self.threads_now()
+        if threads is not None and threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return torch.get_num_threads()
+
+
+_follower: LoadFollower | None = None
+#: seconds the first look at the load spans, at start-up
+STARTUP_LOOK = 0.1
+
+
+def follow_load() -> None:
+    """Let the process's :class:`LoadFollower` (set by :func:`apply_cpu_policy`) adjust the
+    threads; nothing where none was set (a library user's own thread settings stand)."""
+    if _follower is not None:
+        _follower.update()
+
+
+def _affinity() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset()
+
+
+@dataclass(frozen=True)
 class CpuPolicy:
     """What :func:`apply_cpu_policy` set: torch's intra-op threads, the C allocator, and
     whether the fused C kernels are in use."""
@@ -147,11 +256,26 @@ class CpuPolicy:
     fused_kernels: bool
 
 
-def apply_cpu_policy(requested: int | None = None, workers: int | None = None) -> CpuPolicy:
+def apply_cpu_policy(requested: int | None = None, workers: int | None = None,
+                     follow: bool = True) -> CpuPolicy:
     """The process-wide CPU settings of every entry point (CLI commands, Flower nodes):
-    :func:`apply_thread_policy`, :func:`fedlap_privacy.allocator.tune_allocator` and
+    :func:`apply_thread_policy`, then, unless the count was asked for (``requested``,
+    ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), ``FEDLAP_FOLLOW_LOAD=0`` or ``follow`` is
+    false (a Flower node: co-located nodes share the CPUs by ``FEDLAP_WORKERS``), a
+    :class:`LoadFollower` that :func:`follow_load` consults (first while the kernels load,
+    which takes a measurable moment), :func:`fedlap_privacy.allocator.tune_allocator` and
     :func:`fedlap_privacy.kernels.load_kernels`."""
+    global _follower
     from fedlap_privacy.kernels.build import load_kernels
 
-    return CpuPolicy(apply_thread_policy(requested, workers), tune_allocator(),
-                     load_kernels() is not None)
+    threads = apply_thread_policy(requested, workers)
+    follow = (follow and requested is None and explicit_threads() is None
+              and os.environ.get(FOLLOW_ENV, "1").strip() != "0")
+    cpus = _affinity()
+    _follower = LoadFollower(threads, cpus) if follow and threads > 1 and cpus else None
+    policy = CpuPolicy(threads, tune_allocator(), load_kernels() is not None)
+    if _follower is not None and _follower.last is not None:
+        # the first look spans at least STARTUP_LOOK seconds (the kernels were cached)
+        time.sleep(max(0.0, STARTUP_LOOK - (time.monotonic() - _follower.last.wall)))
+        _follower.update()
+    return policy

@@ -83,6 +83,7 @@ from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.run_lock import RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
+from fedlap_privacy.threads import follow_load
 from fedlap_privacy.user_data import HELD_OUT_NOTE
 
 __all__ = [
@@ -215,6 +216,8 @@ def local_clients(
     """The in-process driver: each selected client's step on its own partition, in turn."""
     replies = []
     for k in chosen:
+        if run.cfg.noise != "seeded":  # a seeded run keeps its threads: bit-for-bit rounding
+            follow_load()
         x, y = run.client_data[k]
         gen = dp_generator(run.cfg, run.device, m, k + 1)
         with run.canary_context(k, m, len(y)):

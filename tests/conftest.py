@@ -3,12 +3,17 @@ training configuration ``TINY`` / ``tiny()`` live in helpers.py."""
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# the tests compare runs bit for bit: a thread count that follows the machine's load would
+# round differently from one run to the next (tests/core/test_threads.py turns it on)
+os.environ["FEDLAP_FOLLOW_LOAD"] = "0"
 
 
 def write_mini_mnist(folder: Path, n_train: int = 200, n_test: int = 50, seed: int = 1) -> Path:

@@ -184,10 +184,11 @@ def _train(msg: Message, context: Context) -> Message:
     """One client round (Method.client, docs/algorithms.md), or a refusal (module docstring).
 
     torch's threads follow :func:`fedlap_privacy.threads.apply_cpu_policy`: the node's
-    ``OMP_NUM_THREADS`` if set, else its CPUs shared by ``FEDLAP_WORKERS`` co-located nodes."""
+    ``OMP_NUM_THREADS`` if set, else its CPUs shared by ``FEDLAP_WORKERS`` co-located nodes
+    (fixed: a node does not follow the load)."""
     device = _device(context)
     try:
-        apply_cpu_policy()
+        apply_cpu_policy(follow=False)
         cfg, info, data, model, steps = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))

@@ -3,12 +3,15 @@ usable CPUs (affinity, cgroup quota) divided among the co-located workers."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from fedlap_privacy import threads
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.threads import (
+    LoadFollower,
     apply_thread_policy,
     cgroup_cpu_limit,
     explicit_threads,
@@ -79,34 +82,65 @@ def test_apply_sets_torch_threads(monkeypatch):
         torch.set_num_threads(before)
 
 
-def _gomp_spin_count(code: str, **env: str) -> str:
-    """GNU OpenMP's spin count in a fresh process running ``code``, as libgomp reports it when
-    it loads (OMP_DISPLAY_ENV=verbose)."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_DISPLAY_ENV")}
-    out = subprocess.run([sys.executable, "-c", code], env=base | env | {
-        "OMP_DISPLAY_ENV": "verbose"}, capture_output=True, text=True, check=True)
-    return re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr).group(1)
-
-
-def test_openmp_threads_wait_passively_unless_the_user_chose():
-    """Spinning OpenMP threads made a 2-round train 34x slower beside one busy torch process:
-    importing the package (every entry point does, before torch) makes them sleep at once."""
-    assert _gomp_spin_count("import torch") == "300000"  # torch alone: libgomp spins
-    assert _gomp_spin_count("import fedlap_privacy.cli.main, torch") == "0"
-    assert _gomp_spin_count("import fedlap_privacy, torch", OMP_WAIT_POLICY="ACTIVE") != "0"
-    assert _gomp_spin_count("import fedlap_privacy, torch", GOMP_SPINCOUNT="5000") == "5000"
-
-
 def test_runtime_defaults_respect_the_users_settings():
     from fedlap_privacy.runtime_env import apply_runtime_defaults
 
     env = {"THP_MEM_ALLOC_ENABLE": "0"}
-    assert apply_runtime_defaults(env) == {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert env == {"THP_MEM_ALLOC_ENABLE": "0", "OMP_WAIT_POLICY": "PASSIVE"}
-    assert apply_runtime_defaults({"GOMP_SPINCOUNT": "10"}) == {"THP_MEM_ALLOC_ENABLE": "1"}
+    assert apply_runtime_defaults(env) == {}
+    assert env == {"THP_MEM_ALLOC_ENABLE": "0"}
+    assert apply_runtime_defaults({}) == {"THP_MEM_ALLOC_ENABLE": "1"}
+
+
+def _stat(path, busy_ticks: list[int]) -> None:
+    """A /proc/stat with one line per CPU: busy ticks in user, nothing idle counted."""
+    path.write_text("cpu  0 0 0 0 0 0 0 0\n" + "".join(
+        f"cpu{i} {t} 0 0 999 0 0 0 0 0 0\n" for i, t in enumerate(busy_ticks)))
+
+
+def test_threads_follow_the_cpus_other_processes_leave_idle(tmp_path, monkeypatch):
+    """One busy process on a 2-CPU machine: one thread (the other would spin on the busy
+    core); the machine idle again: back to two."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    clock = iter([100.0, 101.0, 102.0, 103.0])
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+    own = os.times()
+    monkeypatch.setattr(threads.os, "times", lambda: own)  # this process took no CPU time
+    _stat(stat, [0, 0])
+    follower = LoadFollower(2, frozenset({0, 1}), stat=stat)
+    _stat(stat, [hz, 0])  # another process kept CPU 0 busy for the whole second
+    assert follower.threads_now() == 1
+    _stat(stat, [hz + hz // 10, hz // 10])  # then 0.2 CPU of others' work: both are ours
+    assert follower.threads_now() == 2
+    _stat(stat, [3 * hz, 2 * hz])  # both busy: still one thread, never none
+    assert follower.threads_now() == 1
+
+
+def test_own_cpu_time_is_not_counted_as_others_load():
+    before = threads.LoadSample(wall=0.0, busy=10.0, own=1.0)
+    after = threads.LoadSample(wall=1.0, busy=12.0, own=3.0)  # our two threads, busy
+    assert threads.others_busy(before, after) == 0.0
+    assert threads.others_busy(before, threads.LoadSample(1.0, 12.0, 2.0)) == 1.0
+
+
+def test_load_following_is_off_where_the_count_was_chosen(monkeypatch):
+    monkeypatch.setattr(threads, "tune_allocator", lambda: None)
+    monkeypatch.setattr("fedlap_privacy.kernels.build.load_kernels", lambda: None)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "usable_cpus", lambda *a: 2)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", threads.FOLLOW_ENV):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    try:
+        threads.apply_cpu_policy()
+        assert threads._follower is not None
+        threads.apply_cpu_policy(requested=2)
+        assert threads._follower is None
+        threads.apply_cpu_policy(follow=False)
+        assert threads._follower is None
+        monkeypatch.setenv(threads.FOLLOW_ENV, "0")
+        threads.apply_cpu_policy()
+        assert threads._follower is None
+    finally:
+        threads._follower = None
+        torch.set_num_threads(before)
