@@ -50,7 +50,7 @@ from fedlap_privacy.audit.metrics import attack_metrics
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 from fedlap_privacy.canary_state import CanaryState
-from fedlap_privacy.checkpoint import PRIVATE
+from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, committed_file
 from fedlap_privacy.data import CUSTOM, DATASETS, Dataset, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
 from fedlap_privacy.jsonsafe import json_safe
@@ -196,7 +196,8 @@ def _medians(values: np.ndarray, is_member: np.ndarray, is_audit: np.ndarray) ->
 
 def _load_private_state(checkpoint: Path) -> PrivateRunState:
     """The run's private state beside ``checkpoint``: the audit needs its member indices."""
-    path = checkpoint.parent / PRIVATE
+    path = (committed_file(checkpoint.parent, PRIVATE) if checkpoint.name == CHECKPOINT
+            else checkpoint.parent / PRIVATE)
     if not path.is_file():
         raise CheckpointError(
             f"no {PRIVATE} beside {checkpoint}: the audit needs the run's private state (the "
@@ -225,7 +226,8 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
     state records (``data_dir`` replaces it); a factory-built model is rebuilt by its
     recorded factory (``factory`` replaces its name)."""
     path = Path(checkpoint_path)
-    release = ModelRelease.load(path)
+    release = ModelRelease.load(  # a run folder's ckpt.pt: the committed one (the pair)
+        committed_file(path.parent, CHECKPOINT) if path.name == CHECKPOINT else path)
     name = release.dataset
     if name not in DATASETS and name != CUSTOM:
         raise CheckpointError(

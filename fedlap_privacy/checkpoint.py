@@ -11,6 +11,7 @@ arbitrary objects; every failure is a one-line :class:`CheckpointError`.
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import re
 import zipfile
@@ -30,6 +31,8 @@ PRIVATE_FORMAT = "fedlap-privacy-private/1"
 #: a run folder's releasable checkpoint and its private state beside it
 CHECKPOINT = "ckpt.pt"
 PRIVATE = "private.pt"
+#: names the committed generation of a run folder's pair (``fl.run_files``)
+COMMIT = "commit.json"
 
 
 def save_checkpoint(path: str | Path, payload: dict[str, Any], fmt: str = FORMAT) -> None:
@@ -110,3 +113,39 @@ def load_checkpoint_data(path: str | Path) -> Any:
             f"truncated or another format: {first})"
         ) from None
     return payload
+
+
+# ---------------------------------------------------------------- the run folder's pair
+# ckpt.pt and private.pt are committed as a pair (fedlap_privacy.fl.run_files writes them):
+# both staged under their generation's names, then commit.json names the generation, then
+# both are renamed into place. Every reader reads through the pointer.
+
+def staged_name(name: str, generation: int) -> str:
+    """The name ``name`` of generation ``generation`` has until it is renamed into place."""
+    return f".{name}.g{generation}"
+
+
+def committed_generation(out: Path) -> int:
+    """The generation ``commit.json`` names (0: none, a run of an earlier version or no run)."""
+    path = out / COMMIT
+    if not (path.exists() or path.is_symlink()):
+        return 0
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise ValueError("not a plain file")
+        with path.open("rb") as f:
+            generation = json.loads(f.read(4096))["generation"]
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
+            raise ValueError("not a generation")
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{path} is unreadable: which checkpoints the run committed is "
+                              "unknown") from None
+    return generation
+
+
+def committed_file(out: Path, name: str) -> Path:
+    """Where the committed ``ckpt.pt`` / ``private.pt`` of the run in ``out`` is: its staged
+    name while the pair's renames are unfinished, else its own name."""
+    generation = committed_generation(out)
+    staged = out / staged_name(name, generation)
+    return staged if generation and staged.is_file() else out / name

@@ -42,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.atomic import fsync_dir, write_text_atomic
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, PRIVATE_FORMAT
+from fedlap_privacy.checkpoint import (
+    CHECKPOINT,
+    COMMIT,
+    PRIVATE,
+    PRIVATE_FORMAT,
+    committed_file,
+    committed_generation,
+    staged_name,
+)
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.run_lock import RunLock, lock_run_folder
@@ -57,7 +65,6 @@ __all__ = [
 
 METRICS = "metrics.jsonl"
 PENDING = "round.pending"
-COMMIT = "commit.json"
 RUN_FILES = (CHECKPOINT, PRIVATE, METRICS, PENDING, COMMIT)
 #: the pair, in the order it is written and renamed into place
 _PAIR = (PRIVATE, CHECKPOINT)
@@ -82,37 +89,6 @@ def check_new_run_dir(out: Path) -> None:
                           "or pick another --out")
 
 
-def _staged(name: str, generation: int) -> str:
-    """The name ``name`` of generation ``generation`` has until it is renamed into place."""
-    return f".{name}.g{generation}"
-
-
-def committed_generation(out: Path) -> int:
-    """The generation ``commit.json`` names (0: none, a run of an earlier version or no run)."""
-    path = out / COMMIT
-    if not (path.exists() or path.is_symlink()):
-        return 0
-    try:
-        if path.is_symlink() or not path.is_file():
-            raise ValueError("not a plain file")
-        with path.open("rb") as f:
-            generation = json.loads(f.read(4096))["generation"]
-        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
-            raise ValueError("not a generation")
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{path} is unreadable: which checkpoints the run committed is "
-                              "unknown") from None
-    return generation
-
-
-def committed_file(out: Path, name: str) -> Path:
-    """Where the committed ``ckpt.pt`` / ``private.pt`` of the run in ``out`` is: its staged
-    name while the pair's renames are unfinished, else its own name (module docstring)."""
-    generation = committed_generation(out)
-    staged = out / _staged(name, generation)
-    return staged if generation and staged.is_file() else out / name
-
-
 def holds_run(out: Path) -> bool:
     """Whether ``out`` holds a committed run (a checkpoint to resume)."""
     return committed_file(out, CHECKPOINT).is_file()
@@ -128,7 +104,7 @@ def settle_run_files(out: Path) -> None:
     (a commit that never finished). Call it holding the run's lock."""
     generation = committed_generation(out)
     for name in _PAIR:
-        keep = _staged(name, generation) if generation else None
+        keep = staged_name(name, generation) if generation else None
         for pattern in (f".{name}.g*", f"..{name}.g*"):  # staged files, their temporaries
             for path in out.glob(pattern):
                 if path.name != keep:
@@ -143,8 +119,8 @@ def commit_run_files(out: Path, release: ModelRelease, private: PrivateRunState)
     docstring). Call it holding the run's lock."""
     settle_run_files(out)
     generation = committed_generation(out) + 1
-    private.save(out / _staged(PRIVATE, generation))
-    release.save(out / _staged(CHECKPOINT, generation))
+    private.save(out / staged_name(PRIVATE, generation))
+    release.save(out / staged_name(CHECKPOINT, generation))
     fsync_dir(out)
     write_text_atomic(out / COMMIT, json.dumps({"generation": generation}) + "\n")
     fsync_dir(out)
