@@ -51,8 +51,8 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.data import Dataset, content_hash, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.run_files import CHECKPOINT, PENDING, load_private
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.fl.run_files import PENDING, holds_run, load_private, load_release
+from fedlap_privacy.run_state import PrivateRunState
 
 __all__ = [
     "MANIFEST", "REFERENCE_DIR", "REFERENCE_SEED", "ReferenceRun", "load_reference_models",
@@ -217,7 +217,7 @@ def train_reference_models(
             trained_on = _reusable(folder, manifest, cfg, excluded, data_hash)
             if manifest.get("finished"):
                 continue
-            if (folder / CHECKPOINT).exists():
+            if holds_run(folder):
                 resume(folder, device=device, callback=callback,
                        data=population_data(data, trained_on))
                 _write_manifest(folder, cfg, trained_on, data_hash, finished=True)
@@ -266,7 +266,7 @@ def load_reference_models(paths: Sequence[str | Path]) -> list[ReferenceRun]:
             raise CheckpointError(f"{folder} holds no finished reference model: train it with "
                                   "train_reference_models (audit --reference-models)")
         try:
-            model = ModelRelease.load(folder / CHECKPOINT).build_model()
+            model = load_release(folder).build_model()
         except CheckpointError as exc:
             raise CheckpointError(f"{folder}: {exc}") from None
         model.eval()
