@@ -308,7 +308,7 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None
         path = Path(text)
         if not path.is_file():
             raise DataError(f"no such file: {path}")
-        x, y = (_read_npz_array(path, key) for key in ("x", "y"))
+        x, y = (read_npz_array(path, key) for key in ("x", "y"))
         if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
             raise DataError(f"{path}: x must be numbers and y integer labels")
         x, y = x.astype(np.float32), y.astype(np.int64)
@@ -320,7 +320,7 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None
     return np.ascontiguousarray(x), y
 
 
-def _read_npz_array(path: Path, key: str) -> np.ndarray:
+def read_npz_array(path: Path, key: str) -> np.ndarray:
     """Array ``key`` of a user's ``.npz``, read without pickles and without trusting its
     header: the declared shape must fit in the bytes the member holds (a forged shape cannot
     make us allocate), and a truncated or corrupt archive is a DataError naming the file."""

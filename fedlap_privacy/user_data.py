@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlap_privacy.data import CUSTOM, Dataset
+from fedlap_privacy.data import CUSTOM, Dataset, read_npz_array
 from fedlap_privacy.errors import DataError
 
 __all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
@@ -115,14 +115,6 @@ def npz_headers(path: Path) -> dict[str, NpyHeader]:
     return out
 
 
-def _read(path: Path, name: str) -> np.ndarray:
-    try:
-        with np.load(path, allow_pickle=False) as arrays:
-            return np.asarray(arrays[name])
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-        raise DataError(f"cannot read {name!r} from {path}: {str(exc)[:120]}") from None
-
-
 def _check_x(path: Path, header: NpyHeader) -> None:
     if len(header.shape) not in (2, 4):
         raise DataError(f"{path}: x has shape {header.shape}; expected images (N, C, H, W) "
@@ -151,7 +143,7 @@ def _labels(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarr
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: y must hold one integer label per record of x ({records}), "
                         f"found {header.dtype} {header.shape}")
-    y = _read(path, "y").astype(np.int64)
+    y = read_npz_array(path, "y").astype(np.int64)
     if len(y) and y.min() < 0:
         raise DataError(f"{path}: label {int(y.min())} is out of range (labels are 0..K-1)")
     return y
@@ -163,7 +155,7 @@ def _declared_classes(path: Path, members: dict[str, NpyHeader]) -> int | None:
     header = members["num_classes"]
     if header.shape not in ((), (1,)) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: num_classes must be one integer")
-    value = int(_read(path, "num_classes").reshape(-1)[0])
+    value = int(read_npz_array(path, "num_classes").reshape(-1)[0])
     if value < 2:
         raise DataError(f"{path}: num_classes {value} must be >= 2")
     return value
@@ -224,7 +216,7 @@ def probe(path: str | Path) -> DataLayout:
     assert reference is not None
     num_classes = declared[1] if declared is not None else top + 1
     for file in (*clients, *((test,) if test else ())):
-        y = _read(file, "y")
+        y = read_npz_array(file, "y")
         if int(y.max()) >= num_classes:
             raise DataError(f"{file}: label {int(y.max())} is out of range 0..{num_classes - 1}")
     if num_classes < 2:
@@ -236,7 +228,7 @@ def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.n
     header = members["client"]
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: client must hold one integer per record of x ({records})")
-    ids = _read(path, "client").astype(np.int64)
+    ids = read_npz_array(path, "client").astype(np.int64)
     if ids.min() < 0:
         raise DataError(f"{path}: client id {int(ids.min())} is negative (ids are 0..K-1)")
     counts = np.bincount(ids)
@@ -247,7 +239,7 @@ def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.n
 
 
 def _features(path: Path) -> np.ndarray:
-    x = _read(path, "x")
+    x = read_npz_array(path, "x")
     finite = np.isfinite(x) if x.dtype.kind == "f" else np.ones(1, dtype=bool)
     if not finite.all():
         bad = int(np.argwhere(~finite)[0][0])
@@ -269,15 +261,15 @@ def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
     (module docstring). Everything is checked first (:func:`probe`)."""
     layout = probe(path)
     if layout.natural and layout.clients[0] == layout.path:
-        x_all, y_all = _features(layout.path), _read(layout.path, "y").astype(np.int64)
+        x_all, y_all = _features(layout.path), read_npz_array(layout.path, "y").astype(np.int64)
         ids = _client_ids(layout.path, npz_headers(layout.path), len(y_all))
         pieces = [(x_all[ids == k], y_all[ids == k]) for k in range(int(ids.max()) + 1)]
     else:
-        pieces = [(_features(p), _read(p, "y").astype(np.int64)) for p in layout.clients]
+        pieces = [(_features(p), read_npz_array(p, "y").astype(np.int64)) for p in layout.clients]
     held_out = layout.test is None
     if layout.test is not None:
         x_test = _features(layout.test)
-        y_test = _read(layout.test, "y").astype(np.int64)
+        y_test = read_npz_array(layout.test, "y").astype(np.int64)
         train = pieces
     elif layout.natural:
         masks = []

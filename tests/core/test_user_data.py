@@ -123,8 +123,8 @@ def test_probe_reads_no_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     import fedlap_privacy.user_data as user_data
 
     read = []
-    real = user_data._read
-    monkeypatch.setattr(user_data, "_read", lambda p, n: read.append(n) or real(p, n))
+    real = user_data.read_npz_array
+    monkeypatch.setattr(user_data, "read_npz_array", lambda p, n: read.append(n) or real(p, n))
     layout = probe(root)
     assert layout.input_shape == (FEATURES,) and layout.num_classes == CLASSES
     assert "x" not in read and layout.natural and len(layout.clients) == 3
