@@ -42,7 +42,7 @@ from fedlap_privacy.data import CUSTOM, Dataset, read_npz_array
 from fedlap_privacy.errors import DataError
 
 __all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
-           "Records", "load_records", "load_user_data", "npz_headers", "probe"]
+           "Records", "describe_shape", "load_records", "load_user_data", "npz_headers", "probe"]
 
 TEST_FILE = "test.npz"
 #: share of each client's records held out for evaluation when there is no test set
@@ -161,7 +161,8 @@ def _declared_classes(path: Path, members: dict[str, NpyHeader]) -> int | None:
     return value
 
 
-def _describe(shape: tuple[int, ...]) -> str:
+def describe_shape(shape: tuple[int, ...]) -> str:
+    """One record's shape in words: "6 features" or "images 1x8x8"."""
     return (f"{shape[0]} features" if len(shape) == 1
             else "images " + "x".join(str(d) for d in shape))
 
@@ -191,8 +192,8 @@ def probe(path: str | Path) -> DataLayout:
         if reference is None:
             reference = (file, header)
         elif header.shape[1:] != reference[1].shape[1:]:
-            raise DataError(f"{file} has {_describe(header.shape[1:])}, {reference[0].name} "
-                            f"has {_describe(reference[1].shape[1:])}: every client (and the "
+            raise DataError(f"{file} has {describe_shape(header.shape[1:])}, {reference[0].name} "
+                            f"has {describe_shape(reference[1].shape[1:])}: every client (and the "
                             "test set) must hold records of one shape")
         elif header.dtype != reference[1].dtype:
             raise DataError(f"{file}: x is {header.dtype}, {reference[0].name}'s is "

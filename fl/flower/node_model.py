@@ -32,6 +32,7 @@ from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.user_runs import factory_spec, run_model
+from fedlap_privacy.user_data import describe_shape
 
 __all__ = ["MODEL_RECORD", "ModelShape", "build_node_model", "check_records", "load_weights"]
 
@@ -73,17 +74,12 @@ class ModelShape:
         return cls(shape, classes)
 
 
-def _describe(shape: tuple[int, ...]) -> str:
-    return (f"{shape[0]} features" if len(shape) == 1
-            else "images " + "x".join(str(d) for d in shape))
-
-
 def check_records(shape: ModelShape, input_shape: tuple[int, ...], y: Tensor,
                   declared_classes: int | None, where: str) -> None:
     """Refuse records (of ``where``) that the server's model cannot take (module doc, 2)."""
     if tuple(input_shape) != shape.input_shape:
-        raise DataError(f"{where} holds {_describe(tuple(input_shape))}, the server's model "
-                        f"takes {_describe(shape.input_shape)}")
+        raise DataError(f"{where} holds {describe_shape(tuple(input_shape))}, the server's model "
+                        f"takes {describe_shape(shape.input_shape)}")
     if declared_classes is not None and declared_classes != shape.num_classes:
         raise DataError(f"{where} declares num_classes {declared_classes}, the server's model "
                         f"has {shape.num_classes} classes")
