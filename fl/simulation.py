@@ -173,8 +173,7 @@ def client_parts(cfg: TrainConfig, data: Dataset, split_seed: int | None = None
     ``split_seed``), never from the seed of the initial weights; the same in every driver,
     on every node. A user's natural partition (:mod:`~fedlap_privacy.fl.user_runs`) is kept:
     only the hold-out and the cuts are drawn."""
-    natural = data.partition is not None
-    seed = _split_seed(cfg, split_seed, natural)
+    seed = _split_seed(cfg, split_seed, natural=data.partition is not None)
     keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data, seed))
     if data.partition is not None:
         return _cut(cfg, [p[np.isin(p, keep)] for p in data.partition], seed)
