@@ -90,8 +90,8 @@ def documented_files() -> tuple[list[str], dict[str, str]]:
 
 def _documented_runs(folder: Path) -> None:
     """In ``folder``: each run a documented audit reads, made by the documented train that
-    writes it, for real and for one round."""
-    commands = [shlex.split(c)[1:] for _, c in documented_commands()]
+    writes it, for real and for one round (once: the README repeats commands of the pages)."""
+    commands = [shlex.split(c)[1:] for c in dict.fromkeys(c for _, c in documented_commands())]
     audited = {Path(a[a.index("--model") + 1]).parent for a in commands
                if a[0] == "audit" and "--model" in a and a[a.index("--model") + 1].endswith(
                    "ckpt.pt")}
