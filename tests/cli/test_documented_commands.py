@@ -1,4 +1,5 @@
-"""Every ``fedlap-privacy ...`` command README.md and docs/ show runs.
+"""Every ``fedlap-privacy ...`` command README.md and docs/ show runs, and so do the README's
+Python examples.
 
 The commands come from the fenced shell blocks and from inline code in the prose; ``train``,
 ``compare`` and ``audit`` run with ``--dry-run`` added (every flag parsed, every setting and
@@ -186,3 +187,24 @@ def test_documented_command_runs(where, command, workspace, monkeypatch):
     if args[0] in DRY_RUN:
         assert "dry run" in result.output or '"dry_run": true' in result.output
         assert _listing(workspace) == before, f"{command} wrote into its folder"
+
+
+def test_the_readme_python_examples_run(tmp_path):
+    """The Python blocks of the README and the getting-started page (a newcomer's first
+    code) run as shown, in a fresh folder; the training example for one round instead of
+    five. Each printed line of the training example is an accuracy and an epsilon."""
+    root = repo_root()
+    blocks = list(dict.fromkeys(
+        block for path in (root / "README.md", root / "docs" / "getting-started.md")
+        for block in re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)))
+    trains = [b for b in blocks if "train(" in b]
+    assert trains, "the README shows no training from Python"
+    for block in blocks:
+        code = block.replace("rounds=5", "rounds=1")
+        done = subprocess.run([sys.executable, "-"], input=code, text=True, cwd=tmp_path,
+                              capture_output=True)
+        assert done.returncode == 0, f"{block}\n{done.stderr}"
+        if block in trains:
+            accuracy, epsilon = map(float, done.stdout.split())
+            assert 0.0 <= accuracy <= 1.0 and epsilon > 0.0, done.stdout
+        shutil.rmtree(tmp_path / "runs", ignore_errors=True)
