@@ -74,6 +74,15 @@ def documented_commands() -> list[tuple[str, str]]:
             for where, c in found]
 
 
+
+def first_places() -> dict[str, str]:
+    """Each documented command once, with the file that shows it first (the README repeats
+    commands of the pages)."""
+    places: dict[str, str] = {}
+    for where, command in documented_commands():
+        places.setdefault(command, where)
+    return places
+
 def documented_files() -> tuple[list[str], dict[str, str]]:
     """What the documentation's snippets write: the code of every ``python - <<'PY'`` block
     of its shell blocks, and each Python block headed ``# NAME.py`` (NAME.py -> its text)."""
@@ -91,8 +100,8 @@ def documented_files() -> tuple[list[str], dict[str, str]]:
 
 def _documented_runs(folder: Path) -> None:
     """In ``folder``: each run a documented audit reads, made by the documented train that
-    writes it, for real and for one round (once: the README repeats commands of the pages)."""
-    commands = [shlex.split(c)[1:] for c in dict.fromkeys(c for _, c in documented_commands())]
+    writes it, for real and for one round."""
+    commands = [shlex.split(c)[1:] for c in first_places()]
     audited = {Path(a[a.index("--model") + 1]).parent for a in commands
                if a[0] == "audit" and "--model" in a and a[a.index("--model") + 1].endswith(
                    "ckpt.pt")}
@@ -162,7 +171,7 @@ def test_the_documentation_shows_commands_of_every_kind():
 @pytest.mark.parametrize("where,command", [
     pytest.param(where, command, id=f"{where}: {command}"[:100],
                  marks=[pytest.mark.slow] if command in SLOW else [])
-    for where, command in dict.fromkeys(documented_commands()) if command not in NOT_RUN
+    for command, where in first_places().items() if command not in NOT_RUN
 ])
 def test_documented_command_runs(where, command, workspace, monkeypatch):
     from fedlap_privacy.audit import dry_run as audit_dry_run
