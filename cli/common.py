@@ -61,7 +61,7 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
 #: --data's help (train, compare)
 DATA_HELP = ("Your own records instead of --dataset: a folder of .npz files, one per client "
              "(x, y; optional test.npz), or one .npz (x, y, optional client). x: images "
-             "(N, C, H, W) or feature rows (N, D). See the README, 'Train on your own data'.")
+             "(N, C, H, W) or feature rows (N, D). See docs/own-data.md.")
 #: --model's help (train, compare)
 MODEL_HELP = ("FILE.py:FUNC or module:FUNC: FUNC(input_shape, num_classes) returns the "
               "torch.nn.Module to train (no BatchNorm). Default: the ConvNet for images, an MLP "

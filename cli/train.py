@@ -114,7 +114,7 @@ def train(
     ),
     node_policy: Path | None = typer.Option(
         None, "--node-policy", help="Flower: a node policy TOML file given to every local "
-        "SuperNode (allowed methods, minimum sigma, budget, ...; see the README)."
+        "SuperNode (allowed methods, minimum sigma, budget, ...; see docs/flower.md)."
     ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
