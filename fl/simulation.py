@@ -55,6 +55,7 @@ from fedlap_privacy.data import (
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
+from fedlap_privacy.fl.client_sampling import select_clients
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
@@ -189,14 +190,6 @@ def _cut(cfg: TrainConfig, parts: list[np.ndarray], seed: int) -> list[np.ndarra
     if cfg.client_records is None:
         return parts
     return subsample_parts(parts, cfg.client_records, seed)
-
-
-def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
-    """Each client independently with probability ``client_fraction`` (the q1 of Theorem
-    5.8), from DP randomness: a secret draw unless the run's noise is seeded."""
-    select = dp_generator(cfg, torch.device("cpu"), round_, 0)
-    return [k for k in range(cfg.clients)
-            if float(torch.rand((), generator=select)) < cfg.client_fraction]
 
 
 def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
