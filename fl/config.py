@@ -263,7 +263,8 @@ class TrainConfig:
             raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
                               f"({', '.join(releasing)}), not {self.method}")
         if kind == "clients" and self.notion != "client-level":
-            raise ConfigError("canary clients audit client-level DP (dp-normfedavg) only")
+            raise ConfigError("canary clients audit client-level DP (dp-normfedavg, "
+                              "dp-fedavg-client) only")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,4 +1,4 @@
-"""Client-level DP-FedAvg with fixed or adaptive clipping (docs/algorithms.md#dp-fedavg-client).
+"""Client-level DP-FedAvg, fixed or adaptive clipping (docs/algorithms.md#dp-fedavg-client-level).
 
 McMahan, Ramage, Talwar, Zhang 2018, "Learning differentially private recurrent language
 models" (DP-FedAvg); adaptive clipping from Andrew, Thakkar, McMahan, Ramaswamy 2021,

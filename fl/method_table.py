@@ -77,8 +77,12 @@ def _check_dp_fedavg_client(cfg: TrainConfig) -> None:
         if cfg.clip_count_sigma is not None:
             raise ConfigError("clip_count_sigma is the noise of adaptive clipping: set "
                               "clip_quantile too (or leave it unset for a fixed clip)")
-    elif cfg.sigma is not None:  # a planned sigma is checked once planned
-        update_sigma(cfg.sigma, cfg.clip_count_noise)
+    else:
+        if cfg.canaries:
+            raise ConfigError("canary clients upload at a fixed clip: audit dp-fedavg-client "
+                              "with fixed clipping (leave clip_quantile unset)")
+        if cfg.sigma is not None:  # a planned sigma is checked once planned
+            update_sigma(cfg.sigma, cfg.clip_count_noise)
 
 
 @dataclass(frozen=True)

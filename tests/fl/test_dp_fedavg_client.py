@@ -231,3 +231,20 @@ def test_dp_fedavg_client_learns_digits_with_20_clients_at_epsilon_8():
     assert result.summary["epsilon"] == pytest.approx(8.0, rel=1e-3)
     assert result.summary["sigma_planned"] and result.summary["sigma"] > 1.5
     assert result.summary["test_accuracy"] > 0.5
+
+
+def test_compare_plans_its_sigma_for_each_target_and_refuses_adaptive_canaries():
+    from fedlap_privacy.fl.compare import budget_config
+    from fedlap_privacy.fl.privacy import with_planned_sigma
+
+    base = tiny(method="fedavg", clients=20, split="iid", clients_per_round=5, rounds=4)
+    cfg = budget_config(base, METHOD, 3.0)
+    assert cfg.sigma is None and cfg.target_eps == 3.0
+    planned = with_planned_sigma(cfg, [70] * 20)
+    from fedlap_privacy.accountant import epsilon
+
+    sampling = planned.sampling  # fixed cohorts: planned at sigma / 2, run at sigma
+    assert epsilon(sampling.schedule(), planned.sigma / 2, 4, planned.delta) == pytest.approx(
+        3.0, rel=1e-3)
+    with pytest.raises(ConfigError, match="canary clients upload at a fixed clip"):
+        tiny(method=METHOD, clip_quantile=0.5, canaries=10, sigma=1.0).validate()
