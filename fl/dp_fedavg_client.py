@@ -141,7 +141,8 @@ class DPFedAvgClient(Method):
             update = {name: r.payload[name] for name in params}
             clipped, norm = clip_update(update, clip)
             flag = r.payload.get(BELOW_CLIP)
-            below += float(norm <= clip) if flag is None else float(flag)
+            # an indicator is 0 or 1 whatever was sent (the count's sensitivity is 1/2)
+            below += float(norm <= clip) if flag is None else float(float(flag) > 0.5)
             uploads.append(clipped)
         with torch.no_grad():
             for name, p in params.items():  # noise drawn per parameter in a fixed order
