@@ -158,6 +158,8 @@ def privacy_sentence(p: dict[str, Any]) -> str:
         other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.get("threat_model")]
         if other:
             text += f" (epsilon {', '.join(other)})"
+        if p.get("client_sampling"):
+            text += f"; {p['client_sampling']}"
     elif notion == "local" and eps is not None:
         text = (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
                 f"{eps:g} per weight over the run (a whole upload: d x that)")
@@ -193,9 +195,11 @@ def print_run_plan(run: RunPlan) -> None:
              f"sigma {cfg.sigma:.4g}" + (" (planned for the target)" if run.sigma_planned
                                           else ""))
     start = f", from round {run.start_round}" if run.start_round > 1 else ""
+    cohort = (f"fraction {cfg.client_fraction:g}" if cfg.clients_per_round is None
+              else f"{cfg.clients_per_round} per round")
     console.print(
-        f"run: {cfg.method}, {cfg.rounds} rounds{start}, {cfg.clients} clients (fraction "
-        f"{cfg.client_fraction:g}), B {cfg.batch_size}, T = {run.accesses_per_round} "
+        f"run: {cfg.method}, {cfg.rounds} rounds{start}, {cfg.clients} clients ({cohort}), "
+        f"B {cfg.batch_size}, T = {run.accesses_per_round} "
         f"accesses per client-round, {sigma}", highlight=False)
     if run.stop:
         console.print(f"[bold yellow]stops after {run.rounds_run} round(s):[/] {run.stop}",
