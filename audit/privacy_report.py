@@ -191,6 +191,13 @@ def _canaries(report: dict[str, Any]) -> list[Block]:
                       "refute it."),
         Block("table", items=tuple(rows)),
     ]
+    for audit in one_run["audits"]:
+        gdp = audit.get("gdp_estimate")
+        if gdp:
+            out.append(Block("text", f"`{audit['audit']}`: a Gaussian-DP ESTIMATE (Nasr et "
+                                     f"al.; it assumes Gaussian scores and is NOT a bound, "
+                                     f"and no verdict uses it): mu {fmt(gdp['mu'])}, epsilon "
+                                     f"{fmt(gdp['epsilon'])} at delta {fmt(gdp['delta'])}."))
     estimates = [a for a in one_run["audits"] if a.get("epsilon_estimate")]
     for audit in estimates:
         est = audit["epsilon_estimate"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -111,3 +112,18 @@ def test_default_fedlap_dp_run_is_audited(tmp_path: Path, monkeypatch, noise: st
     assert report["privacy"]["epsilon"] == pytest.approx(3.24, abs=0.01)
     assert code == (1 if noise == "removed" else 0)
     assert (report["one_run"]["verdict"] == "violation") == (noise == "removed")
+
+
+def test_gdp_estimate_tracks_the_central_limit_mu() -> None:
+    """Nasr et al.'s heuristic on ideal white-box scores: in-canaries sampled at rate q over
+    T releases with noise sigma, so mu is about q sqrt(T) / sigma; an estimate, not a bound."""
+    from fedlap_privacy.audit.gdp_estimate import gdp_estimate
+
+    g = np.random.default_rng(0)
+    q, t, sigma, m = 0.25, 40, 1.0, 20000
+    scores_in = g.binomial(t, q, m) + sigma * np.sqrt(t) * g.standard_normal(m)
+    scores_out = sigma * np.sqrt(t) * g.standard_normal(m)
+    est = gdp_estimate(scores_in, scores_out, 1e-5)
+    assert est is not None and "not a bound" in est.kind
+    assert est.mu == pytest.approx(q * np.sqrt(t) / sigma, rel=0.05)
+    assert gdp_estimate(scores_in[:1], scores_out, 1e-5) is None

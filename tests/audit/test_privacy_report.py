@@ -78,6 +78,8 @@ def test_every_number_in_the_report_is_the_json_s(audited: Path) -> None:
                   data["release"]["sigma"], data["release"]["sampling_rate"]):
         assert fmt(value) in _prose_numbers(md)
     assert "Holds against (server)" in md and "declared public" in md
+    gdp = one_run["audits"][0]["gdp_estimate"]  # shown, labelled, never a bound
+    assert fmt(gdp["epsilon"]) in _prose_numbers(md) and "NOT a bound" in md
     assert data["release"]["rounds"] == 2 and data["release"]["sigma"] == 1.0
 
 
