@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.audit.report import _claim_curve  # the audit's own curve of the ledger
+from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.data import load_dataset
 from fedlap_privacy.fl import dp
@@ -36,6 +36,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run_files import load_private, load_release
 from fedlap_privacy.fl.simulation import train
 from fedlap_privacy.fl.user_runs import run_model
+from fedlap_privacy.ledger import PrivacyLedger
 
 
 def _initial_weights(cfg: TrainConfig) -> torch.Tensor:
@@ -66,8 +67,9 @@ def main() -> None:
         assert state.coordinates is not None and not state.dedicated
         final = (_initial_weights(cfg) - flat_weights(model))[state.coordinates].double()
         claim, delta = result.summary["epsilon"], cfg.delta
-        target = type("Target", (), {"release": release})()
-        curve = _claim_curve(target, "white-box")  # type: ignore[arg-type]
+        steps = ledger_steps(PrivacyLedger.replay(release.ledger))
+        assert steps is not None
+        curve = ClaimCurve.from_steps(steps, delta)  # the curve the audit tests
         print(f"DP-FedAvg, digits, {args.rounds} rounds, sigma {args.sigma} (noise drawn x "
               f"{args.noise_scale}), {args.canaries} canaries, claim {claim:.2f}")
         print("| statistic | Steinke LB | f-DP LB | claim-curve p | verdict |")
