@@ -88,6 +88,8 @@ class DPFedAvgClient(Method):
     their sum added by the (trusted) server, fixed or adaptive clip norm."""
 
     aggregate_without_replies = True
+    #: q n or K (public), the clip norm broadcast and the noisy fraction below it (DP releases)
+    public_extras = ("expected_clients", "clip", "below_clip_fraction")
 
     @property
     def adaptive(self) -> bool:

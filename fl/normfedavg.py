@@ -76,6 +76,8 @@ class DPNormFedAvg(Method):
     """
 
     aggregate_without_replies = True
+    #: q K, a public constant
+    public_extras = ("expected_clients",)
 
     def client(
         self, model: nn.Module, x: Tensor, y: Tensor, state: State, info: RoundInfo,
