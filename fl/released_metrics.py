@@ -8,10 +8,10 @@ public, so a mean over the selected clients points at them), the seconds a round
 grows with the cohort) and the server step's own statistics (e.g. FedLAP-DP's server
 steps, which count the synthetic sets received). Only an allow-list is released there: the
 metrics on public data, the ledger's numbers (computed from the rates alone) and the
-server-step values a method declares public (:attr:`~fedlap_privacy.fl.methods.Method.
-public_extras`: broadcasts of the noisy mechanism itself, or public constants). Under the
-``server`` threat model the server knows the selection anyway; everything is released.
-The full metrics stay in the run's private state.
+server-step values a method declares public (``Method.public_extras`` of
+:mod:`fedlap_privacy.fl.methods`: the noisy mechanism's own releases, or public constants).
+Under the ``server`` threat model the server knows the selection anyway; everything is
+released. The full metrics stay in the run's private state.
 """
 
 from __future__ import annotations
