@@ -192,3 +192,22 @@ def test_audit_states_the_same_claim_from_a_withheld_release(tmp_path):
     assert claim.stored_matches
     report = run_audit(out / CHECKPOINT, seed=0).to_json()
     assert report["privacy"]["epsilon"] == pytest.approx(result.ledger.epsilon, rel=1e-12)
+
+
+def test_a_run_written_before_withholding_resumes_and_is_then_withheld(tmp_path):
+    """A hidden-selection run folder of the previous layout (full ledger in ckpt.pt, its
+    fingerprint in private.pt, no private copy) resumes; its next release withholds."""
+    from fedlap_privacy.ledger import ledger_digest
+
+    out = tmp_path / "run"
+    first = train(_cfg(**HIDDEN_RUNS["record-level hidden-selection"]), out, device="cpu")
+    full = [e.to_dict() for e in first.ledger.entries]
+    history = PrivateRunState.load(out / PRIVATE).history
+    _edit(out / CHECKPOINT, ledger=lambda _: full, history=lambda _: history)
+    _edit(out / PRIVATE, PRIVATE_FORMAT, ledger=lambda _: [], history=lambda _: [],
+          ledger_digest=lambda _: ledger_digest(first.ledger.entries))
+    resumed = resume(out, rounds=4, device="cpu")
+    assert resumed.ledger.entries[:3] == first.ledger.entries
+    release, metrics = _released(out)
+    assert len(release.ledger) == 4 and _revealing_values(release.ledger) == []
+    assert _revealing_values(metrics) == []
