@@ -29,7 +29,12 @@ from fedlap_privacy.fl.schedule import (
     ClientSchedule,
     choose_schedule,
 )
-from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
+from fedlap_privacy.ledger import (
+    NOTION_THREAT_MODELS,
+    THREAT_MODELS,
+    Notion,
+    selection_withheld,
+)
 
 __all__ = [
     "FIELD_RULES", "INITS", "LR_SCHEDULES", "MAX_PLD_ROUNDS", "MAX_ROUNDS", "METHODS", "PRESETS",
@@ -185,9 +190,11 @@ class TrainConfig:
         split = () if self.split_seed is None else (
             f"which records each client holds (and the validation hold-out): they follow from "
             f"split_seed {self.split_seed}",)
+        # where the epsilon assumes the selection hidden, the release withholds it (ledger)
+        selection = () if selection_withheld(self.resolved_threat_model) else (
+            "which clients were selected in each round, and how many",)
         return ("each client's dataset size N_k (the smallest sets the sampling rate)",
-                "which clients were selected in each round, and how many", *self.spec.public,
-                *split)
+                *selection, *self.spec.public, *split)
 
     @property
     def private(self) -> bool:
