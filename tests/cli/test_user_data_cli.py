@@ -70,5 +70,5 @@ def test_reference_models_audit_a_run_on_user_data(tmp_path: Path) -> None:
     aucs = {name: report["attacks"][name]["score" if name in ("rmia", "lira") else "threshold"]
             ["auc"] for name in ("loss", "rmia", "lira")}
     assert all(0.0 <= auc <= 1.0 for auc in aucs.values())
-    # measured 0.83 / 0.83 / 0.77 on 45 + 45 audited records (chance 0.5, its sd about 0.06)
+    # measured 0.83 / 0.83 / 0.77 (chance: 0.5)
     assert aucs["loss"] > 0.7 and aucs["rmia"] > 0.7 and aucs["lira"] > 0.65, aucs
