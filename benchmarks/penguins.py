@@ -12,9 +12,9 @@ a missing measurement are dropped (342 penguins remain).
 
 Model: a multinomial logistic regression (:func:`logistic_regression`, 15 weights, passed as
 ``--model benchmarks/penguins.py:logistic_regression`` would be), the same for every method.
-With about 270 training records, epsilon 3 buys little noise-free signal per weight: the
-default tabular MLP (4,800 weights) drowns in the DP noise (DP-FedAvg 84% with one seed at
-62%), the 15 weights do not.
+With about 270 training records, epsilon 3 buys little signal per weight: the default
+tabular MLP (about 4,700 weights) drowns in the DP noise (DP-FedAvg 84% over three seeds,
+one at 62%), the 15 weights do not.
 
 How the settings were chosen (``--tune``): six DP-FedAvg candidates (:data:`CANDIDATES`), each
 scored by its mean accuracy over seeds 100-102 on a validation split of 40 TRAINING records
