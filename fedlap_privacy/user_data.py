@@ -28,6 +28,9 @@ the clients' classes do not cover, labels out of range, an empty client, NaN or 
 ``x``. :func:`probe` reads the archives' array headers and the labels only, so that the run
 can refuse a bad layout (or a model, :mod:`fedlap_privacy.model_factory`) before any
 record's features are read; :func:`load_user_data` then reads and checks everything.
+:func:`load_records` reads ONE party's file under the same checks (a Flower node's
+``data-file``, audit's ``--members`` / ``--nonmembers``): the package's one reader of a
+file of records. :func:`load_run_data` reads a saved run's dataset again.
 """
 
 from __future__ import annotations

@@ -231,9 +231,9 @@ def train_reference_models(
 
     ``exclude``: ids (:func:`record_ids`) of every record the audit scores; none of them is
     in any reference model's training data. ``data_dir`` overrides the run's data folder
-    (the data must be the run's: checked against its content hash). ``callback`` is passed
-    to the trainer (progress events). See the module docstring for the configuration, the
-    population data, the cache and the cost (``n`` full trainings).
+    (or its ``--data`` path; the data must be the run's: checked against its content hash).
+    ``callback`` is passed to the trainer (progress events). See the module docstring for
+    the configuration, the population data, the cache and the cost (``n`` full trainings).
     """
     from fedlap_privacy.fl.simulation import resume, train
 
