@@ -242,7 +242,7 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
     from_checkpoint = data_dir is None and recorded_dir is not None
     used = data_dir if data_dir is not None else recorded_dir
     try:
-        dataset = load_run_data(private.config, private.split_seed, data_dir)
+        dataset = load_run_data(name, private.config, private.split_seed, data_dir)
     except DataError as exc:
         if not from_checkpoint:
             raise

@@ -335,15 +335,14 @@ def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
     )
 
 
-def load_run_data(config: dict[str, Any], split_seed: int | None,
+def load_run_data(dataset: str, config: dict[str, Any], split_seed: int | None,
                   path: str | Path | None = None) -> Dataset:
-    """The dataset a saved run trained on, from its recorded configuration (its private
+    """The ``dataset`` a saved run trained on, from its recorded configuration (its private
     state's): a built-in dataset from its ``data_dir``, or a user's records from their
     ``data`` path, held out with the run's split seed (``seed`` for a run saved before split
     seeds) exactly as the run held them out. ``path`` replaces the recorded folder or path."""
-    name = config.get("dataset")
-    if name != CUSTOM:
-        return load_dataset(str(name), path if path is not None else config.get("data_dir"))
+    if dataset != CUSTOM:
+        return load_dataset(dataset, path if path is not None else config.get("data_dir"))
     used = path if path is not None else config.get("data")
     if used is None:
         raise DataError("the run's data path is not recorded: pass --data-dir PATH")
@@ -355,8 +354,8 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None)
     """ONE party's records, the one reader of a file of records: a Flower node's
     ``data-file``, ``audit``'s ``--members`` / ``--nonmembers``. ``spec`` is an ``.npz`` with
     ``x`` and ``y`` and optionally ``num_classes``, under the checks of one file of
-    :func:`probe` and :func:`load_user_data` (headers first, then labels, then the features;
-    no pickle), or ``IMAGES,LABELS``, a pair of IDX files
+    :func:`probe` and :func:`load_user_data` (headers first, then the features, then the
+    labels; no pickle), or ``IMAGES,LABELS``, a pair of IDX files
     (:func:`fedlap_privacy.data.read_idx_records`; ``normalise``: their ``(mean, std)``)
     under the same checks. Its labels need not cover every class (a node may hold one); a
     ``client`` array is refused: the file is the party's own records."""
@@ -372,8 +371,9 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None)
     if "client" in members:
         raise DataError(f"{file}: a client array splits a file among clients (--data); a "
                         "node's data file holds its own records only")
+    x = _features(file)  # a header that declares more than the file holds is refused here
     y = _labels(file, members, header.shape[0])
     declared = _declared_classes(file, members)
     if declared is not None and int(y.max()) >= declared:
         raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
-    return Records(file, _features(file), y, declared)
+    return Records(file, x, y, declared)

@@ -243,7 +243,7 @@ def train_reference_models(
     private = load_private(run)
     configs = [_reference_config(private, i) for i in range(n)]
     cfg0 = configs[0]
-    data = load_run_data(private.config, private.split_seed, data_dir)
+    data = load_run_data(cfg0.dataset, private.config, private.split_seed, data_dir)
     data_hash = content_hash(data.x_train, data.y_train, data.x_test, data.y_test)
     recorded = private.fingerprints.get("data")
     if recorded is not None and recorded != content_hash(data.x_train, data.y_train):
