@@ -52,13 +52,13 @@ from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, committed_file
-from fedlap_privacy.data import CUSTOM, DATASETS, Dataset, load_dataset
+from fedlap_privacy.data import CUSTOM, DATASETS, Dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
 from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.model_factory import FactorySpec
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
-from fedlap_privacy.user_data import load_user_data
+from fedlap_privacy.user_data import load_run_data
 
 __all__ = [
     "AuditTarget",
@@ -243,14 +243,7 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
     from_checkpoint = data_dir is None and recorded_dir is not None
     used = data_dir if data_dir is not None else recorded_dir
     try:
-        if name == CUSTOM:
-            if used is None:
-                raise DataError("the run's data path is not recorded: pass --data-dir PATH")
-            held_out_seed = (private.split_seed if private.split_seed is not None
-                             else int(private.config.get("seed", 0)))  # an earlier version
-            dataset = load_user_data(used, held_out_seed)
-        else:
-            dataset = load_dataset(name, used)
+        dataset = load_run_data(name, private.config, private.split_seed, data_dir)
     except DataError as exc:
         if not from_checkpoint:
             raise

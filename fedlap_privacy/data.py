@@ -291,33 +291,17 @@ def _read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
     return np.frombuffer(body, dtype=np.uint8).reshape(dims)
 
 
-def load_records(spec: str | Path, normalise: tuple[float, float] | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Records ``(x, y)`` from a file a user brings (e.g. the members of a model trained
-    elsewhere): an ``.npz`` with arrays ``x`` (float, ``(N, C, H, W)``, used as is) and ``y``
-    (integer labels), or ``IMAGES,LABELS``, two IDX files (raw or gzipped; images scaled to
-    [0, 1] and, with ``normalise=(mean, std)``, standardised). Read without pickles."""
-    text = str(spec)
-    if "," in text:
-        images, labels = (Path(p.strip()) for p in text.split(",", 1))
-        x = _read_idx(images, IDX_IMAGE_MAGIC, ndim=3).astype(np.float32)[:, None] / 255.0
-        y = _read_idx(labels, IDX_LABEL_MAGIC, ndim=1).astype(np.int64)
-        if normalise is not None:
-            x = (x - normalise[0]) / normalise[1]
-    else:
-        path = Path(text)
-        if not path.is_file():
-            raise DataError(f"no such file: {path}")
-        x, y = (read_npz_array(path, key) for key in ("x", "y"))
-        if x.dtype.kind not in "fiu" or y.dtype.kind not in "iu":
-            raise DataError(f"{path}: x must be numbers and y integer labels")
-        x, y = x.astype(np.float32), y.astype(np.int64)
-    if x.ndim != 4 or y.shape != (len(x),) or len(x) == 0 or y.min() < 0:
-        raise DataError(f"{spec}: expected x of shape (N, C, H, W) and N labels >= 0, got "
-                        f"{x.shape} and {y.shape}")
-    if not np.isfinite(x).all():
-        raise DataError(f"{spec}: x holds NaN or infinite values")
-    return np.ascontiguousarray(x), y
+def read_idx_records(images: Path, labels: Path, normalise: tuple[float, float] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Records ``(x, y)`` from a pair of IDX files a user brings (raw or gzipped): images
+    ``(N, 1, H, W)`` scaled to [0, 1] and, with ``normalise=(mean, std)``, standardised;
+    int64 labels. Read without pickles; the records' checks are
+    :func:`fedlap_privacy.user_data.load_records`'s, which calls this."""
+    x = _read_idx(images, IDX_IMAGE_MAGIC, ndim=3).astype(np.float32)[:, None] / 255.0
+    y = _read_idx(labels, IDX_LABEL_MAGIC, ndim=1).astype(np.int64)
+    if normalise is not None:
+        x = (x - normalise[0]) / normalise[1]
+    return x, y
 
 
 def read_npz_array(path: Path, key: str) -> np.ndarray:

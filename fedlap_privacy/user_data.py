@@ -27,21 +27,27 @@ the clients' classes do not cover, labels out of range, an empty client, NaN or 
 ``x``. :func:`probe` reads the archives' array headers and the labels only, so that the run
 can refuse a bad layout (or a model, :mod:`fedlap_privacy.model_factory`) before any
 record's features are read; :func:`load_user_data` then reads and checks everything.
+:func:`load_records` reads ONE party's file under the same checks (a Flower node's
+``data-file``, audit's ``--members`` / ``--nonmembers``): the package's one reader of a
+file of records. :func:`load_run_data` reads a saved run's dataset again.
 """
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.data import CUSTOM, Dataset, read_npz_array
+from fedlap_privacy.data import CUSTOM, Dataset, load_dataset, read_idx_records, read_npz_array
 from fedlap_privacy.errors import DataError
 
 __all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
-           "Records", "describe_shape", "load_records", "load_user_data", "npz_headers", "probe"]
+           "Records", "describe_shape", "held_out_count", "load_records", "load_run_data",
+           "load_user_data", "npz_headers", "probe"]
 
 TEST_FILE = "test.npz"
 #: share of each client's records held out for evaluation when there is no test set
@@ -69,10 +75,18 @@ class DataLayout:
     input_shape: tuple[int, ...]
     num_classes: int
     natural: bool  # the records come partitioned (a folder, or a ``client`` array)
+    sizes: tuple[int, ...]  # records per client as the files hold them (one entry: not split)
 
     @property
     def tabular(self) -> bool:
         return len(self.input_shape) == 1
+
+    def training_records(self) -> int:
+        """How many records the clients train on: all of them with a test set, else what
+        the held-out share leaves (:func:`held_out_count`)."""
+        if self.test is not None:
+            return sum(self.sizes)
+        return sum(n - held_out_count(n) for n in self.sizes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +128,7 @@ def npz_headers(path: Path) -> dict[str, NpyHeader]:
     return out
 
 
-def _check_x(path: Path, header: NpyHeader) -> None:
+def _check_x(path: Path | str, header: NpyHeader) -> None:
     if len(header.shape) not in (2, 4):
         raise DataError(f"{path}: x has shape {header.shape}; expected images (N, C, H, W) "
                         "or feature rows (N, D)")
@@ -138,11 +152,17 @@ def _records_header(path: Path, members: dict[str, NpyHeader]) -> NpyHeader:
 
 
 def _labels(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
-    header = members["y"]
+    return _checked_labels(path, NpyHeader(members["y"].shape, members["y"].dtype), records,
+                           lambda: read_npz_array(path, "y"))
+
+
+def _checked_labels(path: Path | str, header: NpyHeader, records: int,
+                    read: Callable[[], np.ndarray]) -> np.ndarray:
+    """The labels ``read()`` returns, once ``header`` says one integer per record; >= 0."""
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: y must hold one integer label per record of x ({records}), "
                         f"found {header.dtype} {header.shape}")
-    y = read_npz_array(path, "y").astype(np.int64)
+    y = read().astype(np.int64)
     if len(y) and y.min() < 0:
         raise DataError(f"{path}: label {int(y.min())} is out of range (labels are 0..K-1)")
     return y
@@ -185,6 +205,7 @@ def probe(path: str | Path) -> DataLayout:
     declared: tuple[Path, int] | None = None
     top = -1
     natural = root.is_dir()
+    sizes: list[int] = []
     for file in (*clients, *((test,) if test else ())):
         members = npz_headers(file)
         header = _records_header(file, members)
@@ -210,9 +231,10 @@ def probe(path: str | Path) -> DataLayout:
                                 f"labels 0..{top} (declare num_classes in every file)")
         else:
             top = max(top, int(y.max()))
+            sizes.append(header.shape[0])
         if file == root and "client" in members:
             natural = True
-            _client_ids(file, members, header.shape[0])
+            sizes = np.bincount(_client_ids(file, members, header.shape[0])).tolist()
     assert reference is not None
     num_classes = declared[1] if declared is not None else top + 1
     for file in (*clients, *((test,) if test else ())):
@@ -221,7 +243,8 @@ def probe(path: str | Path) -> DataLayout:
             raise DataError(f"{file}: label {int(y.max())} is out of range 0..{num_classes - 1}")
     if num_classes < 2:
         raise DataError(f"{root}: every label is 0; a classifier needs at least two classes")
-    return DataLayout(root, clients, test, reference[1].shape[1:], num_classes, natural)
+    return DataLayout(root, clients, test, reference[1].shape[1:], num_classes, natural,
+                      tuple(int(n) for n in sizes))
 
 
 def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
@@ -239,20 +262,30 @@ def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.n
 
 
 def _features(path: Path) -> np.ndarray:
-    x = read_npz_array(path, "x")
+    return _checked_features(path, read_npz_array(path, "x"))
+
+
+def _checked_features(path: Path | str, x: np.ndarray) -> np.ndarray:
+    """``x`` as a float32 array of its own (writable, C order), refused if it holds NaN or
+    inf."""
     finite = np.isfinite(x) if x.dtype.kind == "f" else np.ones(1, dtype=bool)
     if not finite.all():
         bad = int(np.argwhere(~finite)[0][0])
-        raise DataError(f"{path}: x holds NaN or inf (record {bad})")
-    return np.ascontiguousarray(x, dtype=np.float32)
+        raise DataError(f"{path}: x holds NaN or inf (record {bad}): remove or impute "
+                        "the NaN or infinite values")
+    return np.array(x, dtype=np.float32, order="C")
+
+
+def held_out_count(n: int) -> int:
+    """How many of a client's ``n`` records are held out without a test set:
+    :data:`HOLDOUT_FRACTION` of them, rounded, leaving at least one in training."""
+    return min(round(HOLDOUT_FRACTION * n), n - 1)
 
 
 def _holdout(n: int, client: int, seed: int) -> np.ndarray:
-    """A seeded draw of :data:`HOLDOUT_FRACTION` of a client's ``n`` records (at least one
-    stays in training)."""
-    count = min(round(HOLDOUT_FRACTION * n), n - 1)
+    """A seeded draw of :func:`held_out_count` of a client's ``n`` records."""
     rng = np.random.default_rng([seed, client, n])
-    return np.sort(rng.choice(n, count, replace=False))
+    return np.sort(rng.choice(n, held_out_count(n), replace=False))
 
 
 def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
@@ -301,20 +334,45 @@ def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
     )
 
 
-def load_records(path: str | Path) -> Records:
-    """ONE party's records (a Flower node's ``data-file``): an ``.npz`` with ``x`` and ``y``
-    and optionally ``num_classes``, under the checks of one file of :func:`probe` and
-    :func:`load_user_data` (headers first, then labels, then the features; no pickle). Its
-    labels need not cover every class (a node may hold one); a ``client`` array is refused:
-    the file is the party's own partition."""
-    file = Path(path).expanduser()
+def load_run_data(dataset: str, config: dict[str, Any], split_seed: int | None,
+                  path: str | Path | None = None) -> Dataset:
+    """The ``dataset`` a saved run trained on, from its recorded configuration (its private
+    state's): a built-in dataset from its ``data_dir``, or a user's records from their
+    ``data`` path, held out with the run's split seed (``seed`` for a run saved before split
+    seeds) exactly as the run held them out. ``path`` replaces the recorded folder or path."""
+    if dataset != CUSTOM:
+        return load_dataset(dataset, path if path is not None else config.get("data_dir"))
+    used = path if path is not None else config.get("data")
+    if used is None:
+        raise DataError("the run's data path is not recorded: pass --data-dir PATH")
+    seed = split_seed if split_seed is not None else int(config.get("seed", 0))
+    return load_user_data(used, seed)
+
+
+def load_records(spec: str | Path, normalise: tuple[float, float] | None = None) -> Records:
+    """ONE party's records, the one reader of a file of records: a Flower node's
+    ``data-file``, ``audit``'s ``--members`` / ``--nonmembers``. ``spec`` is an ``.npz`` with
+    ``x`` and ``y`` and optionally ``num_classes``, under the checks of one file of
+    :func:`probe` and :func:`load_user_data` (headers first, then the features, then the
+    labels; no pickle), or ``IMAGES,LABELS``, a pair of IDX files
+    (:func:`fedlap_privacy.data.read_idx_records`; ``normalise``: their ``(mean, std)``)
+    under the same checks. Its labels need not cover every class (a node may hold one); a
+    ``client`` array is refused: the file is the party's own records."""
+    if "," in str(spec):
+        images, labels = (Path(p.strip()).expanduser() for p in str(spec).split(",", 1))
+        x, y = read_idx_records(images, labels, normalise)
+        _check_x(spec, NpyHeader(x.shape, x.dtype))
+        y = _checked_labels(spec, NpyHeader(y.shape, y.dtype), len(x), lambda: y)
+        return Records(images, _checked_features(spec, x), y, None)
+    file = Path(spec).expanduser()
     members = npz_headers(file)
     header = _records_header(file, members)
     if "client" in members:
         raise DataError(f"{file}: a client array splits a file among clients (--data); a "
                         "node's data file holds its own records only")
+    x = _features(file)  # a header that declares more than the file holds is refused here
     y = _labels(file, members, header.shape[0])
     declared = _declared_classes(file, members)
     if declared is not None and int(y.max()) >= declared:
         raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
-    return Records(file, _features(file), y, declared)
+    return Records(file, x, y, declared)

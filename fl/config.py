@@ -640,7 +640,7 @@ def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | 
         return None
     return choose_schedule(
         requested, *(values.get(key, getattr(default, key)) for key in
-                     ("dataset", "clients", "client_records", "validation_records")),
+                     ("dataset", "clients", "client_records", "validation_records", "data")),
     )
 
 

@@ -19,10 +19,16 @@ run's own pipeline:
   train record ``i`` is ``i``, test record ``j`` is ``n_train + j``). Each reference model
   trains on its own random subset of the population (drawn with its seed) of the target's
   size (its number of training records), at most half the population, as in both papers
-  (same-size reference sets; the subsets differ, so one reference model can play the
+  (same-size reference sets, a smaller set sampled at the target's batch rate:
+  :func:`_same_rate`; the subsets differ, so one reference model can play the
   target for the others when RMIA's ``a`` is tuned). Every audited record is OUT for every
   reference model: the offline setting. The population includes target members that are
-  not under audit (same distribution: all an offline reference needs);
+  not under audit (same distribution: all an offline reference needs). A run on a user's
+  records (``--data``) is imitated on those records, read again as the run read them
+  (:func:`fedlap_privacy.user_data.load_run_data`), with the run's model factory; with a
+  natural partition each population record that a client trained on stays with that
+  client, and the test records (which no client holds) are dealt to the clients at random
+  (the reference's seed) in proportion to the clients' sizes (:func:`population_data`);
 * **files**: reference ``i`` is an ordinary run in ``run_dir/reference/<i>/`` (``ckpt.pt``,
   ``private.pt``, its own ledger over its own records: it is trained on the owner's private
   records, so it is kept private like the run) plus :data:`MANIFEST`, which names its
@@ -48,11 +54,12 @@ import numpy as np
 from torch import nn
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.data import Dataset, content_hash, load_dataset
+from fedlap_privacy.data import Dataset, content_hash
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run_files import PENDING, holds_run, load_private, load_release
 from fedlap_privacy.run_state import PrivateRunState
+from fedlap_privacy.user_data import load_run_data
 
 __all__ = [
     "MANIFEST", "REFERENCE_DIR", "REFERENCE_SEED", "ReferenceRun", "load_reference_models",
@@ -68,7 +75,8 @@ _MANIFEST_FORMAT = "fedlap-privacy-reference/1"
 #: reference ``i`` trains with the public seed ``REFERENCE_SEED + i``
 REFERENCE_SEED = 1000
 #: configuration keys that may differ without making a reference another configuration
-_FREE_KEYS = ("data_dir",)
+#: (where the records are read from; the records themselves are pinned by their hash)
+_FREE_KEYS = ("data_dir", "data")
 
 
 @dataclass(frozen=True)
@@ -119,22 +127,58 @@ def record_ids(n_train: int, train: np.ndarray | Sequence[int] = (),
                                      n_train + np.asarray(test, np.int64)]))
 
 
-def population_data(data: Dataset, ids: np.ndarray) -> Dataset:
+def population_data(data: Dataset, ids: np.ndarray, seed: int = REFERENCE_SEED) -> Dataset:
     """``data`` whose training records are the records ``ids`` (:func:`record_ids`) of its
-    train and test sets together; its test set is kept, for the run's metrics only."""
+    train and test sets together; its test set is kept, for the run's metrics only. A
+    natural ``partition`` follows the records (module docstring; ``seed`` deals the test
+    records to the clients)."""
     x = np.concatenate([data.x_train, data.x_test])
     y = np.concatenate([data.y_train, data.y_test])
-    return dataclasses.replace(data, x_train=x[ids], y_train=y[ids])
+    if data.partition is None:
+        return dataclasses.replace(data, x_train=x[ids], y_train=y[ids])
+    n_train = len(data.y_train)
+    owner = np.empty(n_train, dtype=np.int64)
+    for k, part in enumerate(data.partition):
+        owner[part] = k
+    sizes = np.array([len(p) for p in data.partition], dtype=np.float64)
+    dealt = np.random.default_rng(seed).choice(len(sizes), size=len(ids), p=sizes / sizes.sum())
+    client = np.where(ids < n_train, owner[np.minimum(ids, n_train - 1)], dealt)
+    order = np.argsort(client, kind="stable")
+    ids, client = ids[order], client[order]
+    starts = np.searchsorted(client, np.arange(len(sizes) + 1))
+    partition = tuple(np.arange(starts[k], starts[k + 1], dtype=np.int64)
+                      for k in range(len(sizes)))
+    if (empty := [k for k, p in enumerate(partition) if p.size == 0]):
+        raise ConfigError(f"client {empty[0]} has no population record left to train a "
+                          "reference model on: audit fewer records (--max-per-half)")
+    return dataclasses.replace(data, x_train=x[ids], y_train=y[ids], partition=partition)
+
+
+def _population_size(total: int, exclude: np.ndarray, size: int) -> int:
+    """How many records each reference model trains on: the target's ``size``, at most half
+    of the ``total`` records not in ``exclude``."""
+    pool = total - exclude.size
+    take = min(size, pool // 2)
+    if take < 1:
+        raise ConfigError(f"no population left to train reference models on: {pool} "
+                          "records are not under audit")
+    return take
+
+
+def _same_rate(cfg: TrainConfig, take: int, size: int) -> TrainConfig:
+    """A reference model trained on ``take`` < ``size`` (the target's) records samples its
+    batches at the target's Poisson rate B / N_k: its B is the target's scaled by
+    ``take / size`` (at least 1). Unchanged when the population is large enough."""
+    if take >= size:
+        return cfg
+    return dataclasses.replace(cfg, batch_size=max(1, round(cfg.batch_size * take / size)))
 
 
 def _population(total: int, exclude: np.ndarray, index: int, size: int) -> np.ndarray:
     """Reference ``index``'s records: ``size`` random ids of ``0 .. total-1`` not in
     ``exclude``, at most half of them (sorted; drawn with its public seed)."""
     pool = np.setdiff1d(np.arange(total, dtype=np.int64), exclude)
-    take = min(size, pool.size // 2)
-    if take < 1:
-        raise ConfigError(f"no population left to train reference models on: {pool.size} "
-                          "records are not under audit")
+    take = _population_size(total, exclude, size)
     rng = np.random.default_rng(REFERENCE_SEED + index)
     return np.sort(rng.choice(pool, size=take, replace=False))
 
@@ -187,9 +231,9 @@ def train_reference_models(
 
     ``exclude``: ids (:func:`record_ids`) of every record the audit scores; none of them is
     in any reference model's training data. ``data_dir`` overrides the run's data folder
-    (the data must be the run's: checked against its content hash). ``callback`` is passed
-    to the trainer (progress events). See the module docstring for the configuration, the
-    population data, the cache and the cost (``n`` full trainings).
+    (or its ``--data`` path; the data must be the run's: checked against its content hash).
+    ``callback`` is passed to the trainer (progress events). See the module docstring for
+    the configuration, the population data, the cache and the cost (``n`` full trainings).
     """
     from fedlap_privacy.fl.simulation import resume, train
 
@@ -199,7 +243,7 @@ def train_reference_models(
     private = load_private(run)
     configs = [_reference_config(private, i) for i in range(n)]
     cfg0 = configs[0]
-    data = load_dataset(cfg0.dataset, data_dir if data_dir is not None else cfg0.data_dir)
+    data = load_run_data(cfg0.dataset, private.config, private.split_seed, data_dir)
     data_hash = content_hash(data.x_train, data.y_train, data.x_test, data.y_test)
     recorded = private.fingerprints.get("data")
     if recorded is not None and recorded != content_hash(data.x_train, data.y_train):
@@ -208,10 +252,15 @@ def train_reference_models(
     total = len(data.y_train) + len(data.y_test)
     excluded = _check_exclude(exclude, total)
     size = sum(len(p) for p in private.client_indices) or len(data.y_train)
+    take = _population_size(total, excluded, size)
     paths = reference_dirs(run, n)
     for i, (folder, cfg) in enumerate(zip(paths, configs, strict=True)):
-        if data_dir is not None:
-            cfg.data_dir = str(data_dir)
+        cfg = _same_rate(cfg, take, size)
+        if data_dir is not None:  # where the run's records are read from now
+            if cfg.data is not None:
+                cfg.data = str(data_dir)
+            else:
+                cfg.data_dir = str(data_dir)
         manifest = _read_manifest(folder)
         if manifest is not None:
             trained_on = _reusable(folder, manifest, cfg, excluded, data_hash)
@@ -219,7 +268,7 @@ def train_reference_models(
                 continue
             if holds_run(folder):
                 resume(folder, device=device, callback=callback,
-                       data=population_data(data, trained_on))
+                       data=population_data(data, trained_on, cfg.seed))
                 _write_manifest(folder, cfg, trained_on, data_hash, finished=True)
                 continue
         else:
@@ -230,7 +279,7 @@ def train_reference_models(
         folder.mkdir(parents=True, exist_ok=True)
         _write_manifest(folder, cfg, trained_on, data_hash, finished=False)
         train(cfg, folder, device=device, callback=callback,
-              data=population_data(data, trained_on))
+              data=population_data(data, trained_on, cfg.seed))
         _write_manifest(folder, cfg, trained_on, data_hash, finished=True)
     return paths
 

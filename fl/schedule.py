@@ -26,11 +26,15 @@ Two schedules:
 The rule (``auto``): ``large`` when the clients hold at least :data:`LARGE_MIN_RECORDS` =
 4 x 256 records on average, so that its batches are at most a quarter of a client (a
 Poisson rate of at most 0.25, where subsampling still amplifies), else ``small``. The
-average is computed from the configuration alone, before any data is read, so the
-simulation, ``compare`` and the Flower run config all carry the same explicit values: the
-dataset's standard training-set size (:data:`fedlap_privacy.data.TRAIN_RECORDS`) less the
-validation records, over the clients, capped by ``client_records``. The schedule fills the
-keys it sets under the preset and everything the user gave (``--batch-size``, ``--set``).
+average is computed before any record is read, so the simulation, ``compare`` and the
+Flower run config all carry the same explicit values: the dataset's standard training-set
+size (:data:`fedlap_privacy.data.TRAIN_RECORDS`) less the validation records, over the
+clients, capped by ``client_records``. For a user's records (``--data``) the size is read
+from the files' array headers (and a ``client`` array), less the share held out for
+evaluation without a test set (:meth:`fedlap_privacy.user_data.DataLayout.training_records`),
+over the natural partition's clients, or ``clients`` when the records are split. The
+schedule fills the keys it sets under the preset and everything the user gave
+(``--batch-size``, ``--set``).
 """
 
 from __future__ import annotations
@@ -102,24 +106,34 @@ def large_reinits(rounds: int) -> int:
 
 
 def mean_client_records(dataset: str, clients: int, client_records: int | None = None,
-                        validation_records: int = 0) -> int:
-    """The mean number of records a client holds, from the dataset's standard size."""
+                        validation_records: int = 0, data: str | None = None) -> int:
+    """The mean number of records a client holds, from the dataset's standard size, or the
+    sizes a user's files declare (``data``; module docstring)."""
     from fedlap_privacy.data import TRAIN_RECORDS
 
-    if dataset not in TRAIN_RECORDS:
+    if dataset == CUSTOM:
+        from fedlap_privacy.user_data import probe
+
+        if data is None:
+            raise ConfigError(f"dataset {CUSTOM!r} means a user's records: it needs data=PATH")
+        layout = probe(data)
+        total = layout.training_records()
+        if layout.natural:
+            clients = len(layout.sizes)
+    elif dataset in TRAIN_RECORDS:
+        total = TRAIN_RECORDS[dataset]
+    else:
         raise ConfigError(f"dataset {dataset!r} must be one of {', '.join(TRAIN_RECORDS)}")
-    mean = max(TRAIN_RECORDS[dataset] - validation_records, 0) // max(clients, 1)
+    mean = max(total - validation_records, 0) // max(clients, 1)
     return mean if client_records is None else min(mean, client_records)
 
 
 def choose_schedule(requested: str, dataset: str, clients: int, client_records: int | None = None,
-                    validation_records: int = 0) -> ClientSchedule:
+                    validation_records: int = 0, data: str | None = None) -> ClientSchedule:
     """``requested`` (``auto``, ``small`` or ``large``) resolved by the module's rule."""
     if requested not in SCHEDULE_CHOICES:
         raise ConfigError(f"schedule {requested!r} must be one of {', '.join(SCHEDULE_CHOICES)}")
     if requested != "auto":
         return ClientSchedule(requested, None)
-    if dataset == CUSTOM:  # a user's records: their count is not known before they are read
-        return ClientSchedule("small", None)
-    records = mean_client_records(dataset, clients, client_records, validation_records)
+    records = mean_client_records(dataset, clients, client_records, validation_records, data)
     return ClientSchedule("large" if records >= LARGE_MIN_RECORDS else "small", records)

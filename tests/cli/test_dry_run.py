@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from typer.testing import CliRunner
+from user_records import blobs, tabular_folder
 
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import Dataset
@@ -141,3 +142,25 @@ def test_audit_dry_run_bad_flags_are_one_line(tmp_path, args):
     bad = _invoke(["audit", "--model", str(tmp_path / "missing.pt"), "--dry-run", *args])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+def test_flower_dry_run_on_user_data(tmp_path, constant_timing):
+    """train --dry-run --engine flower --data: the run the Flower engine would start on a
+    user's natural partition (its clients, hence SuperNodes, from the files), nothing
+    written; bad records are one line, as the real run refuses them."""
+    data = tabular_folder(tmp_path / "d")
+    out = tmp_path / "run"
+    ok = _invoke(["train", "--engine", "flower", "--data", str(data), "--method", "dp-fedavg",
+                  "--target-eps", "3", "--rounds", "2", "--out", str(out), "--dry-run", "--json"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads(ok.output)
+    assert plan["data"]["dataset"] == "custom" and plan["data"]["client_sizes"] == [90, 80, 70]
+    assert plan["run"]["config"]["clients"] == 3
+    assert 2.99 < plan["run"]["privacy"]["epsilon"] <= 3.0 + 1e-9
+    assert not out.exists()
+    x, y = blobs(10, 0)
+    np.savez(data / "site2.npz", x=x[:, :4], y=y)
+    bad = _invoke(["train", "--engine", "flower", "--data", str(data), "--out", str(out),
+                   "--dry-run"])
+    assert bad.exit_code == 2 and "4 features" in bad.output and "Traceback" not in bad.output
+    assert not out.exists()

@@ -3,6 +3,7 @@ refusal as one DataError line naming the problem."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,21 @@ def test_probe_reads_no_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     layout = probe(root)
     assert layout.input_shape == (FEATURES,) and layout.num_classes == CLASSES
     assert "x" not in read and layout.natural and len(layout.clients) == 3
+
+
+def test_idx_records_are_read_by_the_same_reader(tmp_path: Path) -> None:
+    """audit's IDX pair goes through load_records too: scaled to [0, 1], normalised when
+    asked, and under the same checks (a label count that disagrees is one line)."""
+    images = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3) * 14
+    (tmp_path / "img").write_bytes(struct.pack(">IIII", 2051, 2, 3, 3) + images.tobytes())
+    (tmp_path / "lab").write_bytes(struct.pack(">II", 2049, 2) + bytes([1, 0]))
+    (tmp_path / "one").write_bytes(struct.pack(">II", 2049, 1) + bytes([1]))
+    records = load_records(f"{tmp_path / 'img'},{tmp_path / 'lab'}", normalise=(0.5, 0.25))
+    assert records.x.shape == (2, 1, 3, 3) and records.x.dtype == np.float32
+    np.testing.assert_allclose(records.x[:, 0], (images / 255.0 - 0.5) / 0.25, rtol=1e-6)
+    assert records.y.tolist() == [1, 0] and records.y.dtype == np.int64
+    with pytest.raises(DataError, match=r"y must hold one integer label per record of x \(2\)"):
+        load_records(f"{tmp_path / 'img'},{tmp_path / 'one'}")
 
 
 def test_one_partys_records_a_flower_nodes_data_file(tmp_path: Path) -> None:

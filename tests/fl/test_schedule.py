@@ -10,8 +10,12 @@ Flower run config carry explicit values).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 from typer.testing import CliRunner
+from user_records import blobs, tabular_folder
 
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import TRAIN_RECORDS, load_dataset
@@ -30,6 +34,26 @@ def test_digits_keeps_the_cheap_defaults():
     chosen = fedlap_schedule("auto", cfg.to_dict())
     assert chosen is not None and chosen.name == "small"
     assert chosen.records == TRAIN_RECORDS["digits"] // 5 == 287
+
+
+def test_user_data_is_sized_from_its_files(tmp_path: Path):
+    """--data: the rule reads the clients' sizes from the files' headers (less the held-out
+    fifth without a test.npz) and the console line says what it chose, not "as asked"."""
+    cases = [
+        (tabular_folder(tmp_path / "t"), {}, "small", 80),  # (90 + 80 + 70) / 3
+        (tabular_folder(tmp_path / "h", test=0), {}, "small", 64),  # (72 + 64 + 56) / 3
+        (tmp_path / "t" / "site0.npz", {"clients": 2}, "small", 36),  # 90 less 18, in 2
+    ]
+    x, y = blobs(3 * 1400, 1)
+    np.savez(tmp_path / "big.npz", x=x, y=y, client=np.repeat(np.arange(3), 1400))
+    cases.append((tmp_path / "big.npz", {}, "large", 1_120))  # 1,400 less 280 held out
+    for data, flags, name, records in cases:
+        cfg = resolve_config(None, {"data": str(data), "dataset": "custom", **flags}, [])
+        chosen = fedlap_schedule("auto", cfg.to_dict())
+        assert chosen is not None and (chosen.name, chosen.records) == (name, records)
+        line = chosen.describe(cfg.batch_size, str(cfg.accesses_per_round))
+        assert "as asked" not in line and f"hold {records:,} records on average" in line
+        assert cfg.batch_size == (256 if name == "large" else 64)
 
 
 def test_the_digits_size_is_the_loaders():
