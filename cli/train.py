@@ -61,7 +61,8 @@ def train(
     data: Path | None = typer.Option(None, "--data", help=DATA_HELP),
     model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
     download: bool = typer.Option(False, "--download", help="Fetch missing dataset files."),
-    split: str = typer.Option("noniid", "--split", help="noniid | iid | dirichlet"),
+    split: str = typer.Option("noniid", "--split", help="noniid | iid | dirichlet | shards | "
+                         "label-dirichlet (the last two: cross-device, thousands of clients)"),
     alpha: float = typer.Option(0.5, "--alpha", help="Dirichlet concentration."),
     clients: int = typer.Option(5, "--clients"),
     client_fraction: float | None = typer.Option(None, "--client-fraction"),

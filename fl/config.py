@@ -43,6 +43,8 @@ INITS = ("noise", "real")  # FedLAP's synthetic images start as noise or as real
 #: FedLAP's rate over rounds (``fl.fedlap.cosine_lr``): the authors' cosine, which reaches its
 #: 1e-6 floor in the last round, or the cosine that stops one round short of zero
 LR_SCHEDULES = ("cosine", "cosine-open")
+#: how the in-process driver trains a round's cohort (``cohort_training``, fl/cohort.py)
+COHORT_TRAINING = ("auto", "vectorised", "loop")
 
 
 @dataclass
@@ -122,6 +124,10 @@ class TrainConfig:
     # canary audits (fl/canaries.py)
     canaries: int = 0  # M canaries, each included with a secret coin
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
+    # the in-process driver's cohort (fl/cohort.py): "auto" trains the selected clients of
+    # FedAvg and FedProx in lockstep where the model allows, "loop" one by one, "vectorised"
+    # always (refused where the model does not allow it); the same result up to rounding
+    cohort_training: str = "auto"
 
     @property
     def spec(self) -> MethodSpec:
@@ -202,6 +208,7 @@ class TrainConfig:
                               "data=PATH (--data)")
         if self.accesses_per_round < 1:
             raise ConfigError("each round must make at least one access")
+        self._validate_client_count()
         self.spec.check(self)
         self._validate_canaries()
         allowed = NOTION_THREAT_MODELS[self.notion]
@@ -211,6 +218,21 @@ class TrainConfig:
                 f"({self.notion} DP); it allows: {', '.join(allowed) or 'none'}"
             )
         return self
+
+    def _validate_client_count(self) -> None:
+        """A built-in dataset's records must go round the clients (each holds one or more;
+        the shards split two shards of one or more): refused before the data is read."""
+        from fedlap_privacy.data import TRAIN_RECORDS
+
+        if self.dataset not in TRAIN_RECORDS or self.split == "noniid":
+            return  # noniid: split_clients refuses more clients than classes
+        records = TRAIN_RECORDS[self.dataset] - self.validation_records
+        per_client = 2 if self.split == "shards" else 1
+        if self.clients * per_client > records:
+            what = "2 shards of at least one record each" if per_client == 2 else "a record"
+            raise ConfigError(f"clients {self.clients}: {self.dataset} has {records:,} training "
+                              f"records for the clients, too few to give each of them {what} "
+                              f"(at most {records // per_client:,} clients)")
 
     def _validate_canaries(self) -> None:
         kind = self.resolved_canary_kind
@@ -381,6 +403,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "reproducible_noise": _BOOL,
     "canaries": _int(0, 10**6),
     "canary_kind": _words(lambda: CANARY_KINDS),
+    "cohort_training": _words(lambda: COHORT_TRAINING),
 }
 
 
