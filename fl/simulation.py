@@ -55,6 +55,7 @@ from fedlap_privacy.data import (
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
+from fedlap_privacy.fl.cohort import vectorise_refusal
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
@@ -64,7 +65,13 @@ from fedlap_privacy.fl.privacy import (
     privacy_warnings,
     with_planned_sigma,
 )
-from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator, run_split_seed
+from fedlap_privacy.fl.progress import LONG_ROUND_S, RoundClock, reporting
+from fedlap_privacy.fl.randomness import (
+    SERVER_KEY,
+    dp_generator,
+    run_split_seed,
+    seeded_generator,
+)
 from fedlap_privacy.fl.run_files import (
     CHECKPOINT,
     METRICS,
@@ -212,14 +219,30 @@ def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
 def local_clients(
     run: _Run, m: int, chosen: list[int], info: RoundInfo, callback: Callback
 ) -> list[Reply]:
-    """The in-process driver: each selected client's step on its own partition, in turn."""
+    """The in-process driver: the selected clients' steps on their own partitions, the
+    cohort at once where the method and the model allow (``cohort_training``,
+    :mod:`~fedlap_privacy.fl.cohort`), else each in turn."""
+    if run.vectorised and chosen:
+        if run.cfg.noise != "seeded":
+            follow_load()
+        gens = [dp_generator(run.cfg, run.device, m, k + 1) for k in chosen]
+        replies = run.method.cohort_client(run.model, run.x_train, run.y_train,
+                                           [run.client_index[k] for k in chosen], info, gens)
+        for k in chosen:
+            callback("client_done", {"round": m, "client": k})
+        return replies
     replies = []
-    for k in chosen:
+    clock = RoundClock(m, len(chosen))
+    for position, k in enumerate(chosen):
         if run.cfg.noise != "seeded":  # a seeded run keeps its threads: bit-for-bit rounding
             follow_load()
-        x, y = run.client_data[k]
+        x, y = run.client_records(k)
         gen = dp_generator(run.cfg, run.device, m, k + 1)
-        with run.canary_context(k, m, len(y)):
+
+        def step(t: int, total: int, position: int = position, k: int = k) -> None:
+            callback("client_step", clock.step(position, k, t, total))
+
+        with run.canary_context(k, m, len(y)), reporting(step):
             cx, cy = run.with_canaries(k, x, y)
             reply = run.method.client(run.model, cx, cy, run.client_state[k], info, gen)
         replies.append(dataclasses.replace(reply, num_examples=len(y)))  # N_k without canaries
@@ -267,6 +290,27 @@ class _Run:
             cfg, self.model, self.data.x_train.shape[1:],
             [torch.from_numpy(self.data.y_train[p]) for p in self.parts],
         )
+        if ask_clients is local_clients:
+            _ = self.vectorised  # cohort_training vectorised where it cannot: refused now
+
+    def time_one_access(self) -> float | None:
+        """Seconds one access of a client step takes on this machine: the method's step cut
+        to one access (:meth:`~fedlap_privacy.fl.methods.Method.one_access_config`), on
+        random records of the mean client size (no private record is touched, nothing is
+        accounted; the global random state is left as it was). None: not timed."""
+        probe_cfg = self.method.one_access_config()
+        if probe_cfg is None:
+            return None
+        probe = build_method(probe_cfg, self.device)
+        size = max(int(np.mean(self.sizes)), probe_cfg.batch_size, 1)
+        with torch.random.fork_rng(devices=[]):
+            x = torch.randn((size, *self.data.input_shape), device=self.device)
+            y = torch.arange(size, device=self.device) % self.data.num_classes
+            info = probe.round_info(1, self.server_state)
+            gen = seeded_generator(self.device, 0)
+            start = time.perf_counter()
+            probe.client(self.model, x, y, {}, info, gen)
+            return time.perf_counter() - start
 
     # ---------------------------------------------------------------- canaries
     def canary_context(self, k: int, m: int, n_k: int) -> contextlib.AbstractContextManager:
@@ -284,12 +328,43 @@ class _Run:
         return torch.cat([x, extra[0].to(x)]), torch.cat([y, extra[1].to(y)])
 
     @cached_property
-    def client_data(self) -> list[tuple[Tensor, Tensor]]:
-        """Each client's records; built on first use (a Flower server never uses them)."""
-        x = torch.from_numpy(self.data.x_train).to(self.device)
-        y = torch.from_numpy(self.data.y_train).to(self.device)
-        index = [torch.from_numpy(p).to(self.device) for p in self.parts]
-        return [(x[i], y[i]) for i in index]
+    def x_train(self) -> Tensor:
+        """The training records on the device (on the CPU the dataset's own memory, not a
+        copy); built on first use (a Flower server never uses them)."""
+        return torch.from_numpy(self.data.x_train).to(self.device)
+
+    @cached_property
+    def y_train(self) -> Tensor:
+        return torch.from_numpy(self.data.y_train).to(self.device)
+
+    @cached_property
+    def client_index(self) -> list[Tensor]:
+        """Each client's records as indices into :attr:`x_train` (memory grows with the
+        records, not with clients x records or clients x model)."""
+        return [torch.from_numpy(p).to(self.device) for p in self.parts]
+
+    def client_records(self, k: int) -> tuple[Tensor, Tensor]:
+        """Client k's records, gathered for its step (freed after it)."""
+        index = self.client_index[k]
+        return self.x_train[index], self.y_train[index]
+
+    @cached_property
+    def vectorised(self) -> bool:
+        """Whether the cohort trains at once (``cohort_training``); ``vectorised`` where it
+        cannot is refused (one line)."""
+        mode = self.cfg.cohort_training
+        if mode == "loop":
+            return False
+        why = None
+        if not self.method.vectorises():
+            why = f"{self.cfg.method} trains its clients one by one"
+        elif self.canaries is not None:
+            why = "canaries are inserted client by client"
+        else:
+            why = vectorise_refusal(self.model)
+        if why is not None and mode == "vectorised":
+            raise ConfigError(f"cohort_training vectorised: {why}; use auto or loop")
+        return why is None
 
     @cached_property
     def fingerprints(self) -> dict[str, Any]:
@@ -455,6 +530,7 @@ def train(
     split_seed: int | None = None,
     *,
     lock: RunLock | None = None,
+    estimate: bool = False,
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
@@ -470,7 +546,8 @@ def train(
     shares one over its runs, the Flower server draws it before discovery); None: a fresh
     secret. The run folder's lock (:mod:`fedlap_privacy.run_lock`; the folder is created) is
     taken before any data is read and held until the run returns; ``lock``: the caller holds
-    it already.
+    it already. ``estimate``: time one step before round 1 and send the round's estimated
+    time to ``callback`` (the ``estimate`` event, :func:`_estimate`).
     """
     out = Path(out_dir) if out_dir is not None else None
     if isinstance(data, str | Path):
@@ -480,7 +557,8 @@ def train(
         raise ConfigError("canaries are inserted by the in-process driver only: train them "
                           "with --engine simulation")
     if out is None:
-        return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback)
+        return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback,
+                        estimate)
     if data is None:
         check_user_run(cfg)  # a user's layout and model: refused before the folder exists
     with _holding(out, lock, new=True):
@@ -488,7 +566,7 @@ def train(
         settle_run_files(out)  # a first commit that never finished leaves staged files
         run = _Run(cfg, resolve_device(device), out, ask_clients, data, split_seed)
         run.save()
-        return _execute(run, callback)
+        return _execute(run, callback, estimate)
 
 
 def resume(
@@ -535,13 +613,29 @@ def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
     return cfg, run_split_seed(cfg, private.split_seed)
 
 
-def _execute(run: _Run, callback: Callback | None) -> TrainResult:
+def _estimate(run: _Run, callback: Callback) -> None:
+    """The ``estimate`` event before round 1: one access timed, times T accesses per
+    client, times the clients expected in a round; ``long`` past LONG_ROUND_S."""
+    access_s = run.time_one_access()
+    if access_s is None:
+        return
+    cfg = run.cfg
+    clients = max(cfg.clients * cfg.client_fraction, 1.0)
+    round_s = access_s * cfg.accesses_per_round * clients
+    callback("estimate", {"access_s": access_s, "accesses": cfg.accesses_per_round,
+                          "clients": clients, "round_s": round_s, "run_s": round_s * cfg.rounds,
+                          "long": round_s > LONG_ROUND_S})
+
+
+def _execute(run: _Run, callback: Callback | None, estimate: bool = False) -> TrainResult:
     """Run the remaining rounds of ``run``; checkpoints after every round."""
     cfg, out = run.cfg, run.out
     callback = callback or (lambda event, info: None)
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": run.round + 1})
     for warning in privacy_warnings(cfg, run.sizes):
         callback("warning", {"message": warning})
+    if estimate and run.round == 0 and run.ask_clients is local_clients and not run.vectorised:
+        _estimate(run, callback)
     stopped = "completed"
     while run.round < cfg.rounds:
         m = run.round + 1
