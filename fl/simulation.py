@@ -367,6 +367,15 @@ class _Run:
         return why is None
 
     @cached_property
+    def saved_indices(self) -> list[Tensor]:
+        """The clients' index tensors as ``private.pt`` holds them: views of ONE tensor, so
+        the file stores one array however many clients there are (10,000 separate tensors
+        made every commit of the pair take seconds)."""
+        flat = torch.from_numpy(np.concatenate(self.parts) if self.parts else
+                                np.empty(0, dtype=np.int64))
+        return list(torch.split(flat, self.sizes))
+
+    @cached_property
     def fingerprints(self) -> dict[str, Any]:
         """Content hashes of the training data and of each client's partition."""
         d = self.data
@@ -399,7 +408,7 @@ class _Run:
         """``private.pt``: what never leaves the run's owner."""
         return PrivateRunState(
             config=self.cfg.to_dict(),
-            client_indices=[torch.from_numpy(p) for p in self.parts],
+            client_indices=self.saved_indices,
             fingerprints=self.fingerprints, ledger_digest=ledger_digest(self.ledger.entries),
             sigma_planned=self.sigma_planned, round=self.round,
             client_state=_to(self.client_state, "cpu"),

@@ -127,3 +127,17 @@ def test_index_views_hold_no_copy_of_the_records() -> None:
     x, y = run.client_records(3)
     assert np.array_equal(y.numpy(), run.data.y_train[run.parts[3]])
     assert np.array_equal(x.numpy(), run.data.x_train[run.parts[3]])
+
+
+def test_private_state_stores_the_split_as_one_array(tmp_path) -> None:
+    from fedlap_privacy.fl.run_files import load_private
+
+    cfg = tiny(method="fedavg", split="shards", clients=300, client_fraction=0.01, rounds=1,
+               batch_size=2, local_steps=1, split_seed=0)
+    run = train(cfg, tmp_path / "run", device="cpu")
+    private = load_private(tmp_path / "run")
+    assert len(private.client_indices) == 300
+    assert len({t.untyped_storage().data_ptr() for t in private.client_indices}) == 1
+    joined = np.sort(np.concatenate([t.numpy() for t in private.client_indices]))
+    assert np.array_equal(joined, np.arange(1438))
+    assert run.summary["rounds_run"] == 1
