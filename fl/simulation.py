@@ -183,7 +183,13 @@ def client_parts(cfg: TrainConfig, data: Dataset, split_seed: int | None = None
     seed = _split_seed(cfg, split_seed, natural=data.partition is not None)
     keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data, seed))
     if data.partition is not None:
-        return _cut(cfg, [p[np.isin(p, keep)] for p in data.partition], seed)
+        kept = np.zeros(len(data.y_train), dtype=bool)
+        kept[keep] = True  # one mask, not a search per client: thousands of clients scale
+        parts = [p[kept[p]] for p in data.partition]
+        if (empty := next((k for k, p in enumerate(parts) if p.size == 0), None)) is not None:
+            raise ConfigError(f"client {empty} holds no records once the {cfg.validation_records}"
+                              " validation records are held out: hold out fewer")
+        return _cut(cfg, parts, seed)
     parts = [keep[p] for p in split_clients(
         data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, seed,
         data.num_classes,
