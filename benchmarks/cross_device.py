@@ -9,7 +9,8 @@ clients records each: 60 for 1,000 clients, 6 for 10,000), builds the in-process
 cohort's client steps and the server's aggregation for a cohort of ``cohort`` clients
 drawn at random (evaluation on the test set excluded: it does not grow with the clients).
 Peak memory is the subprocess's maximum resident set size (``resource.getrusage``), the
-dataset included. Prints one row per configuration and the loop / vectorised ratios.
+dataset included. Prints one row per configuration (wall and CPU seconds per round: on a
+shared machine the CPU time is the steadier of the two) and the loop / vectorised ratios.
 
 The model is the small CNN: the ConvNet of docs/algorithms.md#convnet at width 32, depth 2
 (the 8x8 default's size) on 28x28 inputs. Local training: ``--local-steps`` SGD steps on
@@ -48,17 +49,18 @@ def worker(spec: dict) -> dict:
     ).validate()
     run = _Run(cfg, torch.device("cpu"), None)
     rng = np.random.default_rng(0)
-    seconds = []
+    seconds, cpu = [], []
     for m in range(1, spec["rounds"] + 1):
         chosen = sorted(rng.choice(cfg.clients, spec["cohort"], replace=False).tolist())
         info = run.method.round_info(m, run.server_state)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         replies = local_clients(run, m, chosen, info, lambda event, info: None)
         run.method.aggregate(run.model, replies, run.server_state, info,
                              torch.Generator().manual_seed(m))
         seconds.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    return {**spec, "seconds": seconds, "peak_mib": peak_mib}
+    return {**spec, "seconds": seconds, "cpu_seconds": cpu, "peak_mib": peak_mib}
 
 
 def main() -> None:
@@ -75,7 +77,8 @@ def main() -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
     rows = []
-    print(f"{'clients':>8} {'cohort':>7} {'mode':>11} {'s/round':>9} {'peak MiB':>9}")
+    print(f"{'clients':>8} {'cohort':>7} {'mode':>11} {'s/round':>9} {'CPU s':>7} "
+          f"{'peak MiB':>9}")
     for clients in (int(c) for c in args.clients.split(",")):
         for cohort in (int(c) for c in args.cohorts.split(",")):
             for mode in MODES:  # interleaved: both modes see the same machine load
@@ -87,17 +90,20 @@ def main() -> None:
                 row = json.loads(done.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 print(f"{clients:>8} {cohort:>7} {mode:>11} "
-                      f"{statistics.median(row['seconds']):>9.2f} {row['peak_mib']:>9.0f}",
+                      f"{statistics.median(row['seconds']):>9.2f} "
+                      f"{statistics.median(row['cpu_seconds']):>7.2f} {row['peak_mib']:>9.0f}",
                       flush=True)
-    print("\nloop / vectorised (seconds per round; peak memory)")
+    print("\nloop / vectorised (seconds per round, CPU seconds per round; peak memory)")
     for clients in sorted({r["clients"] for r in rows}):
         for cohort in sorted({r["cohort"] for r in rows}):
             pair = {r["mode"]: r for r in rows if r["clients"] == clients and
                     r["cohort"] == cohort}
             loop, vec = pair["loop"], pair["vectorised"]
             ratio = statistics.median(loop["seconds"]) / statistics.median(vec["seconds"])
-            print(f"{clients:>8} clients, cohort {cohort:>5}: time x{ratio:.2f}, memory "
-                  f"x{loop['peak_mib'] / vec['peak_mib']:.2f}")
+            cpu = (statistics.median(loop["cpu_seconds"])
+                   / statistics.median(vec["cpu_seconds"]))
+            print(f"{clients:>8} clients, cohort {cohort:>5}: time x{ratio:.2f}, CPU "
+                  f"x{cpu:.2f}, memory x{loop['peak_mib'] / vec['peak_mib']:.2f}")
 
 
 if __name__ == "__main__":

@@ -7,12 +7,13 @@ stacked on a leading client axis and one call of ``torch.func.vmap`` over
 ``torch.func.grad`` of ``torch.func.functional_call`` forms every client's gradient of its
 own batch. Each client's batches are drawn from its own generator, in the loop's order, so
 the clients see exactly the records they would see in the loop. Batches of different sizes
-are padded to the largest one in the step and masked out of the loss (the loss is the sum
-over the client's real records over their count, as ``F.cross_entropy``'s mean); a client
-whose batch is empty skips the step, as in the loop. Padding is exact only for layers that
-treat records independently, so the cohort is vectorised only for models built from the
-layers in :data:`PER_RECORD_LAYERS` (BatchNorm mixes the records of a batch, dropout draws
-randomness the loop would draw otherwise); anything else, or a module with hooks, falls back
+are grouped by size, padded to the largest one in their group and masked out of the loss
+(the loss is the sum over the client's real records over their count, as
+``F.cross_entropy``'s mean); a client whose batch is empty skips the step, as in the loop.
+Padding is exact only for layers that treat records independently, so the cohort is
+vectorised only for models built from the layers in :data:`PER_RECORD_LAYERS` (BatchNorm
+mixes the records of a batch, dropout draws randomness the loop would draw otherwise);
+anything else, or a module with hooks, falls back
 to the loop (:func:`vectorise_refusal` says why).
 
 The result equals the loop's up to floating-point rounding (the summation order differs);
@@ -21,7 +22,7 @@ The result equals the loop's up to floating-point rounding (the summation order 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +33,7 @@ from torch.func import functional_call, grad, vmap
 from fedlap_privacy.fl.dp import poisson_sample
 
 __all__ = [
-    "PER_RECORD_LAYERS", "ClientBatches", "chunks", "cohort_local_sgd",
+    "PER_RECORD_LAYERS", "ClientBatches", "cohort_local_sgd", "size_groups",
     "vectorise_refusal",
 ]
 
@@ -45,9 +46,12 @@ PER_RECORD_LAYERS: tuple[type[nn.Module], ...] = (
     nn.Flatten, nn.Identity, nn.Sequential, nn.ModuleList,
 )
 
-#: the most padded records one vectorised call holds (clients x largest batch): the chunk of
-#: the cohort trained together is cut to fit, so memory stays that of one large batch
+#: the most padded records one vectorised call holds (clients x largest batch): a group is
+#: cut to fit, so the activations' memory stays that of one large batch
 RECORDS_PER_CALL = 2048
+#: a group's batches are padded by at most this share of its smallest batch (clients are
+#: grouped by batch size: padded records cost as much as real ones)
+MAX_PADDING = 0.25
 
 
 def vectorise_refusal(model: nn.Module) -> str | None:
@@ -81,12 +85,20 @@ class ClientBatches:
                            for _ in range(steps)])
 
 
-def chunks(count: int, largest_batch: int) -> Iterator[range]:
-    """The cohort's positions cut into chunks of at most :data:`RECORDS_PER_CALL` padded
-    records per step."""
-    size = max(1, RECORDS_PER_CALL // max(largest_batch, 1))
-    for start in range(0, count, size):
-        yield range(start, min(start + size, count))
+def size_groups(sizes: Sequence[int]) -> list[list[int]]:
+    """The clients of one step with a non-empty batch (positions; an empty batch skips the
+    step, as in the loop), in groups trained by one vectorised call: sorted by batch size,
+    a group padded to its largest batch, cut where that would pad by more than
+    :data:`MAX_PADDING` or exceed :data:`RECORDS_PER_CALL` padded records."""
+    groups: list[list[int]] = []
+    for i in sorted((i for i, n in enumerate(sizes) if n), key=lambda i: sizes[i]):
+        group = groups[-1] if groups else None
+        if (group is None or sizes[i] > (1 + MAX_PADDING) * sizes[group[0]]
+                or (len(group) + 1) * sizes[i] > RECORDS_PER_CALL):
+            groups.append([i])
+        else:
+            group.append(i)
+    return groups
 
 
 def cohort_local_sgd(
@@ -117,33 +129,29 @@ def cohort_local_sgd(
         return (per_record * mask).sum() / count.clamp(min=1)
 
     step_grad = vmap(grad(loss))
-    states: list[dict[str, Tensor]] = []
-    largest = max((int(b.numel()) for c in clients for b in c.batches), default=0)
-    for part in chunks(len(clients), largest):
-        group = [clients[i] for i in part]
-        params = {n: anchor[n].unsqueeze(0).repeat(len(group), *[1] * anchor[n].dim())
-                  for n in names}
-        steps = len(group[0].batches)
-        for t in range(steps):
-            sizes = torch.tensor([c.batches[t].numel() for c in group], device=x.device)
-            width = int(sizes.max())
-            if width == 0:
-                continue
+    params = {n: anchor[n].unsqueeze(0).repeat(len(clients), *[1] * anchor[n].dim())
+              for n in names}
+    steps = len(clients[0].batches) if clients else 0
+    for t in range(steps):
+        sizes = [int(c.batches[t].numel()) for c in clients]
+        for group in size_groups(sizes):
+            width = sizes[group[-1]]
             rows = torch.zeros(len(group), width, dtype=torch.int64, device=x.device)
             mask = torch.zeros(len(group), width, dtype=x.dtype, device=x.device)
-            for j, c in enumerate(group):
-                n = c.batches[t].numel()
-                rows[j, :n] = c.index[c.batches[t]]
-                mask[j, :n] = 1
-            grads = step_grad(params, x[rows], y[rows], mask, sizes.to(x.dtype))
-            active = (sizes > 0).to(x.dtype)
+            for j, i in enumerate(group):
+                rows[j, :sizes[i]] = clients[i].index[clients[i].batches[t]]
+                mask[j, :sizes[i]] = 1
+            at = torch.tensor(group, device=x.device)
+            mine = {n: params[n][at] for n in names}
+            count = torch.tensor([sizes[i] for i in group], dtype=x.dtype, device=x.device)
+            grads = step_grad(mine, x[rows], y[rows], mask, count)
             with torch.no_grad():
                 for n in names:
-                    d = grads[n] + mu * (params[n] - anchor[n]) if mu else grads[n]
-                    scale = (lr * active).view(-1, *[1] * anchor[n].dim())
-                    params[n] = params[n] - scale * d
-        for j in range(len(group)):
-            state = {n: params[n][j].clone() for n in names}
-            states.append({k: state[k] if k in state else buffers[k]
-                           for k in global_model.state_dict()})
+                    d = grads[n] + mu * (mine[n] - anchor[n]) if mu else grads[n]
+                    params[n][at] = mine[n] - lr * d
+    states: list[dict[str, Tensor]] = []
+    for j in range(len(clients)):
+        state = {n: params[n][j].clone() for n in names}
+        states.append({k: state[k] if k in state else buffers[k]
+                       for k in global_model.state_dict()})
     return states

@@ -44,9 +44,10 @@ def _both(cfg: TrainConfig, x, y, index, seed: int = 0):
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox"])
 def test_vectorised_cohort_equals_the_loop(method: str, monkeypatch) -> None:
-    # clients of different sizes (8 to 40 records), Poisson batches of different sizes,
-    # some empty (batch 2 of 8 records), chunked: 3 clients x largest batch per call
-    monkeypatch.setattr(cohort, "RECORDS_PER_CALL", 3 * 12)
+    # clients of different sizes, Poisson batches of different sizes, some empty (batch 2),
+    # grouped by size and padded (up to 100% of the smallest batch, at most 6 records a call)
+    monkeypatch.setattr(cohort, "RECORDS_PER_CALL", 6)
+    monkeypatch.setattr(cohort, "MAX_PADDING", 1.0)
     x, y, index = _cohort(9, 24)
     assert len({i.numel() for i in index}) > 1
     cfg = TrainConfig(method=method, local_steps=6, batch_size=2, lr_local=0.3, prox_mu=0.5)
@@ -65,6 +66,12 @@ def test_vectorised_cohort_equals_the_loop(method: str, monkeypatch) -> None:
         torch.testing.assert_close(got[key] - w0[key], update, atol=2e-5, rtol=1e-4)
     moved = sum(float((ref[k] - w0[k]).norm()) for k in ref)
     assert moved > 0.1
+
+
+def test_size_groups_skip_empty_batches_and_bound_padding() -> None:
+    groups = cohort.size_groups([3, 0, 4, 3, 8, 1, 0, 10, 5])
+    assert sorted(i for g in groups for i in g) == [0, 2, 3, 4, 5, 7, 8]
+    assert groups == [[5], [0, 3], [2, 8], [4, 7]]  # 1 | 3 3 | 4 5 | 8 10 (pad <= 25%)
 
 
 def test_a_different_batch_draw_is_caught() -> None:
