@@ -111,9 +111,9 @@ class LocalSGD(Method):
         )
         return Reply(state_of(trained), used, len(y))
 
-    def one_access_config(self) -> TrainConfig:
-        """One local step per client-round."""
-        return dataclasses.replace(self.cfg, local_steps=1)
+    def probe_config(self) -> tuple[TrainConfig, int]:
+        """One local step."""
+        return dataclasses.replace(self.cfg, local_steps=1), 1
 
     def vectorises(self) -> bool:
         """FedAvg and FedProx; not the record-level DP variants, whose steps draw noise from

@@ -382,10 +382,10 @@ class FedLAP(Method):
         DSA's flips, crops and colour jitter have no meaning for them."""
         return self.augment if x.dim() == 4 else None
 
-    def one_access_config(self) -> TrainConfig:
-        """One real batch per client-round (R_i = L_max = R_b = 1), its R_s synthetic
-        updates and R_l model steps included."""
-        return dataclasses.replace(self.cfg, reinits=1, max_loops=1, real_batches=1)
+    def probe_config(self) -> tuple[TrainConfig, int]:
+        """One loop (R_i = L_max = 1): its R_b real batches with their R_s synthetic updates,
+        and its R_l model steps, which a run makes once per R_b accesses."""
+        return dataclasses.replace(self.cfg, reinits=1, max_loops=1), self.cfg.real_batches
 
     def lr(self, round_: int) -> float:
         return cosine_lr(self.cfg.lr_net, round_, self.cfg.rounds, self.cfg.lr_schedule)

@@ -112,10 +112,10 @@ class Method(ABC):
     ) -> Reply:
         """One client round on its private data ``x, y``; may update its node-local ``state``."""
 
-    def one_access_config(self) -> TrainConfig | None:
-        """This method's configuration cut to one access to the private data per
-        client-round, for timing one step before round 1 (:mod:`~fedlap_privacy.fl.progress`);
-        None: the method is not timed."""
+    def probe_config(self) -> tuple[TrainConfig, int] | None:
+        """This method's configuration cut to a short client step, and the accesses to the
+        data it makes, for timing the method on this machine before round 1
+        (:mod:`~fedlap_privacy.fl.progress`); None: the method is not timed."""
         return None
 
     def vectorises(self) -> bool:

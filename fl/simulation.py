@@ -300,23 +300,26 @@ class _Run:
             _ = self.vectorised  # cohort_training vectorised where it cannot: refused now
 
     def time_one_access(self) -> float | None:
-        """Seconds one access of a client step takes on this machine: the method's step cut
-        to one access (:meth:`~fedlap_privacy.fl.methods.Method.one_access_config`), on
-        random records of the mean client size (no private record is touched, nothing is
-        accounted; the global random state is left as it was). None: not timed."""
-        probe_cfg = self.method.one_access_config()
+        """Seconds one access of a client step takes on this machine: the method's short step
+        (:meth:`~fedlap_privacy.fl.methods.Method.probe_config`) timed over the accesses it
+        makes, on random records of the mean client size (no private record is touched,
+        nothing is accounted; the global random state is left as it was), after one untimed
+        warm-up (the first call loads kernels and grows the heap). None: not timed."""
+        probe_cfg = self.method.probe_config()
         if probe_cfg is None:
             return None
-        probe = build_method(probe_cfg, self.device)
-        size = max(int(np.mean(self.sizes)), probe_cfg.batch_size, 1)
+        cfg, accesses = probe_cfg
+        probe = build_method(cfg, self.device)
+        size = max(int(np.mean(self.sizes)), cfg.batch_size, 1)
         with torch.random.fork_rng(devices=[]):
             x = torch.randn((size, *self.data.input_shape), device=self.device)
             y = torch.arange(size, device=self.device) % self.data.num_classes
             info = probe.round_info(1, self.server_state)
             gen = seeded_generator(self.device, 0)
+            probe.client(self.model, x, y, {}, info, gen)  # warm-up
             start = time.perf_counter()
             probe.client(self.model, x, y, {}, info, gen)
-            return time.perf_counter() - start
+            return (time.perf_counter() - start) / accesses
 
     # ---------------------------------------------------------------- canaries
     def canary_context(self, k: int, m: int, n_k: int) -> contextlib.AbstractContextManager:
@@ -629,7 +632,7 @@ def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
 
 
 def _estimate(run: _Run, callback: Callback) -> None:
-    """The ``estimate`` event before round 1: one access timed, times T accesses per
+    """The ``estimate`` event before round 1: one access timed (the mean of a short step), times T accesses per
     client, times the clients expected in a round; ``long`` past LONG_ROUND_S."""
     access_s = run.time_one_access()
     if access_s is None:
