@@ -632,8 +632,9 @@ def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
 
 
 def _estimate(run: _Run, callback: Callback) -> None:
-    """The ``estimate`` event before round 1: one access timed (the mean of a short step), times T accesses per
-    client, times the clients expected in a round; ``long`` past LONG_ROUND_S."""
+    """The ``estimate`` event before round 1: one access timed (the mean over a short
+    step), times T accesses per client, times the clients expected in a round; ``long``
+    past LONG_ROUND_S."""
     access_s = run.time_one_access()
     if access_s is None:
         return
