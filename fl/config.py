@@ -124,9 +124,10 @@ class TrainConfig:
     # canary audits (fl/canaries.py)
     canaries: int = 0  # M canaries, each included with a secret coin
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
-    # the in-process driver's cohort (fl/cohort.py): "auto" trains the selected clients of
-    # FedAvg and FedProx in lockstep where the model allows, "loop" one by one, "vectorised"
-    # always (refused where the model does not allow it); the same result up to rounding
+    # the in-process driver's cohort (fl/cohort.py): "vectorised" trains the selected clients
+    # of FedAvg and FedProx in lockstep (refused where the model does not allow it), "loop"
+    # one by one, "auto" vectorised on an accelerator where the model allows, the loop on
+    # the CPU (faster there: README "Cross-device scale"); the same result up to rounding
     cohort_training: str = "auto"
 
     @property

@@ -104,8 +104,8 @@ def test_a_run_trains_the_same_vectorised_or_looped() -> None:
     kw = dict(method="fedprox", split="iid", clients=12, local_steps=4, lr_local=0.1,
               split_seed=0)
     runs = {mode: train(tiny(**kw, cohort_training=mode), None, device="cpu")
-            for mode in ("loop", "auto")}
-    loop, auto = runs["loop"], runs["auto"]
+            for mode in ("loop", "vectorised")}
+    loop, auto = runs["loop"], runs["vectorised"]
     for a, b in zip(loop.model.state_dict().values(), auto.model.state_dict().values(),
                     strict=True):
         torch.testing.assert_close(b, a, atol=5e-5, rtol=1e-4)
@@ -148,3 +148,13 @@ def test_private_state_stores_the_split_as_one_array(tmp_path) -> None:
     joined = np.sort(np.concatenate([t.numpy() for t in private.client_indices]))
     assert np.array_equal(joined, np.arange(1438))
     assert run.summary["rounds_run"] == 1
+
+
+def test_auto_trains_the_loop_on_the_cpu() -> None:
+    from fedlap_privacy.fl.simulation import _Run
+
+    def vectorised(mode: str) -> bool:
+        return _Run(tiny(method="fedavg", cohort_training=mode, split_seed=0), CPU,
+                    None).vectorised
+
+    assert not vectorised("auto") and not vectorised("loop") and vectorised("vectorised")
