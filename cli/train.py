@@ -61,7 +61,8 @@ def train(
     data: Path | None = typer.Option(None, "--data", help=DATA_HELP),
     model: str | None = typer.Option(None, "--model", help=MODEL_HELP),
     download: bool = typer.Option(False, "--download", help="Fetch missing dataset files."),
-    split: str = typer.Option("noniid", "--split", help="noniid | iid | dirichlet"),
+    split: str = typer.Option("noniid", "--split", help="noniid | iid | dirichlet | shards | "
+                         "label-dirichlet (the last two: cross-device, thousands of clients)"),
     alpha: float = typer.Option(0.5, "--alpha", help="Dirichlet concentration."),
     clients: int = typer.Option(5, "--clients"),
     client_fraction: float | None = typer.Option(
@@ -192,6 +193,18 @@ def train(
                             info=f"{info['config']['method']}  sigma={info['sigma']}")
         elif event == "warning":
             err_console.print(f"[bold yellow]warning:[/] {info['message']}", highlight=False)
+        elif event == "estimate" and info["long"]:
+            err_console.print(
+                f"[bold yellow]note:[/] one access takes {info['access_s']:.1f} s on this "
+                f"machine: a round (T = {info['accesses']} accesses x {info['clients']:g} "
+                f"clients) will take about {_duration(info['round_s'])}, the run about "
+                f"{_duration(info['run_s'])}", highlight=False)
+        elif event == "client_step":
+            progress.update(task, info=(
+                f"round {info['round']}: client {info['position'] + 1}/{info['clients']} "
+                f"step {info['step']}/{info['steps']}, round ~"
+                f"{_duration(info['round_estimate_s'])} ({_duration(info['elapsed_s'])} "
+                "so far)"))
         elif event == "client_done":
             progress.update(task, info=f"round {info['round']}: client {info['client']} done")
         elif event == "round_end":
@@ -211,7 +224,7 @@ def train(
             )
         if resume:
             return resume_training(out, rounds, device, on_event)
-        return start_training(cfg, out, device, on_event)
+        return start_training(cfg, out, device, on_event, estimate=not json_output)
 
     # SIGTERM stops between rounds in-process; Flower's processes keep their own handling
     stopping = stop_between_rounds() if engine is Engine.simulation else nullcontext()
@@ -223,6 +236,15 @@ def train(
         _print_summary(result.summary, result.history)
     if result.summary["stopped"] == STOPPED:
         raise typer.Exit(STOP_EXIT_CODE)
+
+
+def _duration(seconds: float) -> str:
+    """A duration in words: 42 s, 3.5 min, 2.1 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _typed(param: str) -> bool:

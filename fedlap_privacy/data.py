@@ -17,7 +17,9 @@ network is never touched. Every problem is a :class:`DataError` naming the file,
 
 Splits (:func:`split_clients`): the paper's non-IID split (5 clients x 2 classes, class
 order ``[5, 6, 1, 2, 0, 8, 9, 3, 4, 7]``, each client holding all records of its classes),
-IID, and Dirichlet(alpha) label skew.
+IID, Dirichlet(alpha) label skew, and two cross-device splits for thousands of clients with
+a few records each: McMahan et al. 2017's label shards and a Dirichlet(alpha) label mix per
+client (Hsu et al. 2019).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10")
 CUSTOM = "custom"
 #: the standard training-set sizes (digits: the fixed 80% split of _load_digits below)
 TRAIN_RECORDS = {"digits": 1438, "mnist": 60_000, "fashion-mnist": 60_000, "cifar10": 50_000}
-SPLITS = ("noniid", "iid", "dirichlet")
+SPLITS = ("noniid", "iid", "dirichlet", "shards", "label-dirichlet")
 PAPER_CLASS_ORDER = (5, 6, 1, 2, 0, 8, 9, 3, 4, 7)
 NUM_CLASSES = 10
 
@@ -533,6 +535,14 @@ def split_clients(
     * ``iid`` -- a random permutation cut into ``num_clients`` nearly equal parts.
     * ``dirichlet`` -- per class, shares ~ Dirichlet(alpha * ones); resampled (a bounded
       number of times) until every client has at least one record.
+    * ``shards`` -- McMahan et al. 2017 (Communication-efficient learning of deep networks
+      from decentralized data, section 3): the records sorted by label (in a random order
+      within a label), cut into ``2 * num_clients`` shards, two random shards per client.
+    * ``label-dirichlet`` -- Hsu et al. 2019 (Measuring the effects of non-identical data
+      distribution): every client gets N / num_clients records (up to one) whose labels
+      follow its own mix q_k ~ Dirichlet(alpha * ones) over the classes, drawn without
+      replacement (a class that runs out leaves the mix). Every client is non-empty by
+      construction, so it scales to thousands of clients of a few records each.
 
     Deterministic given ``seed``; the parts are disjoint and cover every record.
     """
@@ -554,6 +564,9 @@ def split_clients(
         )
     if kind != "noniid" and num_clients > len(y):
         raise ConfigError(f"num_clients {num_clients} exceeds the {len(y)} training records")
+    if kind == "shards" and 2 * num_clients > len(y):
+        raise ConfigError(f"the shards split cuts {2 * num_clients} shards (2 per client) "
+                          f"from {len(y)} training records: at most {len(y) // 2} clients")
     rng = np.random.default_rng(seed)
 
     if kind == "noniid":
@@ -576,12 +589,17 @@ def split_clients(
             for p in np.array_split(rng.permutation(len(y)), num_clients)
         ]
 
+    if kind == "shards":
+        return _shards(y, num_clients, rng)
+
     try:
         concentration = float(alpha)
     except (TypeError, ValueError):
         concentration = math.nan
     if not (math.isfinite(concentration) and concentration > 0):
         raise ConfigError(f"dirichlet alpha must be a positive number, got {alpha!r}")
+    if kind == "label-dirichlet":
+        return _label_dirichlet(y, num_clients, concentration, classes, rng)
     by_class = [np.flatnonzero(y == c) for c in range(classes)]
     for _ in range(_DIRICHLET_TRIES):
         buckets: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
@@ -599,3 +617,39 @@ def split_clients(
         f"dirichlet split with alpha={alpha} left a client without records "
         f"after {_DIRICHLET_TRIES} draws; use a larger alpha or fewer clients"
     )
+
+
+def _shards(y: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """McMahan et al. 2017's pathological non-IID split (see :func:`split_clients`)."""
+    shuffled = rng.permutation(len(y))
+    by_label = shuffled[np.argsort(y[shuffled], kind="stable")]
+    shards = np.array_split(by_label, 2 * num_clients)
+    owner = rng.permutation(2 * num_clients)
+    return [np.sort(np.concatenate([shards[owner[2 * k]], shards[owner[2 * k + 1]]]))
+            .astype(np.int64) for k in range(num_clients)]
+
+
+def _label_dirichlet(y: np.ndarray, num_clients: int, alpha: float, classes: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """Hsu et al. 2019's split (see :func:`split_clients`): client k's labels drawn from its
+    own q_k ~ Dirichlet(alpha), without replacement, classes that run out dropped."""
+    pools = [rng.permutation(np.flatnonzero(y == c)) for c in range(classes)]
+    left = np.array([p.size for p in pools], dtype=np.int64)
+    taken = np.zeros(classes, dtype=np.int64)
+    mixes = rng.dirichlet(np.full(classes, alpha), size=num_clients)
+    parts = []
+    for k, size in enumerate(np.diff(np.linspace(0, len(y), num_clients + 1).astype(np.int64))):
+        counts = np.zeros(classes, dtype=np.int64)
+        need = int(size)
+        while need > 0:
+            weights = np.where(left > 0, mixes[k], 0.0)
+            if weights.sum() <= 0:  # its mix is on exhausted classes only: any class left
+                weights = (left > 0).astype(np.float64)
+            draw = np.minimum(rng.multinomial(need, weights / weights.sum()), left)
+            counts += draw
+            left -= draw
+            need -= int(draw.sum())
+        parts.append(np.sort(np.concatenate(
+            [pools[c][taken[c]:taken[c] + counts[c]] for c in range(classes)])).astype(np.int64))
+        taken += counts
+    return parts

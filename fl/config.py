@@ -49,6 +49,8 @@ INITS = ("noise", "real")  # FedLAP's synthetic images start as noise or as real
 #: FedLAP's rate over rounds (``fl.fedlap.cosine_lr``): the authors' cosine, which reaches its
 #: 1e-6 floor in the last round, or the cosine that stops one round short of zero
 LR_SCHEDULES = ("cosine", "cosine-open")
+#: how the in-process driver trains a round's cohort (``cohort_training``, fl/cohort.py)
+COHORT_TRAINING = ("auto", "vectorised", "loop")
 
 
 @dataclass
@@ -136,6 +138,11 @@ class TrainConfig:
     canaries: int = 0  # M canaries, each included with a secret coin
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
     canary_coordinates: str | None = None  # white box: None = dedicated for FedLAP-DP
+    # the in-process driver's cohort (fl/cohort.py): "vectorised" trains the selected clients
+    # of FedAvg and FedProx in lockstep (refused where the model does not allow it), "loop"
+    # one by one, "auto" vectorised on an accelerator where the model allows, the loop on
+    # the CPU (faster there: docs/train.md, "Cross-device scale"); the same result up to rounding
+    cohort_training: str = "auto"
 
     @property
     def spec(self) -> MethodSpec:
@@ -233,6 +240,7 @@ class TrainConfig:
                                             or self.clip_count_sigma is not None):
             raise ConfigError(f"adaptive clipping (clip_quantile, clip_count_sigma) is "
                               f"dp-fedavg-client's, not {self.method}'s")
+        self._validate_client_count()
         self.spec.check(self)
         self._validate_canaries()
         allowed = NOTION_THREAT_MODELS[self.notion]
@@ -273,6 +281,20 @@ class TrainConfig:
         if self.canaries:
             raise ConfigError("canaries are sampled at the client fraction: they do not run "
                               "with fixed-size cohorts (clients per round)")
+    def _validate_client_count(self) -> None:
+        """A built-in dataset's records must go round the clients (each holds one or more;
+        the shards split two shards of one or more): refused before the data is read."""
+        from fedlap_privacy.data import TRAIN_RECORDS
+
+        if self.dataset not in TRAIN_RECORDS or self.split == "noniid":
+            return  # noniid: split_clients refuses more clients than classes
+        records = TRAIN_RECORDS[self.dataset] - self.validation_records
+        per_client = 2 if self.split == "shards" else 1
+        if self.clients * per_client > records:
+            what = "2 shards of at least one record each" if per_client == 2 else "a record"
+            raise ConfigError(f"clients {self.clients}: {self.dataset} has {records:,} training "
+                              f"records for the clients, too few to give each of them {what} "
+                              f"(at most {records // per_client:,} clients)")
 
     def _validate_canaries(self) -> None:
         kind = self.resolved_canary_kind
@@ -451,6 +473,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "canaries": _int(0, 10**6),
     "canary_kind": _words(lambda: CANARY_KINDS),
     "canary_coordinates": _words(lambda: CANARY_COORDINATES),
+    "cohort_training": _words(lambda: COHORT_TRAINING),
 }
 
 

@@ -13,6 +13,7 @@ N_k / N. :func:`local_training` is shared by SCAFFOLD (gradient correction), ALI
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlap_privacy.fl.cohort import ClientBatches, cohort_local_sgd
+from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
+from fedlap_privacy.fl.progress import report_step
 from fedlap_privacy.fl.trust_region import clone_params
 
 __all__ = ["LocalSGD", "average_weights", "local_training"]
@@ -75,6 +79,7 @@ def local_training(
                 if correction is not None:
                     d = d + correction[i]
                 p.sub_(lr * d)
+        report_step(step + 1, steps)
     return model, steps
 
 
@@ -105,6 +110,29 @@ class LocalSGD(Method):
             mu=cfg.prox_mu if cfg.spec.proximal else 0.0,
         )
         return Reply(state_of(trained), used, len(y))
+
+    def probe_config(self) -> tuple[TrainConfig, int]:
+        """One local step."""
+        return dataclasses.replace(self.cfg, local_steps=1), 1
+
+    def vectorises(self) -> bool:
+        """FedAvg and FedProx; not the record-level DP variants, whose steps draw noise from
+        the same generator between the batches (the loop keeps that order)."""
+        return not self.cfg.private
+
+    def cohort_client(
+        self, model: nn.Module, x: Tensor, y: Tensor, indices: list[Tensor], info: RoundInfo,
+        generators: list[torch.Generator],
+    ) -> list[Reply]:
+        """FedAvg's and FedProx's local SGD vectorised over the cohort
+        (:func:`~fedlap_privacy.fl.cohort.cohort_local_sgd`)."""
+        cfg = self.cfg
+        clients = [ClientBatches.draw(index, cfg.local_steps, cfg.batch_size, generator)
+                   for index, generator in zip(indices, generators, strict=True)]
+        states = cohort_local_sgd(model, x, y, clients, lr=info.lr,
+                                  mu=cfg.prox_mu if cfg.spec.proximal else 0.0)
+        return [Reply(state, cfg.local_steps, int(index.numel()))
+                for state, index in zip(states, indices, strict=True)]
 
     def aggregate(
         self, model: nn.Module, replies: list[Reply], server_state: State, info: RoundInfo,

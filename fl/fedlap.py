@@ -18,6 +18,7 @@ the paper).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.matching import MatchTarget
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
+from fedlap_privacy.fl.progress import report_step
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
 from fedlap_privacy.second_order import (
     Blocks,
@@ -215,7 +217,7 @@ def client_approximation(
     rate = cfg.batch_size / x.shape[0]
     include = [not zero for zero in structurally_zero(model)]
     blocks = supported_blocks(model, images)  # the written-out second-order pass applies
-    accesses = 0
+    accesses, total = 0, cfg.reinits * cfg.max_loops * cfg.real_batches
     for _ in range(cfg.reinits):
         with torch.no_grad():
             for p, a in zip(params, anchor, strict=True):
@@ -234,6 +236,7 @@ def client_approximation(
                     images.grad = _matching_gradient(model, images, syn.labels, aug, target,
                                                      include, blocks)
                     opt.step()
+                report_step(accesses, total)  # at most T: a loop may stop at the radius
             current = SyntheticSet(images.detach(), syn.labels)
             if _model_steps(model, current, cfg.local_model_steps, lr_net, anchor, cfg.radius):
                 break
@@ -378,6 +381,11 @@ class FedLAP(Method):
         """DSA for images ``(N, C, H, W)``; feature rows (tabular data) are never augmented:
         DSA's flips, crops and colour jitter have no meaning for them."""
         return self.augment if x.dim() == 4 else None
+
+    def probe_config(self) -> tuple[TrainConfig, int]:
+        """One loop (R_i = L_max = 1): its R_b real batches with their R_s synthetic updates,
+        and its R_l model steps, which a run makes once per R_b accesses."""
+        return dataclasses.replace(self.cfg, reinits=1, max_loops=1), self.cfg.real_batches
 
     def lr(self, round_: int) -> float:
         return cosine_lr(self.cfg.lr_net, round_, self.cfg.rounds, self.cfg.lr_schedule)

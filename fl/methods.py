@@ -116,6 +116,32 @@ class Method(ABC):
     ) -> Reply:
         """One client round on its private data ``x, y``; may update its node-local ``state``."""
 
+    def probe_config(self) -> tuple[TrainConfig, int] | None:
+        """This method's configuration cut to a short client step, and the accesses to the
+        data it makes, for timing the method on this machine before round 1
+        (:mod:`~fedlap_privacy.fl.progress`); None: the method is not timed."""
+        return None
+
+    def vectorises(self) -> bool:
+        """Whether :meth:`cohort_client` trains a cohort at once (False: one by one)."""
+        return False
+
+    def cohort_client(
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        indices: list[Tensor],
+        info: RoundInfo,
+        generators: list[torch.Generator],
+    ) -> list[Reply]:
+        """The client steps of a whole cohort at once, where the method can vectorise them
+        (:mod:`fedlap_privacy.fl.cohort`): client j holds records ``indices[j]`` of the
+        training set ``x, y`` and draws from ``generators[j]``; the replies must equal
+        :meth:`client`'s one by one up to rounding. Called only when :meth:`vectorises`;
+        only for methods without node-local state."""
+        raise NotImplementedError(f"{self.cfg.method} trains its clients one by one")
+
     @abstractmethod
     def aggregate(
         self,

@@ -56,6 +56,7 @@ from fedlap_privacy.data import (
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.client_sampling import select_clients
+from fedlap_privacy.fl.cohort import vectorise_refusal
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
@@ -65,7 +66,13 @@ from fedlap_privacy.fl.privacy import (
     privacy_warnings,
     with_planned_sigma,
 )
-from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator, run_split_seed
+from fedlap_privacy.fl.progress import LONG_ROUND_S, RoundClock, reporting
+from fedlap_privacy.fl.randomness import (
+    SERVER_KEY,
+    dp_generator,
+    run_split_seed,
+    seeded_generator,
+)
 from fedlap_privacy.fl.released_metrics import released_history
 from fedlap_privacy.fl.run_files import (
     CHECKPOINT,
@@ -178,7 +185,13 @@ def client_parts(cfg: TrainConfig, data: Dataset, split_seed: int | None = None
     seed = _split_seed(cfg, split_seed, natural=data.partition is not None)
     keep = np.setdiff1d(np.arange(len(data.y_train)), validation_indices(cfg, data, seed))
     if data.partition is not None:
-        return _cut(cfg, [p[np.isin(p, keep)] for p in data.partition], seed)
+        kept = np.zeros(len(data.y_train), dtype=bool)
+        kept[keep] = True  # one mask, not a search per client: thousands of clients scale
+        parts = [p[kept[p]] for p in data.partition]
+        if (empty := next((k for k, p in enumerate(parts) if p.size == 0), None)) is not None:
+            raise ConfigError(f"client {empty} holds no records once the {cfg.validation_records}"
+                              " validation records are held out: hold out fewer")
+        return _cut(cfg, parts, seed)
     parts = [keep[p] for p in split_clients(
         data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, seed,
         data.num_classes,
@@ -206,14 +219,30 @@ def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
 def local_clients(
     run: _Run, m: int, chosen: list[int], info: RoundInfo, callback: Callback
 ) -> list[Reply]:
-    """The in-process driver: each selected client's step on its own partition, in turn."""
+    """The in-process driver: the selected clients' steps on their own partitions, the
+    cohort at once where the method and the model allow (``cohort_training``,
+    :mod:`~fedlap_privacy.fl.cohort`), else each in turn."""
+    if run.vectorised and chosen:
+        if run.cfg.noise != "seeded":
+            follow_load()
+        gens = [dp_generator(run.cfg, run.device, m, k + 1) for k in chosen]
+        replies = run.method.cohort_client(run.model, run.x_train, run.y_train,
+                                           [run.client_index[k] for k in chosen], info, gens)
+        for k in chosen:
+            callback("client_done", {"round": m, "client": k})
+        return replies
     replies = []
-    for k in chosen:
+    clock = RoundClock(m, len(chosen))
+    for position, k in enumerate(chosen):
         if run.cfg.noise != "seeded":  # a seeded run keeps its threads: bit-for-bit rounding
             follow_load()
-        x, y = run.client_data[k]
+        x, y = run.client_records(k)
         gen = dp_generator(run.cfg, run.device, m, k + 1)
-        with run.canary_context(k, m, len(y)):
+
+        def step(t: int, total: int, position: int = position, k: int = k) -> None:
+            callback("client_step", clock.step(position, k, t, total))
+
+        with run.canary_context(k, m, len(y)), reporting(step):
             cx, cy = run.with_canaries(k, x, y)
             reply = run.method.client(run.model, cx, cy, run.client_state[k], info, gen)
         replies.append(dataclasses.replace(reply, num_examples=len(y)))  # N_k without canaries
@@ -265,6 +294,30 @@ class _Run:
             cfg, self.model, self.data.x_train.shape[1:],
             [torch.from_numpy(self.data.y_train[p]) for p in self.parts],
         )
+        if ask_clients is local_clients:
+            _ = self.vectorised  # cohort_training vectorised where it cannot: refused now
+
+    def time_one_access(self) -> float | None:
+        """Seconds one access of a client step takes on this machine: the method's short step
+        (:meth:`~fedlap_privacy.fl.methods.Method.probe_config`) timed over the accesses it
+        makes, on random records of the mean client size (no private record is touched,
+        nothing is accounted; the global random state is left as it was), after one untimed
+        warm-up (the first call loads kernels and grows the heap). None: not timed."""
+        probe_cfg = self.method.probe_config()
+        if probe_cfg is None:
+            return None
+        cfg, accesses = probe_cfg
+        probe = build_method(cfg, self.device)
+        size = max(int(np.mean(self.sizes)), cfg.batch_size, 1)
+        with torch.random.fork_rng(devices=[]):
+            x = torch.randn((size, *self.data.input_shape), device=self.device)
+            y = torch.arange(size, device=self.device) % self.data.num_classes
+            info = probe.round_info(1, self.server_state)
+            gen = seeded_generator(self.device, 0)
+            probe.client(self.model, x, y, {}, info, gen)  # warm-up
+            start = time.perf_counter()
+            probe.client(self.model, x, y, {}, info, gen)
+            return (time.perf_counter() - start) / accesses
 
     # ---------------------------------------------------------------- canaries
     def canary_context(self, k: int, m: int, n_k: int) -> contextlib.AbstractContextManager:
@@ -282,12 +335,54 @@ class _Run:
         return torch.cat([x, extra[0].to(x)]), torch.cat([y, extra[1].to(y)])
 
     @cached_property
-    def client_data(self) -> list[tuple[Tensor, Tensor]]:
-        """Each client's records; built on first use (a Flower server never uses them)."""
-        x = torch.from_numpy(self.data.x_train).to(self.device)
-        y = torch.from_numpy(self.data.y_train).to(self.device)
-        index = [torch.from_numpy(p).to(self.device) for p in self.parts]
-        return [(x[i], y[i]) for i in index]
+    def x_train(self) -> Tensor:
+        """The training records on the device (on the CPU the dataset's own memory, not a
+        copy); built on first use (a Flower server never uses them)."""
+        return torch.from_numpy(self.data.x_train).to(self.device)
+
+    @cached_property
+    def y_train(self) -> Tensor:
+        return torch.from_numpy(self.data.y_train).to(self.device)
+
+    @cached_property
+    def client_index(self) -> list[Tensor]:
+        """Each client's records as indices into :attr:`x_train` (memory grows with the
+        records, not with clients x records or clients x model)."""
+        return [torch.from_numpy(p).to(self.device) for p in self.parts]
+
+    def client_records(self, k: int) -> tuple[Tensor, Tensor]:
+        """Client k's records, gathered for its step (freed after it)."""
+        index = self.client_index[k]
+        return self.x_train[index], self.y_train[index]
+
+    @cached_property
+    def vectorised(self) -> bool:
+        """Whether the cohort trains at once (``cohort_training``): ``auto`` vectorises on an
+        accelerator only (on an idle 2-core CPU the loop, whose ConvNet forward runs the fused
+        kernels, measured 2.5x faster); ``vectorised`` where it cannot is refused (one
+        line)."""
+        mode = self.cfg.cohort_training
+        if mode == "loop" or (mode == "auto" and self.device.type == "cpu"):
+            return False  # auto on the CPU: the loop (benchmarks/cross_device.py, README)
+        why = None
+        if not self.method.vectorises():
+            why = f"{self.cfg.method} trains its clients one by one"
+        elif self.canaries is not None:
+            why = "canaries are inserted client by client"
+        else:
+            why = vectorise_refusal(self.model)
+        if why is not None and mode == "vectorised":
+            raise ConfigError(f"cohort_training vectorised: {why}; use auto or loop")
+        return why is None
+
+    @cached_property
+    def saved_indices(self) -> list[Tensor]:
+        """The clients' index tensors as ``private.pt`` holds them: views of ONE tensor, so
+        the file stores one array however many clients there are (10,000 separate tensors
+        made every commit of the pair take seconds)."""
+        flat = torch.from_numpy(np.concatenate(self.parts) if self.parts else
+                                np.empty(0, dtype=np.int64))
+        return list(torch.split(flat, self.sizes))
 
     @cached_property
     def fingerprints(self) -> dict[str, Any]:
@@ -337,7 +432,7 @@ class _Run:
         withheld = self.withholds_selection
         return PrivateRunState(
             config=self.cfg.to_dict(),
-            client_indices=[torch.from_numpy(p) for p in self.parts],
+            client_indices=self.saved_indices,
             fingerprints=self.fingerprints,
             ledger_digest=ledger_digest(self.ledger.released_entries()),
             ledger=self.ledger.to_list() if withheld else [],
@@ -477,6 +572,7 @@ def train(
     split_seed: int | None = None,
     *,
     lock: RunLock | None = None,
+    estimate: bool = False,
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
@@ -492,7 +588,8 @@ def train(
     shares one over its runs, the Flower server draws it before discovery); None: a fresh
     secret. The run folder's lock (:mod:`fedlap_privacy.run_lock`; the folder is created) is
     taken before any data is read and held until the run returns; ``lock``: the caller holds
-    it already.
+    it already. ``estimate``: time one step before round 1 and send the round's estimated
+    time to ``callback`` (the ``estimate`` event, :func:`_estimate`).
     """
     out = Path(out_dir) if out_dir is not None else None
     if isinstance(data, str | Path):
@@ -502,7 +599,8 @@ def train(
         raise ConfigError("canaries are inserted by the in-process driver only: train them "
                           "with --engine simulation")
     if out is None:
-        return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback)
+        return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback,
+                        estimate)
     if data is None:
         check_user_run(cfg)  # a user's layout and model: refused before the folder exists
     created = lock is None and not out.exists()
@@ -516,7 +614,7 @@ def train(
                 _forget_folder(out)
             raise
         run.save()
-        return _execute(run, callback)
+        return _execute(run, callback, estimate)
 
 
 def _forget_folder(out: Path) -> None:
@@ -571,13 +669,30 @@ def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
     return cfg, run_split_seed(cfg, private.split_seed)
 
 
-def _execute(run: _Run, callback: Callback | None) -> TrainResult:
+def _estimate(run: _Run, callback: Callback) -> None:
+    """The ``estimate`` event before round 1: one access timed (the mean over a short
+    step), times T accesses per client, times the clients expected in a round; ``long``
+    past LONG_ROUND_S."""
+    access_s = run.time_one_access()
+    if access_s is None:
+        return
+    cfg = run.cfg
+    clients = max(cfg.clients * cfg.client_fraction, 1.0)
+    round_s = access_s * cfg.accesses_per_round * clients
+    callback("estimate", {"access_s": access_s, "accesses": cfg.accesses_per_round,
+                          "clients": clients, "round_s": round_s, "run_s": round_s * cfg.rounds,
+                          "long": round_s > LONG_ROUND_S})
+
+
+def _execute(run: _Run, callback: Callback | None, estimate: bool = False) -> TrainResult:
     """Run the remaining rounds of ``run``; checkpoints after every round."""
     cfg, out = run.cfg, run.out
     callback = callback or (lambda event, info: None)
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": run.round + 1})
     for warning in privacy_warnings(cfg, run.sizes):
         callback("warning", {"message": warning})
+    if estimate and run.round == 0 and run.ask_clients is local_clients and not run.vectorised:
+        _estimate(run, callback)
     stopped = "completed"
     while run.round < cfg.rounds:
         m = run.round + 1

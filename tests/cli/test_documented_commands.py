@@ -39,6 +39,11 @@ NOT_RUN = {
     "--threat-model server": "placeholder T (accesses per round)",
     "fedlap-privacy plan --eps 3 --rounds M --client-size 1600 --batch-size B --local-steps T":
         "placeholders M, B and T",
+    "fedlap-privacy train --method fedavg --dataset fashion-mnist --data-dir data/fashion-mnist "
+    "--clients 3000 --split shards --client-fraction 0.0333333 --rounds 5 --batch-size 10 "
+    "--local-steps 10 --set lr_local=0.1 --set width=32 --set depth=2":
+        "3,000 clients need FashionMNIST's 60,000 records; the test's miniature has 200 (the "
+        "700-client digits command beside it is run)",
     "fedlap-privacy audit --reference-models N": "placeholder N; the full command is shown "
                                                  "in a fenced block",
     "fedlap-privacy audit --model FILE --members ... --nonmembers ...":

@@ -190,3 +190,18 @@ def test_resume_accepts_flags_equal_to_the_recorded_run_and_more_rounds(
     summary = _summary(["--resume", "--out", str(copy), "--rounds", "2", "--dataset", "digits",
                         "--sigma", "1.5", "--seed", "0"])  # SMALL's flags are the run's own
     assert summary["rounds_run"] == 2 and summary["sigma"] == 1.5
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--split", "iid", "--clients", "1439"], "clients 1439: digits has 1,438 training records"),
+    (["--split", "shards", "--clients", "720"], "2 shards of at least one record each"),
+    (["--clients", "0"], "clients 0 must be an integer in [1, 100000]"),
+    (["--clients", "-5"], "clients -5 must be"),
+])
+def test_more_clients_than_records_is_one_line_before_data_access(
+    tmp_path: Path, data_reads: list[str], args: list[str], needle: str
+) -> None:
+    out = tmp_path / "run"
+    line = _refusal(["train", "--method", "fedavg", *args, "--out", str(out)])
+    assert needle in line
+    assert data_reads == [] and not out.exists()

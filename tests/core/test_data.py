@@ -489,6 +489,37 @@ def test_dirichlet_skew_depends_on_alpha() -> None:
     assert classes_per_client(0.05) < classes_per_client(100.0) == 10
 
 
+def test_shards_give_each_client_two_label_sorted_shards() -> None:
+    labels = _labels(per_class=100)  # 1,000 records, 100 clients: 200 shards of 5 records
+    parts = split_clients(labels, 100, kind="shards", seed=3)
+    _assert_partition(parts, len(labels))
+    assert {len(p) for p in parts} == {10}
+    # a shard lies inside one label (100 records per label, 5 per shard), so a client holds
+    # at most 2 labels, and McMahan's split gives most clients 2
+    labels_per_client = [len(set(labels[p].tolist())) for p in parts]
+    assert max(labels_per_client) == 2 and labels_per_client.count(2) > 70
+    assert all(np.array_equal(a, b) for a, b in
+               zip(parts, split_clients(labels, 100, kind="shards", seed=3), strict=True))
+    other = split_clients(labels, 100, kind="shards", seed=4)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+
+
+def test_label_dirichlet_scales_to_clients_of_a_few_records() -> None:
+    labels = _labels(per_class=300)  # 3,000 records in 1,000 clients of 3
+    parts = split_clients(labels, 1000, kind="label-dirichlet", alpha=0.1, seed=1)
+    _assert_partition(parts, len(labels))
+    assert {len(p) for p in parts} == {3}
+    # the per-class dirichlet split cannot make these clients (some stay empty)
+    with pytest.raises(ConfigError, match="without records"):
+        split_clients(labels, 1000, kind="dirichlet", alpha=0.1, seed=1)
+
+    def labels_per_client(alpha: float) -> float:
+        parts = split_clients(labels, 300, kind="label-dirichlet", alpha=alpha, seed=0)
+        return float(np.mean([len(set(labels[p].tolist())) for p in parts]))
+
+    assert labels_per_client(0.05) < 2.0 < 6.0 < labels_per_client(100.0)
+
+
 def test_dirichlet_impossible_is_a_config_error() -> None:
     labels = np.zeros(3, dtype=np.int64)  # one class, 3 records, 3 clients, extreme skew
     with pytest.raises(ConfigError, match="without records"):
@@ -499,7 +530,9 @@ def test_dirichlet_impossible_is_a_config_error() -> None:
     ("kwargs", "match"),
     [
         ({"num_clients": 0}, "num_clients"),
-        ({"num_clients": 2, "kind": "shards"}, "unknown split kind 'shards'"),
+        ({"num_clients": 2, "kind": "pathological"}, "unknown split kind 'pathological'"),
+        ({"num_clients": 151, "kind": "shards"}, "at most 150 clients"),
+        ({"num_clients": 2, "kind": "label-dirichlet", "alpha": -1.0}, "alpha"),
         ({"num_clients": 2, "kind": "dirichlet", "alpha": 0.0}, "alpha"),
         ({"num_clients": 2, "kind": "dirichlet", "alpha": float("nan")}, "alpha"),
         ({"num_clients": 2, "num_classes": 5}, r"0\.\.4"),

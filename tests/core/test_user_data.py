@@ -161,3 +161,27 @@ def test_one_partys_records_a_flower_nodes_data_file(tmp_path: Path) -> None:
     np.savez(path, x=x, y=np.full(12, CLASSES), num_classes=CLASSES)
     with pytest.raises(DataError, match=rf"label {CLASSES} is out of range 0..{CLASSES - 1}$"):
         load_records(path)
+
+
+def test_thousands_of_natural_clients_in_one_file_keep_their_records(tmp_path: Path) -> None:
+    from fedlap_privacy.fl.config import TrainConfig
+    from fedlap_privacy.fl.simulation import client_parts
+
+    rng = np.random.default_rng(0)
+    ids = rng.permutation(np.repeat(np.arange(3000), 8))  # 3,000 clients of 8, interleaved
+    x = np.stack([ids, np.arange(len(ids))], axis=1).astype(np.float32)  # (client, row)
+    y = (ids % CLASSES).astype(np.int64)
+    np.savez(tmp_path / "all.npz", x=x, y=y, client=ids)
+    data = load_user_data(tmp_path / "all.npz")
+    assert len(data.partition) == 3000 and data.held_out
+    for k in (0, 1234, 2999):
+        rows = data.x_train[data.partition[k]]
+        assert (rows[:, 0] == k).all() and len(rows) == 8 - round(HOLDOUT_FRACTION * 8)
+        assert np.all(np.diff(rows[:, 1]) > 0)  # in file order
+    cfg = TrainConfig(method="fedavg", dataset=CUSTOM, data=str(tmp_path / "all.npz"),
+                      clients=3000, validation_records=600, split_seed=0)
+    parts = client_parts(cfg, data)
+    assert sum(len(p) for p in parts) == len(data.y_train) - 600
+    assert all(set(data.x_train[p, 0].tolist()) <= {float(k)} for k, p in enumerate(parts))
+    with pytest.raises(Exception, match=r"^client \d+ holds no records once the 17000 "):
+        client_parts(cfg.__class__(**{**cfg.to_dict(), "validation_records": 17000}), data)

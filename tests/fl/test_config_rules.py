@@ -111,3 +111,27 @@ def test_pld_runs_are_bounded_by_what_pld_composes() -> None:
     TrainConfig(accountant="pld", rounds=MAX_PLD_ROUNDS).validate()
     with pytest.raises(ConfigError, match="rounds 1001 with the pld accountant: at most 1,000"):
         TrainConfig(accountant="pld", rounds=MAX_PLD_ROUNDS + 1).validate()
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    (dict(clients=0), "clients 0 must be an integer in [1, 100000]"),
+    (dict(clients=-3), "clients -3 must be"),
+    (dict(dataset="digits", split="iid", clients=1439), "clients 1439: digits has 1,438 "
+     "training records for the clients, too few to give each of them a record (at most 1,438"),
+    (dict(dataset="fashion-mnist", split="shards", clients=30_001),
+     "clients 30001: fashion-mnist has 60,000 training records"),
+    (dict(dataset="mnist", split="label-dirichlet", clients=59_001, validation_records=1000),
+     "clients 59001: mnist has 59,000"),
+])
+def test_more_clients_than_records_is_refused_before_the_data(setting: dict[str, Any],
+                                                              message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        TrainConfig(method="fedavg", **setting).validate()
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_as_many_clients_as_records_allow_is_accepted() -> None:
+    TrainConfig(method="fedavg", dataset="fashion-mnist", split="shards",
+                clients=30_000).validate()
+    TrainConfig(method="fedavg", dataset="digits", split="iid", clients=1438).validate()
