@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
 
 __all__ = ["Block", "fmt", "ledger_summary", "render_blocks", "to_html", "to_markdown",
            "write_privacy_report"]
@@ -94,7 +94,10 @@ def ledger_summary(ledger: PrivacyLedger, public: Iterable[str]) -> dict[str, An
         "sampling_rate": max((e.q2 for e in gaussian if e.q2 is not None), default=None),
         "accounted_steps_per_round": max(
             (e.local_steps for e in gaussian if e.local_steps is not None), default=None),
-        "clients_per_round": max((e.clients for e in entries), default=0),
+        # withheld where the threat model assumes the selection hidden (ledger.py)
+        "selection": "withheld" if selection_withheld(ledger.threat_model) else "released",
+        "clients_per_round": max((e.clients for e in entries if e.clients is not None),
+                                 default=None),
     }
 
 
@@ -136,7 +139,8 @@ def _release(report: dict[str, Any]) -> list[Block]:
         ("largest Poisson sampling rate of a record", fmt(release["sampling_rate"])),
         ("accounted accesses to the data per client and round",
          fmt(release["accounted_steps_per_round"])),
-        ("most clients in a round", fmt(release["clients_per_round"])),
+        ("most clients in a round", "withheld" if release["selection"] == "withheld"
+         else fmt(release["clients_per_round"])),
     ))]
     return out
 
