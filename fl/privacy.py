@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+from fedlap_privacy.accountant import FedLAPSchedule, epsilon, plan_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion, PrivacyLedger
 
 __all__ = [
-    "build_ledger", "privacy_block", "privacy_warnings", "run_schedule", "with_planned_sigma",
+    "build_ledger", "check_accountable", "privacy_block", "privacy_warnings", "run_schedule",
+    "with_planned_sigma",
 ]
 
 
@@ -57,11 +58,32 @@ def with_planned_sigma(cfg: TrainConfig, client_sizes: list[int]) -> TrainConfig
     return dataclasses.replace(cfg, sigma=sigma)
 
 
+def check_accountable(cfg: TrainConfig, schedule: FedLAPSchedule) -> None:
+    """Refuse, before any round runs, a run whose accountant cannot price all its rounds.
+
+    RDP prices any configuration. PLD discretises the privacy loss of the whole run (every
+    round, every client selected: the worst case any ledger of the run composes) within a
+    memory budget; a run beyond it (very small sigma, or very many accesses) is one line
+    naming the RDP fallback, not an error in the middle of training.
+    """
+    if cfg.accountant == "rdp" or cfg.sigma is None:
+        return
+    worst = dataclasses.replace(schedule, client_fraction=1.0)
+    try:
+        epsilon(worst, cfg.sigma, cfg.rounds, cfg.delta, cfg.accountant)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.rounds} rounds at sigma {cfg.sigma:g}: {exc}; for a run: "
+                          "--set accountant=rdp") from None
+
+
 def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
-    """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`)."""
+    """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`),
+    after :func:`check_accountable` found its accountant can price every round."""
     schedule = run_schedule(cfg, client_sizes)
     if schedule is not None and cfg.sigma is None:
         raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
+    if schedule is not None:
+        check_accountable(cfg, schedule)
     return PrivacyLedger(
         cfg.notion, schedule, cfg.sigma if schedule else None, cfg.delta if schedule else None,
         cfg.accountant, cfg.ldp_epsilon if cfg.notion == Notion.LOCAL else None,
@@ -76,10 +98,12 @@ def _finite(eps: float) -> float | None:
 def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
 
-    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces); record-level
-    runs also give it against each threat model. ``noise`` "seeded" marks a run that is not
-    private (its noise can be recomputed from the seed); ``public`` lists what the run
-    releases without noise.
+    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces), composed by
+    ``accountant`` (the run's); ``epsilon_by_accountant`` gives that epsilon by every
+    accountant, the run's first (RDP's Theorem 5.8 figure beside PLD's tighter one: both
+    bound the same mechanism). Record-level runs also give it against each threat model.
+    ``noise`` "seeded" marks a run that is not private (its noise can be recomputed from the
+    seed); ``public`` lists what the run releases without noise.
     """
     gaussian = cfg.private
     allowed = NOTION_THREAT_MODELS[ledger.notion]
@@ -93,6 +117,7 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
         "delta": cfg.delta if gaussian else None,
         "sigma": cfg.sigma if gaussian else None,
         "accountant": cfg.accountant if gaussian else None,
+        "epsilon_by_accountant": ledger.epsilon_by_accountant() if gaussian else None,
         "round_epsilon": ledger.round_epsilon,
         "noise": ledger.noise,
         "private": ledger.notion != "none" and ledger.noise == "secret",
