@@ -32,9 +32,9 @@ from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
 
 __all__ = [
     "FIELD_RULES", "INITS", "LR_SCHEDULES", "MAX_ROUNDS", "METHODS", "PRESETS",
-    "RADIUS_RULES", "FieldRule", "TrainConfig", "check_resume_flags", "config_value",
-    "fedlap_schedule", "field_types", "parse_overrides", "resolve_config", "resumed_config",
-    "typed_value",
+    "RADIUS_RULES", "RECORDED_ACCOUNTANT", "FieldRule", "TrainConfig", "check_resume_flags",
+    "config_value", "fedlap_schedule", "field_types", "parse_overrides", "resolve_config",
+    "resumed_config", "typed_value",
 ]
 
 METHODS = tuple(METHOD_TABLE)
@@ -50,7 +50,7 @@ class TrainConfig:
     """A run's configuration. Defaults: FedLAP-DP on ``digits``, tuned for epsilon <= 10.
 
     The digits defaults (10 rounds, sigma 1.5, B 64, T = 1 x 5 x 2 = 10 accesses per round,
-    lr_net 0.05) spend epsilon PLD_EPS at delta 1e-5 on the paper's non-IID split (PLD, the
+    lr_net 0.05) spend epsilon 8.73 at delta 1e-5 on the paper's non-IID split (PLD, the
     default accountant; RDP's Theorem 5.8 bound: 9.55). They are
     FedLAP-DP's ``small`` schedule: :func:`resolve_config` lays the ``large`` one over them
     for clients of 1,024 records or more (:mod:`~fedlap_privacy.fl.schedule`). 8x8 inputs
@@ -231,7 +231,17 @@ class TrainConfig:
             raise ConfigError(f"unknown configuration keys: {', '.join(sorted(unknown))}")
         return cls(**values)
 
+    @classmethod
+    def from_recorded(cls, values: dict[str, Any]) -> TrainConfig:
+        """A configuration a run recorded (its private state, a reference model's manifest).
+        One recorded without an ``accountant`` predates the choice and ran with RDP, the
+        default then: it keeps RDP (PLD became the default later), and its ledger's entries,
+        which record their accountant, must agree."""
+        return cls.from_dict({"accountant": RECORDED_ACCOUNTANT, **values})
 
+
+#: the accountant of a recorded configuration without one (:meth:`TrainConfig.from_recorded`)
+RECORDED_ACCOUNTANT = "rdp"
 #: the most rounds a run may have (the accountant's epsilon curve of a plan goes as far).
 #: PLD composes any number of rounds in one FFT (100,000 rounds in about a second); a run
 #: whose privacy loss it cannot discretise within its memory budget is refused when its

@@ -153,10 +153,8 @@ def load_release(out: Path) -> ModelRelease:
 
 
 def load_run_config(out: Path) -> TrainConfig:
-    """The full configuration of the run in ``out`` (from its private state). A recorded
-    configuration without an ``accountant`` predates the choice, so it ran with RDP (the
-    default then): it keeps it, and the ledger's entries must agree."""
-    return TrainConfig.from_dict({"accountant": "rdp", **load_private(out).config})
+    """The full configuration of the run in ``out`` (from its private state)."""
+    return TrainConfig.from_recorded(load_private(out).config)
 
 
 def load_history(out: Path) -> list[dict[str, Any]]:

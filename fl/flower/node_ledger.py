@@ -83,7 +83,7 @@ class NodeLedger:
                          if isinstance(e, dict) and e.get("accountant")), None)
         node = cls(path, run_id, int(saved["partition"]), str(saved["content_hash"]),
                    int(saved["size"]), dict(saved["config"]), _new_ledger(
-                       TrainConfig.from_dict({**saved["config"], "rounds": cfg.rounds}),
+                       TrainConfig.from_recorded({**saved["config"], "rounds": cfg.rounds}),
                        int(saved["size"]), policy, recorded))
         try:
             node.ledger.load(saved["entries"], saved["digest"])

@@ -91,3 +91,32 @@ def test_train_summary_names_the_accountant_and_keeps_rdp_beside_it() -> None:
     assert by["rdp"] == pytest.approx(epsilon(schedule, cfg.sigma, 2, cfg.delta), rel=1e-12)
     # the ledger's entries record the accountant that priced them
     assert {e.accountant for e in result.ledger.entries} == {"pld"}
+
+
+def test_a_resumed_run_keeps_the_accountant_it_started_with(tmp_path) -> None:
+    """A run started with RDP resumes with RDP (its ledger's entries say so), also when its
+    recorded configuration predates the ``accountant`` key; one that recorded PLD but whose
+    ledger says RDP is refused in one line."""
+    from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint, save_checkpoint
+    from fedlap_privacy.errors import CheckpointError
+    from fedlap_privacy.fl.simulation import resume
+
+    def edit_config(out, change) -> None:
+        payload = load_checkpoint(out / PRIVATE, PRIVATE_FORMAT)
+        payload.pop("format")
+        payload["config"] = change(payload["config"])
+        save_checkpoint(out / PRIVATE, payload, PRIVATE_FORMAT)
+
+    cfg = tiny(method="dp-fedavg", rounds=1, local_steps=1, accountant="rdp")
+    out = tmp_path / "run"
+    first = train(cfg, out).summary
+    assert first["accountant"] == "rdp"
+    edit_config(out, lambda c: {k: v for k, v in c.items() if k != "accountant"})  # an old run
+    resumed = resume(out, rounds=2)
+    assert resumed.summary["accountant"] == "rdp"
+    assert {e.accountant for e in resumed.ledger.entries} == {"rdp"}
+    schedule = resumed.ledger.schedule
+    assert resumed.summary["epsilon"] == pytest.approx(epsilon(schedule, cfg.sigma, 2, cfg.delta))
+    edit_config(out, lambda c: {**c, "accountant": "pld"})
+    with pytest.raises(CheckpointError, match="has accountant 'rdp', the run 'pld'"):
+        resume(out, rounds=3)
