@@ -94,6 +94,9 @@ def test_comparison_report_table_and_resume(tmp_path):
             assert len(r["accuracy_by_round"]) == r["rounds_run"] == 2
             assert r["accuracy_by_round"][-1] == r["test_accuracy"]
             assert r["epsilon_by_round"][-1] == pytest.approx(r["epsilon"])
+            # planned and reported with PLD; RDP's figure of the same run is above the target
+            assert r["accountant"] == "pld" and r["epsilon_by_accountant"]["pld"] == r["epsilon"]
+            assert r["epsilon_by_accountant"]["rdp"] > float(target)
         assert cell["mean_by_round"][-1] == pytest.approx(cell["mean"])
         assert cell["std"] == pytest.approx(abs(accs[0] - accs[1]) / 2)
         # one round count: one by_rounds record, the cell's own numbers
