@@ -2,11 +2,12 @@
 #   make run   -> virtual environment, install, run the main job on the embedded default
 #   make test  -> virtual environment, install with test tools, ruff, pytest
 #   make bench -> the speed comparisons against Opacus / dp-accounting / per-record loops
+#   make docs  -> the documentation site in site/ (mkdocs build --strict: a broken link fails)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 
-.PHONY: install install-dev run test bench clean
+.PHONY: install install-dev run test bench docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -32,5 +33,9 @@ bench: install-dev
 	$(PY) benchmarks/dp_step.py
 	$(PY) benchmarks/audit_features.py
 
+# NO_MKDOCS_2_WARNING: mkdocs-material prints a banner about its successor on every build
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

@@ -35,10 +35,13 @@ from collections.abc import Sequence
 import dp_accounting
 import numpy as np
 
+from fedlap_privacy.accountant.client_level import ClientSampling
 from fedlap_privacy.accountant.schedule import RoundSchedule, step_counts
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["RoundSchedule", "composed_event", "schedule_event", "step_counts"]
+__all__ = [
+    "RoundSchedule", "client_level_event", "composed_event", "schedule_event", "step_counts",
+]
 
 
 def _event(counts: dict[float, int], sigma: float) -> dp_accounting.ComposedDpEvent:
@@ -72,3 +75,14 @@ def composed_event(
     :func:`~fedlap_privacy.accountant.composed_epsilon`. An empty list is an empty
     composition (epsilon 0)."""
     return _event(step_counts((schedule, 1) for schedule in schedules), sigma)
+
+
+def client_level_event(
+    sampling: ClientSampling, sigma: float, rounds: int = 1
+) -> dp_accounting.ComposedDpEvent:
+    """``rounds`` rounds of client-level DP-FedAvg at noise multiplier ``sigma`` as the
+    event its ledger prices (:mod:`fedlap_privacy.accountant.client_level`): a Poisson
+    sampled Gaussian at ``sampling.q`` with multiplier ``sampling.accounted_sigma(sigma)``
+    per round (for fixed-size cohorts, the add/remove bound at rate K/n and sensitivity 2C;
+    dp-accounting's ``SampledWithoutReplacementDpEvent`` is a replace-one analysis)."""
+    return schedule_event(sampling.schedule(), sampling.accounted_sigma(sigma), rounds)

@@ -1,4 +1,4 @@
-"""Gather finished training runs under a folder into one JSON file (the README's tables).
+"""Gather finished training runs under a folder into one JSON file (the tables of docs/results.md).
 
 Every folder below ``ROOT`` that holds a run (``metrics.jsonl`` and its private state)
 becomes one record: its path relative to ``ROOT``, the settings that tell runs apart

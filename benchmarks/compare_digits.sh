@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The README's digits comparison tables: every method at epsilon 3 and 10 (3 seeds), then the
-# same methods with 20 IID clients, then FedLAP-DP, DP-FedAvg and DP-FedProx after 1, 3 and 10
-# rounds at matched epsilon. Prints each table and its wall time; results land in
-# runs/compare-digits*/comparison.json (the README's copies are in docs/results/).
+# The digits comparison tables of docs/results.md: every method at epsilon 3 and 10 (3
+# seeds), then the same methods with 20 IID clients, then FedLAP-DP, DP-FedAvg and DP-FedProx
+# after 1, 3 and 10 rounds at matched epsilon. Prints each table and its wall time; results land
+# in runs/compare-digits*/comparison.json (the copies docs/results.md cites are in docs/results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin/fedlap-privacy}

@@ -4,7 +4,7 @@
 # small schedule (--schedule small: B 64, T = 10 accesses per client), seeds 0-2, for sigma
 # in SIGMAS (0.001 is clipping and Poisson sampling without noise to speak of); sigma 0.82
 # is epsilon 3 and is
-# the README's small-client table; "none" runs the non-private methods (FedLAP, FedAvg: no
+# the small-client table of docs/results.md; "none" runs the non-private methods (FedLAP, FedAvg: no
 # clipping, no noise, no Poisson batches). Two runs at a time, one thread each; about 50 CPU
 # minutes. Writes runs/noise-sweep/<method>-sigma<s>-seed<k>/, prints one JSON line per run.
 set -euo pipefail

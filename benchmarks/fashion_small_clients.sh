@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's FashionMNIST small-client table: the non-IID split cut to 1,600 records per
+# The FashionMNIST small-client table of docs/results.md: the non-IID split cut to 1,600 records per
 # client, epsilon 3 after 1 and after 3 rounds (each count its own sigma), seeds 0-2; first
 # with FedLAP-DP's small schedule (--schedule small: train's defaults for digits-sized
 # clients), then with the settings benchmarks/tune.py picked on the digits
@@ -37,7 +37,7 @@ time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --eps 3 --rounds 
     --out runs/fashion1600-fedlap-B64-seeds3-5
 time "$BIN" compare --dataset fashion-mnist --data-dir "$DATA" --rounds 1 --seeds 3 \
     --set client_records=1600 --methods fedlap --out runs/fashion1600-fedlap-nodp
-# the authors' schedule on the same clients (README: FashionMNIST by client size), epsilon
+# the authors' schedule on the same clients (docs/results.md: FashionMNIST by client size), epsilon
 # 3 in one round for seeds 0-2, and in three rounds for seed 0
 for seed in 0 1 2; do
   time "$BIN" train --preset paper-dp --dataset fashion-mnist --data-dir "$DATA" \

@@ -10,7 +10,7 @@ This script therefore replays round 1's server optimisation of finished one-roun
 * the distance the server moved from the initial model (the trust-region radius caps it);
 * validation accuracy on ``--validation`` training records that no client holds (drawn with
   a fixed seed; never the test set): the number to choose a factor by;
-* test accuracy, for the README.
+* test accuracy, for docs/results.md.
 
 The server's batch order and DSA draws come from a seeded generator here, from the secret
 one in the run, so factor 1 reproduces the run's accuracy only up to that randomness.

@@ -1,5 +1,5 @@
 """Palmer penguins, split by island into 3 clients: FedAvg vs DP-FedAvg vs FedLAP-DP at a target
-epsilon (README "Train on your own data", measured result).
+epsilon (docs/own-data.md, measured result).
 
 Needs the ``palmerpenguins`` package (its CSV only; not a dependency of fedlap-privacy):
 ``pip install palmerpenguins``. Writes one .npz per island (Biscoe, Dream, Torgersen; no

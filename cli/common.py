@@ -61,7 +61,7 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
 #: --data's help (train, compare)
 DATA_HELP = ("Your own records instead of --dataset: a folder of .npz files, one per client "
              "(x, y; optional test.npz), or one .npz (x, y, optional client). x: images "
-             "(N, C, H, W) or feature rows (N, D). See the README, 'Train on your own data'.")
+             "(N, C, H, W) or feature rows (N, D). See docs/own-data.md.")
 #: --model's help (train, compare)
 MODEL_HELP = ("FILE.py:FUNC or module:FUNC: FUNC(input_shape, num_classes) returns the "
               "torch.nn.Module to train (no BatchNorm). Default: the ConvNet for images, an MLP "
@@ -164,6 +164,8 @@ def privacy_sentence(p: dict[str, Any]) -> str:
         other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.get("threat_model")]
         if other:
             text += f" (epsilon {', '.join(other)})"
+        if p.get("client_sampling"):
+            text += f"; {p['client_sampling']}"
     elif notion == "local" and eps is not None:
         text = (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
                 f"{eps:g} per weight over the run (a whole upload: d x that)")
@@ -199,9 +201,11 @@ def print_run_plan(run: RunPlan) -> None:
              f"sigma {cfg.sigma:.4g}" + (" (planned for the target)" if run.sigma_planned
                                           else ""))
     start = f", from round {run.start_round}" if run.start_round > 1 else ""
+    cohort = (f"fraction {cfg.client_fraction:g}" if cfg.clients_per_round is None
+              else f"{cfg.clients_per_round} per round")
     console.print(
-        f"run: {cfg.method}, {cfg.rounds} rounds{start}, {cfg.clients} clients (fraction "
-        f"{cfg.client_fraction:g}), B {cfg.batch_size}, T = {run.accesses_per_round} "
+        f"run: {cfg.method}, {cfg.rounds} rounds{start}, {cfg.clients} clients ({cohort}), "
+        f"B {cfg.batch_size}, T = {run.accesses_per_round} "
         f"accesses per client-round, {sigma}", highlight=False)
     if run.stop:
         console.print(f"[bold yellow]stops after {run.rounds_run} round(s):[/] {run.stop}",

@@ -64,7 +64,12 @@ def train(
     split: str = typer.Option("noniid", "--split", help="noniid | iid | dirichlet"),
     alpha: float = typer.Option(0.5, "--alpha", help="Dirichlet concentration."),
     clients: int = typer.Option(5, "--clients"),
-    client_fraction: float | None = typer.Option(None, "--client-fraction"),
+    client_fraction: float | None = typer.Option(
+        None, "--client-fraction", help="Poisson client sampling: each client takes part in "
+        "a round with this probability."),
+    clients_per_round: int | None = typer.Option(
+        None, "--clients-per-round", help="Fixed-size cohorts: this many clients per round, "
+        "drawn without replacement (dp-fedavg-client accounts it)."),
     rounds: int | None = typer.Option(None, "--rounds"),
     sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier."),
     target_eps: float | None = typer.Option(
@@ -114,7 +119,7 @@ def train(
     ),
     node_policy: Path | None = typer.Option(
         None, "--node-policy", help="Flower: a node policy TOML file given to every local "
-        "SuperNode (allowed methods, minimum sigma, budget, ...; see the README)."
+        "SuperNode (allowed methods, minimum sigma, budget, ...; see docs/flower.md)."
     ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
@@ -133,7 +138,8 @@ def train(
         **guarded(lambda: data_flags(dataset, data, model)),
         "data_dir": None if data_dir is None else str(data_dir),
         "split": split, "dirichlet_alpha": alpha, "clients": clients,
-        "client_fraction": client_fraction, "rounds": rounds, "delta": delta,
+        "client_fraction": client_fraction, "clients_per_round": clients_per_round,
+        "rounds": rounds, "delta": delta,
         "batch_size": batch_size, "target_eps": target_eps, "seed": seed, "sigma": sigma,
         "local_steps": local_steps, "ldp_epsilon": ldp_epsilon,
         "threat_model": None if threat_model is None else threat_model.value,

@@ -1,5 +1,4 @@
-"""A user's model: ``--model FILE.py:FUNC`` or ``--model module:FUNC`` (README "Train on your
-own data").
+"""A user's model: ``--model FILE.py:FUNC`` or ``--model module:FUNC`` (docs/own-data.md).
 
 ``FUNC(input_shape, num_classes)`` returns any ``torch.nn.Module`` taking a batch of records
 ``(B, *input_shape)`` to ``(B, num_classes)`` logits. The factory is code the USER names on

@@ -1,5 +1,4 @@
-"""A user's own records as a run's dataset: ``train --data PATH`` (README "Train on your own
-data").
+"""A user's own records as a run's dataset: ``train --data PATH`` (docs/own-data.md).
 
 Two layouts, both ``.npz`` archives read with ``allow_pickle=False`` (no pickle, no code):
 

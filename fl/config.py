@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.accountant import ACCOUNTANTS
+from fedlap_privacy.accountant.client_level import ClientSampling
 from fedlap_privacy.accountant.planning import SIGMA_RANGE
 from fedlap_privacy.canary_state import CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
@@ -73,7 +74,10 @@ class TrainConfig:
     clients: int = 5
     client_records: int | None = None  # at most this many records per client (a random subset)
     validation_records: int = 0  # training records held out of every client, for tuning
-    client_fraction: float = 1.0
+    client_fraction: float = 1.0  # Poisson client sampling: each client's probability per round
+    # fixed-size cohorts: K clients per round drawn uniformly without replacement (None: Poisson
+    # at client_fraction); accounted by dp-fedavg-client (accountant/client_level.py)
+    clients_per_round: int | None = None
     rounds: int = 10
     seed: int = 0  # the initial weights (public randomness: the released weights reveal it)
     # the split, the validation hold-out and the client subsets; None: a secret seed drawn
@@ -119,6 +123,10 @@ class TrainConfig:
     server_lr: float = 1.0
     tau_max: int = 100  # ALI-DPFL: upper clamp of tau
     ldp_epsilon: float | None = None  # LDP-FL: epsilon of each weight per round
+    # dp-fedavg-client's adaptive clipping (Andrew et al. 2021); clip is the initial norm
+    clip_quantile: float | None = None  # target quantile gamma of update norms; None: fixed
+    clip_lr: float = 0.2  # eta_C of the geometric update C <- C exp(-eta_C (b - gamma))
+    clip_count_sigma: float | None = None  # count noise std; None: max(cohort / 20, sigma)
     # threat model and randomness (docs/threat-model.md)
     threat_model: str | None = None  # None: the strongest the notion supports
     reproducible_noise: bool = False  # derive DP randomness from the seed: NOT private
@@ -201,6 +209,11 @@ class TrainConfig:
                               "data=PATH (--data)")
         if self.accesses_per_round < 1:
             raise ConfigError("each round must make at least one access")
+        self._validate_sampling()
+        if not self.spec.adaptive_clip and (self.clip_quantile is not None
+                                            or self.clip_count_sigma is not None):
+            raise ConfigError(f"adaptive clipping (clip_quantile, clip_count_sigma) is "
+                              f"dp-fedavg-client's, not {self.method}'s")
         self.spec.check(self)
         self._validate_canaries()
         allowed = NOTION_THREAT_MODELS[self.notion]
@@ -211,6 +224,37 @@ class TrainConfig:
             )
         return self
 
+    @property
+    def sampling(self) -> ClientSampling:
+        """How each round's clients are drawn (Poisson at ``client_fraction``, or fixed-size
+        cohorts of ``clients_per_round``), as the accountant prices it."""
+        return ClientSampling(self.clients, self.client_fraction, self.clients_per_round)
+
+    @property
+    def clip_count_noise(self) -> float:
+        """Adaptive clipping's count noise std: ``clip_count_sigma``, else Andrew et al.'s
+        default, the expected cohort / 20, raised to sigma where that is less (the update
+        noise is then at most 2/sqrt(3) sigma; below sigma / 2 it could be none)."""
+        if self.clip_count_sigma is not None:
+            return self.clip_count_sigma
+        return max(self.sampling.expected_cohort / 20.0, self.sigma or 0.0)
+
+    def _validate_sampling(self) -> None:
+        if self.clients_per_round is None:
+            return
+        if self.clients_per_round > self.clients:
+            raise ConfigError(f"clients per round {self.clients_per_round} is larger than the "
+                              f"{self.clients} clients")
+        if self.client_fraction != 1.0:
+            raise ConfigError("give a client fraction (Poisson sampling) or clients per round "
+                              "(fixed-size cohorts), not both")
+        if self.private and not self.spec.fixed_cohorts:
+            raise ConfigError(f"clients per round: {self.method}'s accountant assumes Poisson "
+                              "client sampling; use a client fraction")
+        if self.canaries:
+            raise ConfigError("canaries are sampled at the client fraction: they do not run "
+                              "with fixed-size cohorts (clients per round)")
+
     def _validate_canaries(self) -> None:
         kind = self.resolved_canary_kind
         if kind == "white-box" and not self.spec.releases_gradients:
@@ -218,7 +262,8 @@ class TrainConfig:
             raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
                               f"({', '.join(releasing)}), not {self.method}")
         if kind == "clients" and self.notion != "client-level":
-            raise ConfigError("canary clients audit client-level DP (dp-normfedavg) only")
+            raise ConfigError("canary clients audit client-level DP (dp-normfedavg, "
+                              "dp-fedavg-client) only")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -351,6 +396,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "client_records": _int(1),
     "validation_records": _int(0),
     "client_fraction": _num(0, 1, lo_open=True),
+    "clients_per_round": _int(1, 100_000),  # at most the clients (checked with them)
     "rounds": _int(1, MAX_ROUNDS),
     "seed": _int(0, 2**63 - 1),  # numpy's and torch's seeds
     "split_seed": _int(0, 2**63 - 1),  # none: secret, drawn per run (fl.randomness)
@@ -387,6 +433,9 @@ FIELD_RULES: dict[str, FieldRule] = {
     "server_lr": _POSITIVE,
     "tau_max": _int(1, _LOOPS),
     "ldp_epsilon": _num(0, LDP_MAX_EPSILON, lo_open=True),
+    "clip_quantile": _num(0, 1, lo_open=True, hi_open=True),
+    "clip_lr": _num(0, 10, lo_open=True),
+    "clip_count_sigma": _num(0, 1e9, lo_open=True),
     "threat_model": _words(lambda: THREAT_MODELS),
     "reproducible_noise": _BOOL,
     "canaries": _int(0, 10**6),

@@ -94,7 +94,7 @@ class RoundTiming:
 
     def seconds(self, cfg: TrainConfig, rounds: int, accesses: int) -> float:
         """The estimated time of ``rounds`` rounds of ``cfg`` at ``accesses`` per client-round."""
-        clients = cfg.clients * cfg.client_fraction
+        clients = cfg.sampling.expected_cohort
         server = self.server + (self.per_epoch * cfg.server_epochs if cfg.is_fedlap else 0.0)
         return self.setup + rounds * (clients * (self.fixed + self.per_access * accesses)
                                       + server)

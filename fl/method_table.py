@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from fedlap_privacy.accountant.client_level import update_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.ledger import Notion
 
@@ -71,6 +72,19 @@ def _check_ldp_fl(cfg: TrainConfig) -> None:
                           f"(0, {LDP_MAX_EPSILON:g}]")
 
 
+def _check_dp_fedavg_client(cfg: TrainConfig) -> None:
+    if cfg.clip_quantile is None:
+        if cfg.clip_count_sigma is not None:
+            raise ConfigError("clip_count_sigma is the noise of adaptive clipping: set "
+                              "clip_quantile too (or leave it unset for a fixed clip)")
+    else:
+        if cfg.canaries:
+            raise ConfigError("canary clients upload at a fixed clip: audit dp-fedavg-client "
+                              "with fixed clipping (leave clip_quantile unset)")
+        if cfg.sigma is not None:  # a planned sigma is checked once planned
+            update_sigma(cfg.sigma, cfg.clip_count_noise)
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """One row of the method table (module docstring)."""
@@ -85,6 +99,8 @@ class MethodSpec:
     proximal: bool = False  # FedProx's (mu/2)||w - w_g||^2 in the local loss
     fedlap: bool = False  # the FedLAP family (synthetic sets, trust region)
     public: tuple[str, ...] = ()  # metadata released without noise, beyond sizes/selection
+    fixed_cohorts: bool = False  # its accountant prices fixed-size cohorts (clients_per_round)
+    adaptive_clip: bool = False  # the clip norm may follow a quantile (clip_quantile)
 
     @property
     def private(self) -> bool:
@@ -113,6 +129,9 @@ METHOD_TABLE: dict[str, MethodSpec] = {spec.name: spec for spec in (
                public=("the number of local iterations tau of each round",)),
     MethodSpec("dp-normfedavg", Notion.CLIENT, "fedlap_privacy.fl.normfedavg:DPNormFedAvg",
                Budget.PLAN_SIGMA, lambda cfg: 1),
+    MethodSpec("dp-fedavg-client", Notion.CLIENT,
+               "fedlap_privacy.fl.dp_fedavg_client:DPFedAvgClient", Budget.PLAN_SIGMA,
+               lambda cfg: 1, _check_dp_fedavg_client, fixed_cohorts=True, adaptive_clip=True),
     MethodSpec("ldp-fl", Notion.LOCAL, "fedlap_privacy.fl.ldpfl:LDPFL", Budget.LDP,
                check=_check_ldp_fl),
 )}

@@ -11,7 +11,7 @@ docs/accounting.md#client-level-dp):
 * Neighbouring datasets: add/remove ONE CLIENT (all of its records at once).
 * Sampling: every client takes part in a round independently with probability
   ``q = client_fraction`` (Bernoulli selection, done by the driver:
-  :func:`fedlap_privacy.fl.simulation.select_clients`).
+  :func:`fedlap_privacy.fl.client_sampling.select_clients`).
 * Sensitivity: a client's upload is its update over ALL parameters flattened into one vector,
   normalised to L2 norm exactly ``C = cfg.clip`` (``Delta_k * C / ||Delta_k||``), so adding or
   removing a client moves the sum by exactly ``C`` (at most ``C``: an update that is exactly

@@ -25,10 +25,11 @@ def run_schedule(cfg: TrainConfig, client_sizes: list[int]) -> FedLAPSchedule | 
     """The schedule a run's rounds are accounted with (None without a Gaussian accountant).
 
     Record level: Theorem 5.8 at the smallest client (the largest rate). Client level: one
-    SGM over clients per round.
+    SGM over clients per round, at the rate of the run's client sampling
+    (:class:`~fedlap_privacy.accountant.client_level.ClientSampling`).
     """
     if cfg.notion == Notion.CLIENT:
-        return FedLAPSchedule.client_level(cfg.clients, cfg.client_fraction)
+        return cfg.sampling.schedule()
     if cfg.notion != Notion.RECORD:
         return None
     if cfg.batch_size > min(client_sizes):
@@ -55,37 +56,45 @@ def with_planned_sigma(cfg: TrainConfig, client_sizes: list[int]) -> TrainConfig
     if cfg.resolved_threat_model == "server":
         schedule = dataclasses.replace(schedule, client_fraction=1.0)
     sigma = plan_sigma(schedule, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
-    return dataclasses.replace(cfg, sigma=sigma)
+    if cfg.notion == Notion.CLIENT:  # the plan is the accounted multiplier
+        sigma = cfg.sampling.run_sigma(sigma)
+    return dataclasses.replace(cfg, sigma=sigma).validate()
 
 
-def check_accountable(cfg: TrainConfig, schedule: FedLAPSchedule) -> None:
-    """Refuse, before any round runs, a run whose accountant cannot price all its rounds.
+def check_accountable(cfg: TrainConfig, schedule: FedLAPSchedule, sigma: float) -> None:
+    """Refuse, before any round runs, a run whose accountant cannot price all its rounds
+    (``sigma``: the multiplier it composes, :func:`build_ledger`).
 
     RDP prices any configuration. PLD discretises the privacy loss of the whole run (every
     round, every client selected: the worst case any ledger of the run composes) within a
     memory budget; a run beyond it (very small sigma, or very many accesses) is one line
     naming the RDP fallback, not an error in the middle of training.
     """
-    if cfg.accountant == "rdp" or cfg.sigma is None:
+    if cfg.accountant == "rdp":
         return
     worst = dataclasses.replace(schedule, client_fraction=1.0)
     try:
-        epsilon(worst, cfg.sigma, cfg.rounds, cfg.delta, cfg.accountant)
+        epsilon(worst, sigma, cfg.rounds, cfg.delta, cfg.accountant)
     except ConfigError as exc:
-        raise ConfigError(f"{cfg.rounds} rounds at sigma {cfg.sigma:g}: {exc}; for a run: "
+        raise ConfigError(f"{cfg.rounds} rounds at sigma {sigma:g}: {exc}; for a run: "
                           "--set accountant=rdp") from None
 
 
 def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
     """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`),
-    after :func:`check_accountable` found its accountant can price every round."""
+    after :func:`check_accountable` found its accountant can price every round. Its sigma is
+    the multiplier the accountant composes: the run's, halved for fixed-size client cohorts
+    (:mod:`fedlap_privacy.accountant.client_level`)."""
     schedule = run_schedule(cfg, client_sizes)
     if schedule is not None and cfg.sigma is None:
         raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
-    if schedule is not None:
-        check_accountable(cfg, schedule)
+    sigma = cfg.sigma
+    if sigma is not None and cfg.notion == Notion.CLIENT:  # fixed cohorts: sigma / 2
+        sigma = cfg.sampling.accounted_sigma(sigma)
+    if schedule is not None and sigma is not None:
+        check_accountable(cfg, schedule, sigma)
     return PrivacyLedger(
-        cfg.notion, schedule, cfg.sigma if schedule else None, cfg.delta if schedule else None,
+        cfg.notion, schedule, sigma if schedule else None, cfg.delta if schedule else None,
         cfg.accountant, cfg.ldp_epsilon if cfg.notion == Notion.LOCAL else None,
         cfg.resolved_threat_model, cfg.noise, cfg.clients,
     )
@@ -122,6 +131,9 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
         "noise": ledger.noise,
         "private": ledger.notion != "none" and ledger.noise == "secret",
         "public": list(cfg.public_metadata),
+        # client level: who takes part each round and how that is accounted
+        **({"client_sampling": cfg.sampling.describe()} if cfg.notion == Notion.CLIENT
+           else {}),
     }
 
 

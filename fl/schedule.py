@@ -21,7 +21,7 @@ Two schedules:
     floor (1e-6) in a run's last round, so that round's synthetic sets are never trained on.
 
   Both were chosen on a validation split of FashionMNIST at 1,600 records per client
-  (training records no client holds; README "FashionMNIST by client size").
+  (training records no client holds; docs/results.md, "FashionMNIST by client size").
 
 The rule (``auto``): ``large`` when the clients hold at least :data:`LARGE_MIN_RECORDS` =
 4 x 256 records on average, so that its batches are at most a quarter of a client (a

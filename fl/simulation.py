@@ -55,6 +55,7 @@ from fedlap_privacy.data import (
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
+from fedlap_privacy.fl.client_sampling import select_clients
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
@@ -81,7 +82,7 @@ from fedlap_privacy.fl.stop import STOPPED, stop_requested
 from fedlap_privacy.fl.user_runs import check_user_run, prepare_data, run_model, with_data
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.models import ModelConfig
-from fedlap_privacy.run_lock import RunLock
+from fedlap_privacy.run_lock import LOCK_FILE, RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
 from fedlap_privacy.threads import follow_load
 from fedlap_privacy.user_data import HELD_OUT_NOTE
@@ -191,14 +192,6 @@ def _cut(cfg: TrainConfig, parts: list[np.ndarray], seed: int) -> list[np.ndarra
     return subsample_parts(parts, cfg.client_records, seed)
 
 
-def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
-    """Each client independently with probability ``client_fraction`` (the q1 of Theorem
-    5.8), from DP randomness: a secret draw unless the run's noise is seeded."""
-    select = dp_generator(cfg, torch.device("cpu"), round_, 0)
-    return [k for k in range(cfg.clients)
-            if float(torch.rand((), generator=select)) < cfg.client_fraction]
-
-
 def default_model_config(cfg: TrainConfig, data: Dataset) -> ModelConfig:
     """The ConvNet (docs/algorithms.md#convnet); 8x8 inputs default to 32 channels and 2 blocks
     (see TrainConfig)."""
@@ -245,6 +238,10 @@ class _Run:
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir) if data is None else data
         self.parts = client_parts(cfg, self.data, self.split_seed)
         self.sizes = [len(p) for p in self.parts]
+        if 0 in self.sizes:  # e.g. a natural partition whose records all went to validation
+            raise ConfigError(f"client {self.sizes.index(0)} holds no records "
+                              f"({self.sizes.count(0)} of {len(self.sizes)} clients are "
+                              "empty): use fewer clients or fewer validation records")
         self.sigma_planned = cfg.private and cfg.sigma is None
         self.cfg = cfg = with_planned_sigma(cfg, self.sizes)
         self.ledger = build_ledger(cfg, self.sizes)
@@ -483,12 +480,26 @@ def train(
         return _execute(_Run(cfg, resolve_device(device), None, ask_clients, data), callback)
     if data is None:
         check_user_run(cfg)  # a user's layout and model: refused before the folder exists
+    created = lock is None and not out.exists()
     with _holding(out, lock, new=True):
         check_new_run_dir(out)
         settle_run_files(out)  # a first commit that never finished leaves staged files
-        run = _Run(cfg, resolve_device(device), out, ask_clients, data, split_seed)
+        try:
+            run = _Run(cfg, resolve_device(device), out, ask_clients, data, split_seed)
+        except Exception:  # refused before round 1 (a target out of reach, an empty client)
+            if created:
+                _forget_folder(out)
+            raise
         run.save()
         return _execute(run, callback)
+
+
+def _forget_folder(out: Path) -> None:
+    """Remove the run folder this call created for a run refused before anything of it was
+    written: its lock file, then the folder if nothing else is in it."""
+    with contextlib.suppress(OSError):
+        (out / LOCK_FILE).unlink()
+        out.rmdir()
 
 
 def resume(

@@ -1,5 +1,5 @@
-"""A run on a user's records and model: ``--data`` and ``--model`` (README "Train on your own
-data"), shared by the in-process driver, ``compare`` and the Flower engine.
+"""A run on a user's records and model: ``--data`` and ``--model`` (docs/own-data.md),
+shared by the in-process driver, ``compare`` and the Flower engine.
 
 Order of the checks (each refusal is one line, before anything is written): the
 configuration, then the data's layout (:func:`fedlap_privacy.user_data.probe`: array headers

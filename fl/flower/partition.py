@@ -4,7 +4,7 @@ Contract: :func:`load_partition` returns the node's partition from its node conf
 never from a value the server chose, except in simulation:
 
 * ``data-file`` (the real deployment): ONE ``.npz`` of the node's own records, in the formats
-  of ``train --data`` (README "Train on your own data"), read by
+  of ``train --data`` (docs/own-data.md), read by
   :func:`fedlap_privacy.user_data.load_records` under its checks and never unpickled: ``x``
   images ``(N, C, H, W)`` or feature rows ``(N, D)`` (numbers of any dtype, used as float32,
   normalised as the run's model expects), ``y`` integer labels, optionally a 0-d

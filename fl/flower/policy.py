@@ -18,8 +18,10 @@ unless ALL of these hold, and nothing is read from the node's records before it 
   ``trusted-server`` admits any allowed method. A node sees only the rounds it answered and
   cannot check the server's client sampling, so its ledger never assumes hidden selection;
 * Gaussian methods: a sigma (at discovery a run may still leave it to the server to plan
-  from its target epsilon; each round's instruction must carry it), sigma >= ``min-sigma``,
-  clip <= ``max-clip``, the run's delta <= the node's ``delta``;
+  from its target epsilon; each round's instruction must carry it), sigma >= ``min-sigma``
+  (the multiplier the run is accounted with: for fixed-size client cohorts sigma / 2),
+  clip <= ``max-clip`` (and the clip norm a round broadcasts, dp-fedavg-client's adaptive
+  one), the run's delta <= the node's ``delta``;
 * the round's learning rate in (0, ``max-lr``] (the server broadcasts it);
 * accesses to private data this round (T of Theorem 5.8; ALI-DPFL: the broadcast tau, which
   must also be within ``tau_max``) <= ``max-accesses``. A method whose epsilon does not
@@ -183,6 +185,11 @@ class NodePolicy:
         if not (math.isfinite(lr) and 0 < lr <= self.max_lr):
             raise PolicyRefusal(f"learning rate {lr:g} outside the node's bounds "
                                 f"(0, {self.max_lr:g}] (max-lr)")
+        clip = info.extras.get("clip")  # dp-fedavg-client's (adaptive) clip of the round
+        if clip is not None and not (isinstance(clip, int | float) and not isinstance(clip, bool)
+                                     and math.isfinite(clip) and 0 < clip <= self.max_clip):
+            raise PolicyRefusal(f"the round's clip norm {clip!r} outside the node's bounds "
+                                f"(0, {self.max_clip:g}] (max-clip)")
         steps = accesses_of(cfg, info)
         if steps > self.max_accesses:
             raise PolicyRefusal(f"{steps} accesses per round above the node's maximum "
@@ -237,9 +244,14 @@ class NodePolicy:
                 return  # the server plans sigma; every round's instruction carries it
             raise PolicyRefusal(f"invalid instruction: {cfg.method} needs a sigma (empty: "
                                 "the node does not plan one)")
-        if cfg.sigma < self.min_sigma:
-            raise PolicyRefusal(f"sigma {cfg.sigma:g} below the node's minimum "
-                                f"{self.min_sigma:g}")
+        # the multiplier the run is accounted with (client level, fixed cohorts: sigma / 2)
+        sigma = cfg.sampling.accounted_sigma(cfg.sigma) if cfg.notion == Notion.CLIENT \
+            else cfg.sigma
+        if sigma < self.min_sigma:
+            raise PolicyRefusal(f"sigma {sigma:g} below the node's minimum "
+                                f"{self.min_sigma:g}" + ("" if sigma == cfg.sigma else
+                                                         f" (the run's {cfg.sigma:g} halved "
+                                                         "for fixed-size cohorts)"))
         if cfg.clip > self.max_clip:
             raise PolicyRefusal(f"clip {cfg.clip:g} above the node's maximum "
                                 f"{self.max_clip:g}")

@@ -1,4 +1,5 @@
-"""Every ``fedlap-privacy ...`` command README.md and docs/ show runs.
+"""Every ``fedlap-privacy ...`` command README.md and docs/ show runs, and so do the README's
+Python examples.
 
 The commands come from the fenced shell blocks and from inline code in the prose; ``train``,
 ``compare`` and ``audit`` run with ``--dry-run`` added (every flag parsed, every setting and
@@ -73,6 +74,15 @@ def documented_commands() -> list[tuple[str, str]]:
             for where, c in found]
 
 
+
+def first_places() -> dict[str, str]:
+    """Each documented command once, with the file that shows it first (the README repeats
+    commands of the pages)."""
+    places: dict[str, str] = {}
+    for where, command in documented_commands():
+        places.setdefault(command, where)
+    return places
+
 def documented_files() -> tuple[list[str], dict[str, str]]:
     """What the documentation's snippets write: the code of every ``python - <<'PY'`` block
     of its shell blocks, and each Python block headed ``# NAME.py`` (NAME.py -> its text)."""
@@ -91,7 +101,7 @@ def documented_files() -> tuple[list[str], dict[str, str]]:
 def _documented_runs(folder: Path) -> None:
     """In ``folder``: each run a documented audit reads, made by the documented train that
     writes it, for real and for one round."""
-    commands = [shlex.split(c)[1:] for _, c in documented_commands()]
+    commands = [shlex.split(c)[1:] for c in first_places()]
     audited = {Path(a[a.index("--model") + 1]).parent for a in commands
                if a[0] == "audit" and "--model" in a and a[a.index("--model") + 1].endswith(
                    "ckpt.pt")}
@@ -161,7 +171,7 @@ def test_the_documentation_shows_commands_of_every_kind():
 @pytest.mark.parametrize("where,command", [
     pytest.param(where, command, id=f"{where}: {command}"[:100],
                  marks=[pytest.mark.slow] if command in SLOW else [])
-    for where, command in dict.fromkeys(documented_commands()) if command not in NOT_RUN
+    for command, where in first_places().items() if command not in NOT_RUN
 ])
 def test_documented_command_runs(where, command, workspace, monkeypatch):
     from fedlap_privacy.audit import dry_run as audit_dry_run
@@ -186,3 +196,24 @@ def test_documented_command_runs(where, command, workspace, monkeypatch):
     if args[0] in DRY_RUN:
         assert "dry run" in result.output or '"dry_run": true' in result.output
         assert _listing(workspace) == before, f"{command} wrote into its folder"
+
+
+def test_the_readme_python_examples_run(tmp_path):
+    """The Python blocks of the README and the getting-started page (a newcomer's first
+    code) run as shown, in a fresh folder; the training example for one round instead of
+    five. Each printed line of the training example is an accuracy and an epsilon."""
+    root = repo_root()
+    blocks = list(dict.fromkeys(
+        block for path in (root / "README.md", root / "docs" / "getting-started.md")
+        for block in re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)))
+    trains = [b for b in blocks if "train(" in b]
+    assert trains, "the README shows no training from Python"
+    for block in blocks:
+        code = block.replace("rounds=5", "rounds=1")
+        done = subprocess.run([sys.executable, "-"], input=code, text=True, cwd=tmp_path,
+                              capture_output=True)
+        assert done.returncode == 0, f"{block}\n{done.stderr}"
+        if block in trains:
+            accuracy, epsilon = map(float, done.stdout.split())
+            assert 0.0 <= accuracy <= 1.0 and epsilon > 0.0, done.stdout
+        shutil.rmtree(tmp_path / "runs", ignore_errors=True)

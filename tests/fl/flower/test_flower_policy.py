@@ -518,3 +518,18 @@ def test_round_over_tls_with_authenticated_supernodes(tmp_path):
         (path,) = (tmp_path / "work" / f"node-{k}").glob("run-*.json")
         saved = json.loads(path.read_text())
         assert [e["round"] for e in saved["entries"]] == [1]
+
+
+def test_a_node_refuses_a_sigma_or_a_round_clip_outside_its_policy(tmp_path):
+    policy = dict(allowed_methods="dp-fedavg-client", threat_model="trusted-server",
+                  min_sigma=0.8, max_clip=2.0)
+    ctx = node(tmp_path, **policy)
+    ok = cfg_of(method="dp-fedavg-client", batch_size=16, sigma=1.0, clip=1.0)
+    assert answer(ctx, ok, 1, extras={"clip": 1.0}) is None
+    assert "clip norm 5.0 outside the node's bounds (0, 2]" in answer(
+        node(tmp_path / "a", **policy), ok, 1, extras={"clip": 5.0})
+    # fixed cohorts are accounted at sigma / 2: 1.0 is 0.5 to the accountant, below 0.8
+    fixed = cfg_of(method="dp-fedavg-client", batch_size=16, sigma=1.0, clip=1.0,
+                   clients_per_round=1)
+    assert "sigma 0.5 below the node's minimum 0.8" in answer(
+        node(tmp_path / "b", **policy), fixed, 1, extras={"clip": 1.0})
