@@ -13,6 +13,10 @@ private state), scores each canary, and runs :func:`~fedlap_privacy.audit.one_ru
   (the final-model statistic), and its maximum over the rounds (all iterates); besides the
   one-run bound, the Andrew et al. (ICLR 2024) epsilon ESTIMATE (not a bound).
 
+White-box audits also carry the Gaussian-DP ESTIMATE of Nasr et al. (2023,
+:mod:`~fedlap_privacy.audit.gdp_estimate`): shown beside the bounds, never a bound, in no
+verdict.
+
 Every score is tested by up to three methods on the same guesses:
 
 * ``steinke``: the Steinke et al. ``(eps, delta)`` lower bound;
@@ -45,6 +49,7 @@ from torch import nn
 from fedlap_privacy.audit.canary_clients import CanaryClientEstimate, canary_client_epsilon
 from fedlap_privacy.audit.claim_curve import ClaimCurve, ClaimCurveTest, claim_curve_test
 from fedlap_privacy.audit.fdp import gaussian_inverse, gdp_mu
+from fedlap_privacy.audit.gdp_estimate import GdpEstimate, gdp_estimate
 from fedlap_privacy.audit.one_run import OneRunResult, one_run_audit, one_run_candidate_counts
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.per_sample import per_sample_losses
@@ -73,6 +78,7 @@ class CanaryAudit:
     fdp: OneRunResult | None = None
     claim_test: ClaimCurveTest | None = None
     fdp_valid: bool = False
+    gdp_estimate: GdpEstimate | None = None
 
     def _bound_verdict(self, result: OneRunResult) -> str:
         if self.claimed_epsilon is None:
@@ -120,6 +126,8 @@ class CanaryAudit:
         out.pop("valid", None)
         if self.estimate is not None:
             out["epsilon_estimate"] = self.estimate.to_json()
+        if self.gdp_estimate is not None:
+            out["gdp_estimate"] = self.gdp_estimate.to_json()
         return out
 
 
@@ -188,8 +196,10 @@ def run_canary_audits(
             else:
                 estimate = canary_client_epsilon(values[included], d, delta, null="empirical",
                                                  unobserved_cosines=values[~included])
+        gdp = (gdp_estimate(values[included], values[~included], delta)
+               if state.kind == "white-box" else None)
         audits.append(CanaryAudit(
             name, result, claimed_epsilon, values[included].tolist(),
-            values[~included].tolist(), estimate, fdp, claim, fdp_valid,
+            values[~included].tolist(), estimate, fdp, claim, fdp_valid, gdp,
         ))
     return audits

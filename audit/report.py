@@ -47,6 +47,7 @@ from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
 from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
+from fedlap_privacy.audit.privacy_report import ledger_summary, write_privacy_report
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 from fedlap_privacy.canary_state import CanaryState
@@ -395,10 +396,21 @@ def audit_target(
         one_run=one_run,
         reference_models=None if scorer is None else scorer.describe(),
         feature_seconds=feature_seconds,
+        release=_release_summary(target),
     )
     if out_dir is not None:
         write_report(report, out_dir)
     return report
+
+
+def _release_summary(target: AuditTarget) -> dict[str, Any] | None:
+    """The ledger's summary and what the run declared public (:func:`ledger_summary`)."""
+    if target.release is None or not target.release.ledger:
+        return None
+    public = target.release.privacy.get("public") if isinstance(target.release.privacy,
+                                                                dict) else None
+    items = [str(x) for x in public] if isinstance(public, list) else []
+    return ledger_summary(PrivacyLedger.replay(target.release.ledger), items)
 
 
 def _audited_ids(split: Any, n_train: int) -> dict[str, np.ndarray]:
@@ -501,18 +513,21 @@ def _config_delta(private: PrivateRunState) -> float:
 
 
 def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``report.json`` (non-finite numbers as null) and ``roc.png`` into ``out_dir``."""
+    """Write ``report.json`` (non-finite numbers as null), ``roc.png`` and the readable
+    ``report.md`` / ``report.html`` (:mod:`.privacy_report`) into ``out_dir``."""
     out = Path(out_dir)
-    data = report.to_json()
+    raw = report.to_json()
+    data = json_safe(raw)
     try:
         out.mkdir(parents=True, exist_ok=True)
         json_path = out / "report.json"
-        write_text_atomic(json_path, json.dumps(json_safe(data), indent=2))
+        write_text_atomic(json_path, json.dumps(data, indent=2))
         png_path = out / "roc.png"
-        plot_roc(data, png_path)
+        plot_roc(raw, png_path)
+        readable = write_privacy_report(data, out, png_path)
     except OSError as exc:
         raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
-    return {"json": json_path, "png": png_path}
+    return {"json": json_path, "png": png_path, **readable}
 
 
 def plot_roc(report: dict[str, Any], path: str | Path) -> None:

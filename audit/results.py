@@ -95,6 +95,7 @@ class AuditReport:
     one_run: dict[str, Any] | None
     reference_models: dict[str, Any] | None
     feature_seconds: float
+    release: dict[str, Any] | None = None  # ledger summary and public metadata
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -114,4 +115,5 @@ class AuditReport:
             "one_run": self.one_run,
             "reference_models": self.reference_models,
             "feature_seconds": self.feature_seconds,
+            "release": self.release,
         }

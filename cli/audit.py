@@ -113,8 +113,10 @@ def _render_one_run(one_run: dict[str, Any]) -> None:
     colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
     for a in one_run["audits"]:
         estimate = a.get("epsilon_estimate")
+        gdp = a.get("gdp_estimate")
         name = a["audit"] + ("" if estimate is None else
-                             f" (estimate eps {estimate['epsilon']:.2f})")
+                             f" (estimate eps {estimate['epsilon']:.2f})") + (
+            "" if gdp is None else f" (GDP estimate eps {gdp['epsilon']:.2f}, not a bound)")
         methods = a.get("methods", {})
         steinke = methods.get("steinke", a)
         fdp = methods.get("fdp")

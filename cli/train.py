@@ -255,8 +255,9 @@ def _print_summary(summary: dict[str, Any], history: list[dict[str, Any]]) -> No
         table.add_row(
             str(h["round"]), f"{h['test_accuracy']:.2%}",
             "-" if h["epsilon"] is None else f"{h['epsilon']:.3f}",
-            str(h["accesses"]), str(h["clients"]), human_bytes(h.get("upload_bytes", 0)),
-            f"{h['seconds']:.1f}",
+            str(h.get("accesses", "-")), str(h.get("clients", "-")),
+            human_bytes(h.get("upload_bytes", 0)),
+            "-" if h.get("seconds") is None else f"{h['seconds']:.1f}",
         )
     console.print(table)
     console.print(privacy_sentence(summary))

@@ -6,9 +6,11 @@ each field, per kind of canary (``fedlap_privacy.fl.canaries`` inserts them, the
 
 * every kind: ``included`` — the secret coins S_i (each canary in with probability 1/2);
   ``client`` — the client each canary belongs to (public);
-* ``white-box``: ``coordinates`` — each Dirac canary's flat weight index; ``scores`` — the
-  sum, over every release of its client, of the released noisy sum on that coordinate, in
-  units of the clipping bound C;
+* ``white-box``: ``coordinates`` — each Dirac canary's flat weight index, or, when
+  ``dedicated``, its index in the dedicated canary block appended to every release (a block
+  of ``size`` coordinates no real record's gradient reaches, ``fedlap_privacy.fl.dp``);
+  ``scores`` — the sum, over every release of its client, of the released noisy sum on that
+  coordinate, in units of the clipping bound C;
 * ``black-box``: ``images`` / ``labels`` — the canary records;
 * ``clients``: ``direction_seed`` and ``dimension`` — each canary client's unit update
   direction is derived from them (:meth:`CanaryState.direction`: public, so only the seed is
@@ -27,9 +29,11 @@ from fedlap_privacy.errors import CheckpointError
 if TYPE_CHECKING:  # importing this module (for CANARY_KINDS) must not load torch
     from torch import Tensor
 
-__all__ = ["CANARY_KINDS", "CanaryState"]
+__all__ = ["CANARY_COORDINATES", "CANARY_KINDS", "CanaryState"]
 
 CANARY_KINDS = ("white-box", "black-box", "clients")
+#: where white-box canaries live: on the model's weights, or in a dedicated block
+CANARY_COORDINATES = ("weights", "dedicated")
 
 
 @dataclass
@@ -47,6 +51,7 @@ class CanaryState:
     dimension: int | None = None
     cosines: list[Tensor] = field(default_factory=list)
     total_delta: Tensor | None = None
+    dedicated: bool = False
 
     @property
     def size(self) -> int:

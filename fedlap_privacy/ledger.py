@@ -35,6 +35,16 @@ Threat models (who the epsilon holds against; see ``docs/threat-model.md``):
 * ``trusted-server`` (client-level DP-NormFedAvg): the server sees each client's update
   in the clear and adds the noise itself; the epsilon holds against those who see the
   released models only, never against the server.
+
+What is released (:meth:`PrivacyLedger.released_entries`): the epsilon of
+``hidden-selection`` and ``trusted-server`` uses amplification by client sampling, which
+holds only if whoever it is stated for does not know who was selected. Their released
+ledger (in ``ckpt.pt``) therefore withholds each round's selection: ``participants`` and
+``accesses`` (the realised maximum, which reveals whether anyone was selected) are None,
+and their epsilon is computed from the rates alone. The full entries stay in the run's
+private state. Under ``server`` the server knows the selection anyway and the epsilon is the
+largest over the clients of their own rounds, so the entries keep the participants; a
+``server`` ledger that withholds them is refused (:meth:`PrivacyLedger.load`).
 """
 
 from __future__ import annotations
@@ -52,8 +62,8 @@ from fedlap_privacy.accountant import ACCOUNTANTS, FedLAPSchedule, RoundRates, c
 from fedlap_privacy.errors import CheckpointError, ConfigError
 
 __all__ = [
-    "NOISE_KINDS", "NOTIONS", "NOTION_THREAT_MODELS", "THREAT_MODELS", "LedgerEntry", "Notion",
-    "PrivacyLedger", "ledger_digest",
+    "NOISE_KINDS", "NOTIONS", "NOTION_THREAT_MODELS", "SELECTION_HIDDEN", "THREAT_MODELS",
+    "LedgerEntry", "Notion", "PrivacyLedger", "ledger_digest", "selection_withheld",
 ]
 
 class Notion(StrEnum):
@@ -78,7 +88,15 @@ NOTION_THREAT_MODELS: dict[str, tuple[str, ...]] = {
     "local": ("server",),
     "none": (),
 }
+#: the threat models whose epsilon assumes the adversary does not know who was selected:
+#: their release withholds the selection (module docstring)
+SELECTION_HIDDEN = ("hidden-selection", "trusted-server")
 _GAUSSIAN = ("record-level", "client-level")
+
+
+def selection_withheld(threat_model: str | None) -> bool:
+    """Whether a run under ``threat_model`` withholds its selection from its release."""
+    return threat_model in SELECTION_HIDDEN
 _RTOL = 1e-6  # recorded vs recomputed epsilon
 
 
@@ -95,15 +113,26 @@ class LedgerEntry:
     local_steps: int | None  # accounted accesses per client-round (T; ALI-DPFL: tau)
     accountant: str | None
     delta: float | None
-    accesses: int  # accesses a client actually made this round (maximum over clients)
-    participants: tuple[int, ...]  # the clients selected for the round
+    # accesses a client actually made this round (maximum over clients); None: withheld
+    accesses: int | None
+    participants: tuple[int, ...] | None  # the clients selected for the round; None: withheld
     rounds_spent: int
     epsilon: float | None  # after this round, under the entry's threat model
     round_epsilon: float | None = None  # local DP: per-weight epsilon of this round
 
     @property
-    def clients(self) -> int:
-        return len(self.participants)
+    def clients(self) -> int | None:
+        return None if self.participants is None else len(self.participants)
+
+    @property
+    def withheld(self) -> bool:
+        """Whether the entry withholds the selection (its released form)."""
+        return self.participants is None
+
+    def without_selection(self) -> LedgerEntry:
+        """The entry as released where the selection is hidden: no participants, no
+        realised accesses (module docstring)."""
+        return dataclasses.replace(self, participants=None, accesses=None)
 
     def rates(self, selection_hidden: bool) -> RoundRates:
         assert self.q1 is not None and self.q2 is not None and self.local_steps is not None
@@ -111,13 +140,14 @@ class LedgerEntry:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["participants"] = list(self.participants)
+        out["participants"] = None if self.participants is None else list(self.participants)
         return out
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> LedgerEntry:
         try:
-            entry = cls(**{**values, "participants": tuple(values["participants"])})
+            chosen = values["participants"]
+            entry = cls(**{**values, "participants": None if chosen is None else tuple(chosen)})
         except (TypeError, KeyError) as exc:
             raise CheckpointError(f"malformed ledger entry ({exc})") from None
         return entry
@@ -180,7 +210,8 @@ class PrivacyLedger:
         """Epsilon of the recorded rounds (plus ``extra`` ones) against ``threat_model``.
 
         ``server``: the largest, over clients, of the composition of the rounds the client
-        was selected in, each at ``q2`` throughout; ``hidden-selection`` /
+        was selected in, each at ``q2`` throughout (a round whose selection is withheld
+        counts for every client: the worst case); ``hidden-selection`` /
         ``trusted-server``: every round at its recorded ``(q1, q2)``. ``accountant``: the
         one that composes them (default: the ledger's, the one its entries record).
         """
@@ -196,7 +227,7 @@ class PrivacyLedger:
             return composed_epsilon(rates, self.sigma, self.delta, accountant)
         per_client: dict[int, list[RoundRates]] = {k: [] for k in range(self.clients)}
         for e in entries:
-            for k in e.participants:
+            for k in range(self.clients) if e.participants is None else e.participants:
                 per_client.setdefault(k, []).append(e.rates(selection_hidden=False))
         distinct = {frozenset(Counter(r).items()): r for r in per_client.values()}
         counts = {key: Counter(dict(key)) for key in distinct}
@@ -295,7 +326,8 @@ class PrivacyLedger:
         if not entries:
             return cls("none")
         first = LedgerEntry.from_dict(entries[0])
-        clients = 1 + max((k for e in entries for k in e.get("participants", ())), default=0)
+        clients = 1 + max((k for e in entries if isinstance(e, dict)
+                           for k in e.get("participants") or ()), default=0)
         try:
             ledger = cls(
                 first.notion, None, first.sigma, first.delta, first.accountant or "rdp",
@@ -309,13 +341,26 @@ class PrivacyLedger:
     def to_list(self) -> list[dict[str, Any]]:
         return [e.to_dict() for e in self.entries]
 
+    def released_entries(self) -> list[LedgerEntry]:
+        """The entries as ``ckpt.pt`` releases them: without the selection where the
+        threat model assumes it hidden (module docstring), else as recorded."""
+        if not selection_withheld(self.threat_model):
+            return list(self.entries)
+        return [e.without_selection() for e in self.entries]
+
+    def released(self) -> PrivacyLedger:
+        """A copy holding the :meth:`released_entries` (its epsilon is the same)."""
+        return dataclasses.replace(self, entries=self.released_entries())
+
     def load(self, entries: list[dict[str, Any]], digest: str | None = None) -> None:
         """Take recorded entries, refusing any that this run could not have written.
 
         Checks: every entry has this ledger's notion, threat model, noise, sigma, delta and
-        accountant; rounds never go back and ``rounds_spent`` counts them; the last recorded
-        epsilon is what the entries compose to; and, when given, the ``digest`` the run's
-        private state holds (a shortened or edited ledger fails it).
+        accountant; rounds never go back and ``rounds_spent`` counts them; an entry withholds
+        its selection only under a threat model that assumes it hidden (a ``server``
+        epsilon needs the participants); the last recorded epsilon is what the entries
+        compose to; and, when given, the ``digest`` the run's private state holds (a
+        shortened or edited ledger fails it).
         """
         if not isinstance(entries, list):
             raise CheckpointError("the ledger is not a list of entries")
@@ -337,6 +382,11 @@ class PrivacyLedger:
                     )
             if e.round < previous or e.rounds_spent != i + 1:
                 raise CheckpointError(f"ledger entry {i + 1} is out of order")
+            if e.withheld and not selection_withheld(self.threat_model):
+                raise CheckpointError(
+                    f"ledger entry {i + 1} withholds who was selected, but its epsilon "
+                    f"against {self.threat_model or 'no adversary'} needs the participants"
+                )
             previous = e.round
         if digest is not None and ledger_digest(loaded) != digest:
             raise CheckpointError(

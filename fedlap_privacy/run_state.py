@@ -5,13 +5,16 @@ model: weights and model shape (the ConvNet's ``model_config``, or for a factory
 its ``model_factory`` spec: the factory's name, input shape and classes, never code), the
 dataset's name, the public configuration (every
 setting but the seed and the data folder), the privacy statement, the ledger entries and
-the per-round metrics on public data (test set, epsilon, ...). ``private.pt``
+the per-round metrics on public data (test set, epsilon, ...); both without the selection
+of clients where the threat model assumes it hidden. ``private.pt``
 (:class:`PrivateRunState`, format ``fedlap-privacy-private/1``) never leaves the run's
 owner: the full configuration, the split seed, each client's member indices, content hashes
 of the data and of each partition (``fingerprints``), the ledger's fingerprint, whether
 sigma was planned, the methods' node-local and server states, the canaries
 (:mod:`fedlap_privacy.canary_state`) and the per-round scores on the validation hold-out
-(:class:`ValidationScore`: private records, released by nothing).
+(:class:`ValidationScore`: private records, released by nothing) and, where the threat
+model assumes the selection hidden, the full ledger and per-round metrics that ``ckpt.pt``
+releases without the selection (:mod:`fedlap_privacy.ledger`).
 
 What never changes within a format version: the field names and meanings above; a new
 field gets a default so that older files of the same version stay readable. Every defect
@@ -182,6 +185,11 @@ class PrivateRunState:
     split_seed: int | None = None
     #: one :meth:`ValidationScore.to_dict` per round (none without a validation hold-out)
     validation: list[dict[str, Any]] = field(default_factory=list)
+    #: the full ledger entries, selection included, where ``ckpt.pt`` withholds it
+    #: (:meth:`fedlap_privacy.ledger.PrivacyLedger.released_entries`); empty otherwise
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+    #: the full per-round metrics where ``ckpt.pt`` releases fewer; empty otherwise
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def validation_scores(self) -> list[ValidationScore]:
@@ -198,5 +206,6 @@ class PrivateRunState:
         return _from_payload(cls, payload, path, ("config", "client_indices"), {
             "config": dict, "client_indices": list, "fingerprints": dict, "ledger_digest": str,
             "sigma_planned": bool, "round": int, "client_state": list, "server_state": dict,
+            "ledger": list, "history": list,
             "canaries": dict, "split_seed": int, "validation": list,
         })

@@ -13,7 +13,11 @@ epsilon (:mod:`fedlap_privacy.audit.canary_audit`). Three kinds:
   client, if included, it is Poisson-sampled at the client's rate and clipped like a record
   (:func:`fedlap_privacy.fl.dp.dirac_canaries`). The auditor reads every release of the
   client, as the server (or anyone holding the client's DP gradients) can, and scores the
-  canary by the sum of the released noisy sums on its coordinate, in units of C.
+  canary by the sum of the released noisy sums on its coordinate, in units of C. The
+  coordinate is a weight of the model, or (``canary_coordinates="dedicated"``, FedLAP-DP's
+  default) one of M coordinates appended to every release of the DP step, noised like the
+  weights, which no real record's gradient reaches: the data's gradients on the canaries'
+  weights no longer blur the scores, and the canaries cost no accuracy.
 * ``black-box`` (every method): canary records, images of uniform noise with a label drawn
   from the client's own classes (the public class list does not change). An included canary
   is appended to its client's data; the score is read from the final model (minus the
@@ -66,7 +70,9 @@ class CanarySet(CanaryState):
         out = cls(kind, included, client)
         d = sum(p.numel() for p in model.parameters())
         if kind == "white-box":
-            out.coordinates = _dirac_coordinates(model, m, gen)
+            out.dedicated = cfg.resolved_canary_coordinates == "dedicated"
+            out.coordinates = (torch.arange(m) if out.dedicated
+                               else _dirac_coordinates(model, m, gen))
             out.scores = torch.zeros(m, dtype=torch.float64)
         elif kind == "black-box":
             out.images = torch.rand((m, *x_shape), generator=gen) * 4.0 - 2.0
@@ -92,6 +98,7 @@ class CanarySet(CanaryState):
         return DiracCanaryStep(
             self.coordinates[mine], self.included[mine], rate, DIRAC_SCALE,
             dp_generator(cfg, device, round_, k + 1, _CANARY_KEY), observe,
+            self.size if self.dedicated else 0,
         )
 
     def client_records(self, k: int) -> tuple[Tensor, Tensor] | None:

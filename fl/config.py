@@ -15,7 +15,7 @@ from typing import Any
 from fedlap_privacy.accountant import ACCOUNTANTS
 from fedlap_privacy.accountant.client_level import ClientSampling
 from fedlap_privacy.accountant.planning import SIGMA_RANGE
-from fedlap_privacy.canary_state import CANARY_KINDS
+from fedlap_privacy.canary_state import CANARY_COORDINATES, CANARY_KINDS
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.method_table import (
     LDP_MAX_EPSILON,
@@ -29,7 +29,12 @@ from fedlap_privacy.fl.schedule import (
     ClientSchedule,
     choose_schedule,
 )
-from fedlap_privacy.ledger import NOTION_THREAT_MODELS, THREAT_MODELS, Notion
+from fedlap_privacy.ledger import (
+    NOTION_THREAT_MODELS,
+    THREAT_MODELS,
+    Notion,
+    selection_withheld,
+)
 
 __all__ = [
     "FIELD_RULES", "INITS", "LR_SCHEDULES", "MAX_ROUNDS", "METHODS", "PRESETS",
@@ -133,6 +138,7 @@ class TrainConfig:
     # canary audits (fl/canaries.py)
     canaries: int = 0  # M canaries, each included with a secret coin
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
+    canary_coordinates: str | None = None  # white box: None = dedicated for FedLAP-DP
 
     @property
     def spec(self) -> MethodSpec:
@@ -162,6 +168,16 @@ class TrainConfig:
         return "clients" if self.notion == "client-level" else "black-box"
 
     @property
+    def resolved_canary_coordinates(self) -> str:
+        """Where white-box canaries go (unless ``canary_coordinates`` says): a dedicated
+        block for FedLAP-DP, whose large Poisson batches on a small model put the real
+        records' gradients on every weight and blur canaries there; the model's own
+        weights for the other methods (``fedlap_privacy.fl.dp``, module docstring)."""
+        if self.canary_coordinates is not None:
+            return self.canary_coordinates
+        return "dedicated" if self.method == "fedlap-dp" else "weights"
+
+    @property
     def noise(self) -> str:
         """"secret" (OS-seeded DP randomness), "seeded" (``reproducible_noise``) or "none"
         (a non-private method: its randomness is seeded, there is nothing to protect)."""
@@ -177,9 +193,11 @@ class TrainConfig:
         split = () if self.split_seed is None else (
             f"which records each client holds (and the validation hold-out): they follow from "
             f"split_seed {self.split_seed}",)
+        # where the epsilon assumes the selection hidden, the release withholds it (ledger)
+        selection = () if selection_withheld(self.resolved_threat_model) else (
+            "which clients were selected in each round, and how many",)
         return ("each client's dataset size N_k (the smallest sets the sampling rate)",
-                "which clients were selected in each round, and how many", *self.spec.public,
-                *split)
+                *selection, *self.spec.public, *split)
 
     @property
     def private(self) -> bool:
@@ -261,6 +279,8 @@ class TrainConfig:
             releasing = [m for m, spec in METHOD_TABLE.items() if spec.releases_gradients]
             raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
                               f"({', '.join(releasing)}), not {self.method}")
+        if self.canary_coordinates is not None and kind != "white-box":
+            raise ConfigError("canary_coordinates applies to white-box canaries only")
         if kind == "clients" and self.notion != "client-level":
             raise ConfigError("canary clients audit client-level DP (dp-normfedavg, "
                               "dp-fedavg-client) only")
@@ -440,6 +460,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "reproducible_noise": _BOOL,
     "canaries": _int(0, 10**6),
     "canary_kind": _words(lambda: CANARY_KINDS),
+    "canary_coordinates": _words(lambda: CANARY_COORDINATES),
 }
 
 

@@ -32,6 +32,14 @@ the driver around a client round of a run with canaries), every call of
 (each Poisson-sampled at the client's rate, its raw gradient ``scale * C`` on one coordinate
 clipped by the same rule as a record's) and hands the released noisy sum at every canary
 coordinate of the client to the canary set (Nasr et al. 2023; Steinke, Nasr, Jagielski 2023).
+With a dedicated block (``DiracCanaryStep.block > 0``) the canaries' coordinates are not
+weights of the model but ``block`` extra coordinates appended to the released vector, which
+no real record's gradient reaches (its gradient there is exactly zero, as on a parameter the
+forward pass never uses): the block joins the sum, is noised by the same loop as every
+parameter (``sigma * C`` per coordinate), is observed, and is dropped from what is returned.
+Appending zero-gradient coordinates changes no record's norm, clipping or sensitivity, so the
+mechanism the canaries audit is the SGM the ledger accounts; what the canaries no longer
+meet is the real records' gradients on their coordinates, which blur their scores.
 """
 
 from __future__ import annotations
@@ -66,7 +74,9 @@ class DiracCanaryStep:
     ``coordinates``: flat parameter index of each of the client's canaries; ``included``:
     their secret inclusion bits; ``rate``: the client's Poisson rate; ``scale``: the raw
     canary gradient in units of C (> 1, so that clipping matters); ``observe`` receives,
-    after every release, the released noisy SUM at ``coordinates`` (in units of C).
+    after every release, the released noisy SUM at ``coordinates`` (in units of C);
+    ``block``: the size of the dedicated canary block (module docstring), 0 when the
+    coordinates are the model's own weights.
     """
 
     coordinates: Tensor
@@ -75,6 +85,7 @@ class DiracCanaryStep:
     scale: float
     generator: torch.Generator
     observe: Callable[[Tensor], None]
+    block: int = 0
 
 
 _CANARIES: ContextVar[DiracCanaryStep | None] = ContextVar("dirac_canaries", default=None)
@@ -156,6 +167,10 @@ def release(
     if not total:
         return []
     canaries = _CANARIES.get()
+    dedicated = canaries is not None and canaries.block > 0
+    if dedicated:
+        assert canaries is not None
+        total = [*total, total[0].new_zeros(canaries.block)]
     extra = _canary_sum(canaries, clip, [t.shape for t in total]) if canaries else None
     # Draw on the generator's device (a CPU generator with CUDA parameters works too, at the
     # cost of a copy); with no generator, the default one of the parameters' device.
@@ -170,8 +185,11 @@ def release(
         out.append(t / expected_batch_size)
     if canaries is not None:
         released = torch.cat([o.detach().flatten() for o in out]) * expected_batch_size
-        canaries.observe(released[canaries.coordinates.to(released.device)].double().cpu() / clip)
-    return out
+        at = canaries.coordinates.to(released.device)
+        if dedicated:  # block coordinates index the appended block
+            at = at + (released.numel() - canaries.block)
+        canaries.observe(released[at].double().cpu() / clip)
+    return out[:-1] if dedicated else out
 
 
 def clip_and_noise(
@@ -191,6 +209,8 @@ def _canary_sum(step: DiracCanaryStep, clip: float, shapes: list[torch.Size]) ->
     drawn = torch.rand(len(step.coordinates), generator=step.generator,
                        device=step.generator.device).cpu() < step.rate
     sampled = step.coordinates[drawn & step.included.cpu()]
+    if step.block > 0:  # the block is the last piece
+        sampled = sampled + (sum(math.prod(s) for s in shapes) - step.block)
     raw = torch.full((len(sampled),), step.scale * clip, dtype=torch.float64)
     values = clip_factors(raw, clip) * raw  # clipped exactly as a record's gradient is
     flat = torch.zeros(sum(math.prod(s) for s in shapes), dtype=torch.float64)

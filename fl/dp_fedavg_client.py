@@ -36,9 +36,10 @@ Contract — the mechanism :mod:`fedlap_privacy.accountant.client_level` prices:
   noisy values only (post-processing) and is broadcast to the clients.
 
 A round in which no client was selected still releases noise (``aggregate_without_replies``).
-Caveat (as DP-NormFedAvg): the run publishes who was selected in each round (its ledger) and
-how many; the amplification by sampling holds against observers of the models who do not see
-that list. ``sigma = 0`` adds no noise (unit tests only: ``TrainConfig.validate`` refuses it).
+The amplification by sampling holds against observers of the models who do not know who
+was selected, so the release (``ckpt.pt``, ``metrics.jsonl``) withholds who was selected in
+each round and how many (:mod:`fedlap_privacy.fl.released_metrics`); the server, trusted,
+knows it. ``sigma = 0`` adds no noise (unit tests only: ``TrainConfig.validate`` refuses it).
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class DPFedAvgClient(Method):
     their sum added by the (trusted) server, fixed or adaptive clip norm."""
 
     aggregate_without_replies = True
+    #: q n or K (public), the clip norm broadcast and the noisy fraction below it (DP releases)
+    public_extras = ("expected_clients", "clip", "below_clip_fraction")
 
     @property
     def adaptive(self) -> bool:

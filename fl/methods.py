@@ -74,6 +74,10 @@ class Method(ABC):
     #: the server step runs even when no client was selected (a server-side noise release
     #: must happen whoever took part, as the sampled Gaussian mechanism assumes)
     aggregate_without_replies: ClassVar[bool] = False
+    #: the server step's metrics that reveal nothing of who was selected (the noisy
+    #: mechanism's own broadcasts, public constants): released where the selection is
+    #: hidden (:mod:`fedlap_privacy.fl.released_metrics`); the others are withheld there
+    public_extras: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device

@@ -32,10 +32,10 @@ Only parameters are updated (the ConvNet has no buffers: GroupNorm). ``sigma = 0
 noise (unit tests only: ``TrainConfig.validate`` refuses it); ``sigma = None`` is an error.
 
 A round in which no client was selected still releases pure noise
-(``aggregate_without_replies``), as the sampled Gaussian mechanism does. Caveat: the driver
-publishes the realised number of selected clients per round (history, ledger); with the
-number of clients K public, as in this package's setting, that count does not depend on any
-client's data, but under add/remove-one-client neighbours it is not covered by the SGM bound.
+(``aggregate_without_replies``), as the sampled Gaussian mechanism does. The realised
+selection (who, and how many: under add/remove-one-client neighbours the count depends on
+whether a client took part) is not covered by the SGM bound, so the release withholds it
+(:mod:`fedlap_privacy.fl.released_metrics`); only the trusted server knows it.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ class DPNormFedAvg(Method):
     """
 
     aggregate_without_replies = True
+    #: q K, a public constant
+    public_extras = ("expected_clients",)
 
     def client(
         self, model: nn.Module, x: Tensor, y: Tensor, state: State, info: RoundInfo,

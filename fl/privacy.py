@@ -13,7 +13,12 @@ from typing import Any
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon, plan_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion, PrivacyLedger
+from fedlap_privacy.ledger import (
+    NOTION_THREAT_MODELS,
+    Notion,
+    PrivacyLedger,
+    selection_withheld,
+)
 
 __all__ = [
     "build_ledger", "check_accountable", "privacy_block", "privacy_warnings", "run_schedule",
@@ -112,11 +117,17 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     accountant, the run's first (RDP's Theorem 5.8 figure beside PLD's tighter one: both
     bound the same mechanism). Record-level runs also give it against each threat model.
     ``noise`` "seeded" marks a run that is not private (its noise can be recomputed from the
-    seed); ``public`` lists what the run releases without noise.
+    seed); ``public`` lists what the run releases without noise. ``selection`` says whether
+    the release states who was selected in each round ("released") or withholds it because
+    the epsilon assumes it hidden ("withheld"); there the epsilon against the server is
+    computed from the released ledger too (every client counted in every round), so that it
+    reveals nothing of the selection either.
     """
     gaussian = cfg.private
     allowed = NOTION_THREAT_MODELS[ledger.notion]
-    by_threat = {t: ledger.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
+    withheld = selection_withheld(ledger.threat_model)
+    shown = ledger.released() if withheld else ledger
+    by_threat = {t: shown.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
     eps = by_threat[ledger.threat_model] if by_threat and ledger.threat_model else ledger.epsilon
     return {
         "notion": ledger.notion,
@@ -126,11 +137,12 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
         "delta": cfg.delta if gaussian else None,
         "sigma": cfg.sigma if gaussian else None,
         "accountant": cfg.accountant if gaussian else None,
-        "epsilon_by_accountant": ledger.epsilon_by_accountant() if gaussian else None,
+        "epsilon_by_accountant": shown.epsilon_by_accountant() if gaussian else None,
         "round_epsilon": ledger.round_epsilon,
         "noise": ledger.noise,
         "private": ledger.notion != "none" and ledger.noise == "secret",
         "public": list(cfg.public_metadata),
+        "selection": "withheld" if withheld else "released",
         # client level: who takes part each round and how that is accounted
         **({"client_sampling": cfg.sampling.describe()} if cfg.notion == Notion.CLIENT
            else {}),

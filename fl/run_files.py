@@ -7,17 +7,25 @@ A run folder (``--out``) holds:
   configuration (every setting but the seed and the data folder), the privacy statement,
   the ledger and the per-round metrics on public data. Nothing in it depends on private
   data beyond what the statement declares public; it may be shared with anyone the model
-  may be shared with.
+  may be shared with. Where the epsilon assumes the selection hidden (threat models
+  ``hidden-selection`` and ``trusted-server``), the ledger and the metrics withhold who was
+  selected in each round and anything that counts them (participants, realised accesses,
+  clients and replies, upload sizes, seconds, server-step statistics): the privacy
+  statement says ``"selection": "withheld"`` (:mod:`fedlap_privacy.fl.released_metrics`).
+  Under ``server`` they are released (``"selection": "released"``): the server knows them,
+  and the epsilon (the worst client's) is computed from them.
 * ``private.pt`` — the run's PRIVATE state, never to be shared: the full configuration
   (seed included), the split seed, the validation scores, each client's member indices,
   content hashes of the data and of each client's partition, the fingerprint of the
-  ledger, and the methods' node-local and server state (synthetic sets, control
-  variates). ``--resume`` and ``audit`` read it beside ``ckpt.pt``.
+  released ledger, the full ledger and metrics where the release withholds the selection,
+  and the methods' node-local and server state (synthetic sets, control variates).
+  ``--resume`` and ``audit`` read it beside ``ckpt.pt``.
 * ``commit.json`` — which pair of the two is committed (:func:`commit_run_files`).
 * ``run.lock`` — the lock a run holds while it writes (:mod:`fedlap_privacy.run_lock`).
 * ``metrics.jsonl`` (one line per round: the metrics of ``ckpt.pt``), ``accuracy.png`` /
-  ``epsilon.png``, and
-  ``round.pending`` while a round that touches private data is under way.
+  ``epsilon.png`` (test accuracy and epsilon only), and
+  ``round.pending`` while a round that touches private data is under way (private: it
+  names the selected clients).
 
 The two checkpoints are committed as a pair: both are written under names of their
 generation (``.private.pt.gN``, ``.ckpt.pt.gN``) and flushed, then ``commit.json`` is

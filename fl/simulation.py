@@ -66,6 +66,7 @@ from fedlap_privacy.fl.privacy import (
     with_planned_sigma,
 )
 from fedlap_privacy.fl.randomness import SERVER_KEY, dp_generator, run_split_seed
+from fedlap_privacy.fl.released_metrics import released_history
 from fedlap_privacy.fl.run_files import (
     CHECKPOINT,
     METRICS,
@@ -80,7 +81,7 @@ from fedlap_privacy.fl.run_files import (
 )
 from fedlap_privacy.fl.stop import STOPPED, stop_requested
 from fedlap_privacy.fl.user_runs import check_user_run, prepare_data, run_model, with_data
-from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
+from fedlap_privacy.ledger import PrivacyLedger, ledger_digest, selection_withheld
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.run_lock import LOCK_FILE, RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
@@ -298,14 +299,26 @@ class _Run:
         }
 
     # ---------------------------------------------------------------- persistence
+    @property
+    def withholds_selection(self) -> bool:
+        """Whether the release withholds who was selected (:mod:`fedlap_privacy.ledger`)."""
+        return selection_withheld(self.ledger.threat_model)
+
+    def released_history(self) -> list[dict[str, Any]]:
+        """The per-round metrics ``ckpt.pt`` and ``metrics.jsonl`` release
+        (:mod:`~fedlap_privacy.fl.released_metrics`)."""
+        return released_history(self.history, self.ledger.threat_model,
+                                self.method.public_extras)
+
     def release(self) -> ModelRelease:
-        """``ckpt.pt``: what may be shared (:mod:`fedlap_privacy.run_state`)."""
+        """``ckpt.pt``: what may be shared (:mod:`fedlap_privacy.run_state`); the ledger and
+        the metrics without the selection where the threat model assumes it hidden."""
         cfg = self.cfg
         return ModelRelease(
             model_state={k: v.detach().cpu() for k, v in self.model.state_dict().items()},
             model_config=self.model_config, dataset=cfg.dataset, method=cfg.method,
-            privacy=self.privacy(), ledger=self.ledger.to_list(),
-            config=public_config(cfg), round=self.round, history=self.history,
+            privacy=self.privacy(), ledger=[e.to_dict() for e in self.ledger.released_entries()],
+            config=public_config(cfg), round=self.round, history=self.released_history(),
             model_factory=None if self.model_factory is None else self.model_factory.to_dict(),
         )
 
@@ -318,11 +331,17 @@ class _Run:
         return block
 
     def private_state(self) -> PrivateRunState:
-        """``private.pt``: what never leaves the run's owner."""
+        """``private.pt``: what never leaves the run's owner. Its ledger fingerprint is the
+        released ledger's (the one ``audit`` replays); where that withholds the selection,
+        the full entries and metrics are kept here for ``--resume``."""
+        withheld = self.withholds_selection
         return PrivateRunState(
             config=self.cfg.to_dict(),
             client_indices=[torch.from_numpy(p) for p in self.parts],
-            fingerprints=self.fingerprints, ledger_digest=ledger_digest(self.ledger.entries),
+            fingerprints=self.fingerprints,
+            ledger_digest=ledger_digest(self.ledger.released_entries()),
+            ledger=self.ledger.to_list() if withheld else [],
+            history=list(self.history) if withheld else [],
             sigma_planned=self.sigma_planned, round=self.round,
             client_state=_to(self.client_state, "cpu"),
             server_state=_to(self.server_state, "cpu"),
@@ -341,13 +360,18 @@ class _Run:
         if ckpt.round != private.round:
             raise CheckpointError("ckpt.pt and private.pt are from different rounds")
         self.ledger.load(ckpt.ledger, private.ledger_digest)
+        if private.ledger:  # the full entries of a release that withholds the selection
+            self.ledger.load(private.ledger)
+            if ledger_digest(self.ledger.released_entries()) != private.ledger_digest:
+                raise CheckpointError("the ledger in private.pt does not match the released "
+                                      "one (entries removed or edited)")
         try:
             self.model.load_state_dict(ckpt.model_state)
         except RuntimeError as exc:
             first = (str(exc).strip().splitlines() or ["?"])[0][:160]
             raise CheckpointError(f"ckpt.pt does not fit the run's model ({first})") from None
         self.round = ckpt.round
-        self.history = list(ckpt.history)
+        self.history = list(private.history or ckpt.history)
         self.validation = private.validation_scores
         self.sigma_planned = private.sigma_planned
         self.client_state = _to(private.client_state, self.device)
@@ -363,7 +387,8 @@ class _Run:
         if self.out is None:
             return
         commit_run_files(self.out, self.release(), self.private_state())
-        write_text_atomic(self.out / METRICS, "".join(json.dumps(h) + "\n" for h in self.history))
+        write_text_atomic(self.out / METRICS,
+                          "".join(json.dumps(h) + "\n" for h in self.released_history()))
         (self.out / PENDING).unlink(missing_ok=True)
 
     def mark_pending(self, round_: int, local_steps: int, chosen: list[int]) -> None:

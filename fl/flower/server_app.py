@@ -55,8 +55,8 @@ def _progress(event: str, info: dict[str, Any]) -> None:
     if event == "round_end":
         eps = info.get("epsilon")
         _log(f"round {info['round']}: test accuracy {info['test_accuracy']:.4f}, epsilon "
-             f"{'-' if eps is None else f'{eps:.4f}'}, {info['replies']}/{info['clients']} "
-             "clients answered")
+             f"{'-' if eps is None else f'{eps:.4f}'}, {info.get('replies', '-')}/"
+             f"{info.get('clients', '-')} clients answered")
     elif event == "start":
         _log(f"start at round {info['start_round']}, sigma {info['sigma']}")
 

@@ -48,7 +48,8 @@ SETTINGS: dict[str, tuple[dict, float]] = {
     "fedavg": ({}, 0.8), "fedprox": ({}, 0.8), "scaffold": ({}, 0.8), "fedsgd": ({}, 0.6),
     "dp-fedavg": (dict(sigma=0.8), 0.7), "dp-fedprox": (dict(sigma=0.8), 0.7),
     "ali-dpfl": (dict(sigma=0.8, target_eps=50.0), 0.6),
-    "dp-normfedavg": (dict(sigma=0.5), 0.0), "ldp-fl": (dict(ldp_epsilon=5.0), 0.0),
+    "dp-normfedavg": (dict(sigma=0.5), 0.0), "dp-fedavg-client": (dict(sigma=0.5), 0.0),
+    "ldp-fl": (dict(ldp_epsilon=5.0), 0.0),
 }
 
 

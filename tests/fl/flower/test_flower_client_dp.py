@@ -14,7 +14,7 @@ flwr = pytest.importorskip("flwr")
 import helpers  # noqa: E402
 from flower_grid import FakeGrid, task_identity  # noqa: E402, F401
 
-from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.flower_app import FlowerClients, expected_partitions  # noqa: E402
 from fedlap_privacy.fl.simulation import CHECKPOINT, train  # noqa: E402
 
@@ -32,7 +32,12 @@ def test_adaptive_fixed_cohort_run_on_flower_equals_the_simulator(tmp_path):
                        rounds=3, split="iid", split_seed=0), tmp_path / "local", "cpu")
     a = load_checkpoint(tmp_path / "flower" / CHECKPOINT)
     b = load_checkpoint(tmp_path / "local" / CHECKPOINT)
-    assert a["ledger"] == b["ledger"] and [len(e["participants"]) for e in a["ledger"]] == [2] * 3
+    assert a["ledger"] == b["ledger"] and len(a["ledger"]) == 3
+    # trusted-server: the release withholds the selection, the private state keeps it
+    assert all(e["participants"] is None and e["accesses"] is None for e in a["ledger"])
+    assert all("replies" not in h and "clients" not in h for h in a["history"])
+    private = load_checkpoint(tmp_path / "flower" / PRIVATE, PRIVATE_FORMAT)
+    assert [len(e["participants"]) for e in private["ledger"]] == [2] * 3
     assert all(torch.equal(a["model_state"][k], b["model_state"][k]) for k in a["model_state"])
     clips = [h["clip"] for h in flower.history]
     assert clips == [h["clip"] for h in local.history] and len(set(clips)) == 3  # it adapts
