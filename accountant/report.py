@@ -10,6 +10,11 @@ access of a round at ``q1 = C B / N``, amplified by client sampling, which holds
 against adversaries who do not know which clients were selected. ``server`` accounts against
 the server, which does know: every access at ``q2``, and a client may be selected in every
 round (the plan is then the worst case over clients). With client fraction 1 they agree.
+
+The plan is made with one accountant (default RDP: Theorem 5.8 as published, which reproduces
+the paper); ``epsilon_by_accountant`` gives the final epsilon of the same sigma and rounds by
+every accountant, the plan's first (None where one cannot price it, e.g. PLD beyond its
+memory budget), so the tighter PLD figure is printed beside RDP's.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from fedlap_privacy.accountant.accountants import ACCOUNTANTS
 from fedlap_privacy.accountant.planning import (
     Orders,
     _check,
     check_curve_rounds,
     curve_rounds_limit,
+    epsilon,
     epsilon_curve,
     plan_rounds,
     plan_sigma,
@@ -93,6 +100,8 @@ def privacy_plan(
         "mode": mode,
         "accountant": accountant,
         "epsilon": final,
+        "epsilon_by_accountant": _by_accountant(schedule, sigma, rounds, delta, accountant,
+                                                final, orders),
         "target_epsilon": eps,
         "within_budget": None if eps is None else bool(rounds > 0 and final <= eps),
         "delta": delta,
@@ -108,3 +117,18 @@ def privacy_plan(
         "order": order,
         "curve": [float(e) for e in curve],
     }
+
+
+def _by_accountant(schedule: FedLAPSchedule, sigma: float, rounds: int, delta: float,
+                   accountant: str, final: float, orders: Orders) -> dict[str, float | None]:
+    """The plan's final epsilon by every accountant, the plan's own first (None: one that
+    cannot price this configuration; it said why in a ConfigError)."""
+    out: dict[str, float | None] = {accountant: final}
+    for other in ACCOUNTANTS:
+        if other == accountant:
+            continue
+        try:
+            out[other] = epsilon(schedule, sigma, rounds, delta, other, orders) if rounds else 0.0
+        except ConfigError:
+            out[other] = None
+    return out

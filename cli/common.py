@@ -154,6 +154,12 @@ def privacy_sentence(p: dict[str, Any]) -> str:
         planned = " (planned for the target)" if p.get("sigma_planned") else ""
         text = (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}) {against}, "
                 f"sigma {p['sigma']:.4g}{planned}")
+        accountant = p.get("accountant")
+        if accountant:
+            beside = [f"{name.upper()} {value:.3f}" for name, value in
+                      (p.get("epsilon_by_accountant") or {}).items() if name != accountant]
+            text += f", accounted with {accountant.upper()}" + (
+                f" ({', '.join(beside)})" if beside else "")
         others = p.get("epsilon_by_threat_model") or {}
         other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.get("threat_model")]
         if other:

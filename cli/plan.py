@@ -105,6 +105,10 @@ def _print_table(r: dict) -> None:
         ("rounds" + (" (planned)" if r["mode"] == "plan-rounds" else ""), f"{r['rounds']}"),
         ("epsilon after the last round", f"{r['epsilon']:.4f}"),
     ]
+    for name, value in r["epsilon_by_accountant"].items():
+        if name != r["accountant"]:
+            rows.append((f"  same sigma and rounds, {name.upper()}", "cannot price it" if value
+                         is None else f"{value:.4f}"))
     if r["order"] is not None:
         rows.append(("best RDP order", f"{r['order']:g}"))
     if r["target_epsilon"] is not None:

@@ -205,13 +205,15 @@ class PrivacyLedger:
         return len(self.entries)
 
     # ------------------------------------------------------------------ epsilon
-    def epsilon_under(self, threat_model: str, extra: list[LedgerEntry] | None = None) -> float:
+    def epsilon_under(self, threat_model: str, extra: list[LedgerEntry] | None = None,
+                      accountant: str | None = None) -> float:
         """Epsilon of the recorded rounds (plus ``extra`` ones) against ``threat_model``.
 
         ``server``: the largest, over clients, of the composition of the rounds the client
         was selected in, each at ``q2`` throughout (a round whose selection is withheld
         counts for every client: the worst case); ``hidden-selection`` /
-        ``trusted-server``: every round at its recorded ``(q1, q2)``.
+        ``trusted-server``: every round at its recorded ``(q1, q2)``. ``accountant``: the
+        one that composes them (default: the ledger's, the one its entries record).
         """
         entries = self.entries + (extra or [])
         if self.notion == "none":
@@ -219,19 +221,36 @@ class PrivacyLedger:
         if self.notion == "local":
             return sum(e.round_epsilon or 0.0 for e in entries)
         assert self.sigma is not None and self.delta is not None
+        accountant = self.accountant if accountant is None else accountant
         if threat_model != "server":
             rates = [e.rates(selection_hidden=True) for e in entries]
-            return composed_epsilon(rates, self.sigma, self.delta, self.accountant)
+            return composed_epsilon(rates, self.sigma, self.delta, accountant)
         per_client: dict[int, list[RoundRates]] = {k: [] for k in range(self.clients)}
         for e in entries:
             for k in range(self.clients) if e.participants is None else e.participants:
                 per_client.setdefault(k, []).append(e.rates(selection_hidden=False))
         distinct = {frozenset(Counter(r).items()): r for r in per_client.values()}
+        counts = {key: Counter(dict(key)) for key in distinct}
+        # a client whose rounds are a sub-multiset of another's spends no more (composing
+        # more mechanisms never lowers the true epsilon, and the other's epsilon is an upper
+        # bound on it): only the maximal clients are priced, one per distinct multiset
+        maximal = [r for key, r in distinct.items()
+                   if not any(counts[key] < c for c in counts.values())]
         return max(
-            (composed_epsilon(r, self.sigma, self.delta, self.accountant)
-             for r in distinct.values()),
+            (composed_epsilon(r, self.sigma, self.delta, accountant) for r in maximal),
             default=0.0,
         )
+
+    def epsilon_by_accountant(self, threat_model: str | None = None) -> dict[str, float] | None:
+        """The recorded rounds' epsilon against ``threat_model`` (default: the ledger's) by
+        every accountant, the ledger's first: the one that guarantees it, and the others'
+        figures beside it (RDP's Theorem 5.8 is looser than PLD's; both are upper bounds of
+        the same mechanism). None for a ledger without a Gaussian accountant."""
+        if self.notion not in _GAUSSIAN:
+            return None
+        threat = threat_model or self.threat_model or "server"
+        names = (self.accountant, *(a for a in ACCOUNTANTS if a != self.accountant))
+        return {a: self.epsilon_under(threat, accountant=a) for a in names}
 
     @property
     def epsilon(self) -> float:

@@ -440,6 +440,10 @@ def run_comparison(
             # (private data: from the run's private.pt, never in its ckpt.pt)
             "validation_accuracy": summary.get("validation_accuracy"),
             "epsilon": summary["epsilon"],
+            # the accountant that planned sigma and reports epsilon (PLD by default), and
+            # the run's epsilon by every accountant (RDP's Theorem 5.8 figure beside it)
+            "accountant": summary.get("accountant"),
+            "epsilon_by_accountant": summary.get("epsilon_by_accountant"),
             "delta": summary["delta"],
             "sigma": summary["sigma"],
             "round_epsilon": summary.get("round_epsilon"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
+from fedlap_privacy.accountant import FedLAPSchedule, epsilon, plan_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.ledger import (
@@ -21,7 +21,8 @@ from fedlap_privacy.ledger import (
 )
 
 __all__ = [
-    "build_ledger", "privacy_block", "privacy_warnings", "run_schedule", "with_planned_sigma",
+    "build_ledger", "check_accountable", "privacy_block", "privacy_warnings", "run_schedule",
+    "with_planned_sigma",
 ]
 
 
@@ -65,16 +66,38 @@ def with_planned_sigma(cfg: TrainConfig, client_sizes: list[int]) -> TrainConfig
     return dataclasses.replace(cfg, sigma=sigma).validate()
 
 
+def check_accountable(cfg: TrainConfig, schedule: FedLAPSchedule, sigma: float) -> None:
+    """Refuse, before any round runs, a run whose accountant cannot price all its rounds
+    (``sigma``: the multiplier it composes, :func:`build_ledger`).
+
+    RDP prices any configuration. PLD discretises the privacy loss of the whole run (every
+    round, every client selected: the worst case any ledger of the run composes) within a
+    memory budget; a run beyond it (very small sigma, or very many accesses) is one line
+    naming the RDP fallback, not an error in the middle of training.
+    """
+    if cfg.accountant == "rdp":
+        return
+    worst = dataclasses.replace(schedule, client_fraction=1.0)
+    try:
+        epsilon(worst, sigma, cfg.rounds, cfg.delta, cfg.accountant)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.rounds} rounds at sigma {sigma:g}: {exc}; for a run: "
+                          "--set accountant=rdp") from None
+
+
 def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
-    """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`).
-    Its sigma is the multiplier the accountant composes: the run's, halved for fixed-size
-    client cohorts (:mod:`fedlap_privacy.accountant.client_level`)."""
+    """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`),
+    after :func:`check_accountable` found its accountant can price every round. Its sigma is
+    the multiplier the accountant composes: the run's, halved for fixed-size client cohorts
+    (:mod:`fedlap_privacy.accountant.client_level`)."""
     schedule = run_schedule(cfg, client_sizes)
     if schedule is not None and cfg.sigma is None:
         raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
     sigma = cfg.sigma
     if sigma is not None and cfg.notion == Notion.CLIENT:  # fixed cohorts: sigma / 2
         sigma = cfg.sampling.accounted_sigma(sigma)
+    if schedule is not None and sigma is not None:
+        check_accountable(cfg, schedule, sigma)
     return PrivacyLedger(
         cfg.notion, schedule, sigma if schedule else None, cfg.delta if schedule else None,
         cfg.accountant, cfg.ldp_epsilon if cfg.notion == Notion.LOCAL else None,
@@ -89,14 +112,16 @@ def _finite(eps: float) -> float | None:
 def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
 
-    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces); record-level
-    runs also give it against each threat model. ``noise`` "seeded" marks a run that is not
-    private (its noise can be recomputed from the seed); ``public`` lists what the run
-    releases without noise. ``selection`` says whether the release states who was selected
-    in each round ("released") or withholds it because the epsilon assumes it hidden
-    ("withheld"); there the epsilon against the server is computed from the released
-    ledger too (every client counted in every round), so that it reveals nothing of the
-    selection either.
+    ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces), composed by
+    ``accountant`` (the run's); ``epsilon_by_accountant`` gives that epsilon by every
+    accountant, the run's first (RDP's Theorem 5.8 figure beside PLD's tighter one: both
+    bound the same mechanism). Record-level runs also give it against each threat model.
+    ``noise`` "seeded" marks a run that is not private (its noise can be recomputed from the
+    seed); ``public`` lists what the run releases without noise. ``selection`` says whether
+    the release states who was selected in each round ("released") or withholds it because
+    the epsilon assumes it hidden ("withheld"); there the epsilon against the server is
+    computed from the released ledger too (every client counted in every round), so that it
+    reveals nothing of the selection either.
     """
     gaussian = cfg.private
     allowed = NOTION_THREAT_MODELS[ledger.notion]
@@ -112,6 +137,7 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
         "delta": cfg.delta if gaussian else None,
         "sigma": cfg.sigma if gaussian else None,
         "accountant": cfg.accountant if gaussian else None,
+        "epsilon_by_accountant": shown.epsilon_by_accountant() if gaussian else None,
         "round_epsilon": ledger.round_epsilon,
         "noise": ledger.noise,
         "private": ledger.notion != "none" and ledger.noise == "secret",

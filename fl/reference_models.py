@@ -104,7 +104,7 @@ def reference_config(run_dir: str | Path, index: int) -> TrainConfig:
 
 
 def _reference_config(private: PrivateRunState, index: int) -> TrainConfig:
-    cfg = TrainConfig.from_dict(private.config)
+    cfg = TrainConfig.from_recorded(private.config)
     rounds = private.round
     if rounds < 1:
         raise ConfigError("the audited run has not completed a round: nothing to imitate")
@@ -288,7 +288,7 @@ def _reusable(folder: Path, manifest: dict[str, Any], cfg: TrainConfig, excluded
               data_hash: str) -> np.ndarray:
     """The population of a cached reference, if it may serve this audit; else one line."""
     try:
-        saved = TrainConfig.from_dict(manifest["config"])
+        saved = TrainConfig.from_recorded(manifest["config"])
     except (TypeError, ConfigError) as exc:
         raise CheckpointError(f"{folder / MANIFEST} has no valid configuration ({exc})") from None
     if _comparable(saved) != _comparable(cfg) or manifest.get("data") != data_hash:
@@ -320,5 +320,5 @@ def load_reference_models(paths: Sequence[str | Path]) -> list[ReferenceRun]:
             raise CheckpointError(f"{folder}: {exc}") from None
         model.eval()
         out.append(ReferenceRun(folder, model, np.asarray(manifest["trained_on"], np.int64),
-                                TrainConfig.from_dict(manifest["config"])))
+                                TrainConfig.from_recorded(manifest["config"])))
     return out

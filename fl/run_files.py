@@ -162,7 +162,7 @@ def load_release(out: Path) -> ModelRelease:
 
 def load_run_config(out: Path) -> TrainConfig:
     """The full configuration of the run in ``out`` (from its private state)."""
-    return TrainConfig.from_dict(load_private(out).config)
+    return TrainConfig.from_recorded(load_private(out).config)
 
 
 def load_history(out: Path) -> list[dict[str, Any]]:

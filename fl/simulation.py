@@ -663,7 +663,7 @@ def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
     """The configuration and split seed of a saved run. A run saved before split seeds drew
     its split from ``seed``, which its released weights reveal: its configuration gets
     ``split_seed = seed``, so its guarantee declares the membership public."""
-    cfg = TrainConfig.from_dict(private.config)
+    cfg = TrainConfig.from_recorded(private.config)
     if private.split_seed is None:
         cfg = dataclasses.replace(cfg, split_seed=cfg.seed)
     return cfg, run_split_seed(cfg, private.split_seed)

@@ -8,7 +8,9 @@ Contract (docs/threat-model.md, "Cross-silo deployment"):
   :class:`~fedlap_privacy.ledger.LedgerEntry` records of a one-client
   :class:`~fedlap_privacy.ledger.PrivacyLedger` whose rates come from the node's OWN N_k and
   the instructed batch size (q = B / N_k: against the server, client sampling amplifies
-  nothing), at the node's delta and accountant (a method without such a guarantee, admitted
+  nothing), at the node's delta and accountant (PLD by default, the same as the in-process
+  engine's; a run the node already answered keeps the accountant its entries record, so a
+  policy changed between rounds never re-prices them; a method without such a guarantee, admitted
   only by a node that trusts the server, gets a ledger of notion "none": replays are still
   refused, no budget applies); an LDP-FL run, admitted only by a node that names it, gets a
   ledger of notion "local" (per-weight epsilon, basic composition over rounds);
@@ -77,10 +79,12 @@ class NodeLedger:
         if not path.exists():
             return cls(path, run_id, partition, content_hash, size, _pinned(cfg), ledger)
         saved = _read(path)
+        recorded = next((e.get("accountant") for e in saved["entries"]
+                         if isinstance(e, dict) and e.get("accountant")), None)
         node = cls(path, run_id, int(saved["partition"]), str(saved["content_hash"]),
                    int(saved["size"]), dict(saved["config"]), _new_ledger(
-                       TrainConfig.from_dict({**saved["config"], "rounds": cfg.rounds}),
-                       int(saved["size"]), policy))
+                       TrainConfig.from_recorded({**saved["config"], "rounds": cfg.rounds}),
+                       int(saved["size"]), policy, recorded))
         try:
             node.ledger.load(saved["entries"], saved["digest"])
         except CheckpointError as exc:
@@ -166,8 +170,10 @@ def _read(path: Path) -> dict[str, Any]:
         raise ConfigError(f"node ledger {path} is unreadable ({exc})") from None
 
 
-def _new_ledger(cfg: TrainConfig, size: int, policy: NodePolicy) -> PrivacyLedger:
-    """A one-client ledger at the node's N_k, delta and accountant (module docstring)."""
+def _new_ledger(cfg: TrainConfig, size: int, policy: NodePolicy,
+                accountant: str | None = None) -> PrivacyLedger:
+    """A one-client ledger at the node's N_k, delta and accountant (module docstring;
+    ``accountant``: the one a saved run's entries record, which it keeps)."""
     noise = cfg.noise
     if cfg.notion == "local":
         return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon, noise=noise, clients=1)
@@ -178,5 +184,6 @@ def _new_ledger(cfg: TrainConfig, size: int, policy: NodePolicy) -> PrivacyLedge
                             f"{size} records")
     schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=size,
                               local_steps=cfg.accesses_per_round, client_fraction=1.0)
-    return PrivacyLedger("record-level", schedule, cfg.sigma, policy.delta, policy.accountant,
-                         threat_model="server", noise=noise, clients=1)
+    return PrivacyLedger("record-level", schedule, cfg.sigma, policy.delta,
+                         accountant or policy.accountant, threat_model="server", noise=noise,
+                         clients=1)

@@ -118,7 +118,7 @@ class NodePolicy:
     epsilon: float = 10.0  # the node's record-level budget over every run on its records
     local_epsilon: float = 10.0  # its local-DP budget (per weight), if it admits ldp-fl
     threat_model: str = "server"
-    accountant: str = "rdp"
+    accountant: str = "pld"  # the node's own (PLD, the tightest; "rdp": Theorem 5.8's)
     allow_reproducible_noise: bool = False
     allowed_models: tuple[str, ...] = (DEFAULT_TABULAR,)  # factory specs it may import
 

@@ -59,6 +59,12 @@ def test_plan_rounds_reproduces_the_paper() -> None:
     assert round(out["epsilon"], 2) == 10.18
     assert len(out["curve"]) == 15 and round(out["curve"][0], 2) == 2.79
     assert out["order"] > 1
+    # PLD's epsilon of the same sigma and rounds, printed beside Theorem 5.8's (8% tighter)
+    by = out["epsilon_by_accountant"]
+    assert list(by) == ["rdp", "pld"] and by["rdp"] == out["epsilon"]
+    assert by["pld"] == pytest.approx(epsilon(REFERENCE, 1.0, 15, DELTA, accountant="pld"),
+                                      rel=1e-12)
+    assert by["pld"] == pytest.approx(9.375, abs=0.005)
     assert plan_json("--eps", "10.18", "--sigma", "1")["rounds"] == 14
 
 
@@ -107,12 +113,15 @@ def test_pld_accountant() -> None:
     pld = epsilon(s, 5.0, 3, DELTA, accountant="pld")
     assert out["epsilon"] == pytest.approx(pld, rel=1e-9)
     assert out["epsilon"] < epsilon(s, 5.0, 3, DELTA)
+    assert out["epsilon_by_accountant"] == {"pld": out["epsilon"],
+                                            "rdp": pytest.approx(epsilon(s, 5.0, 3, DELTA))}
 
 
 def test_table_output() -> None:
     proc = run_cli("plan", "--eps", "10.19", "--sigma", "1")
     assert proc.returncode == 0, proc.stderr
     assert "10.1830" in proc.stdout and "2.7866" in proc.stdout and "holds" in proc.stdout
+    assert "same sigma and rounds, PLD" in proc.stdout and "9.3771" in proc.stdout
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import FIELD_RULES, MAX_PLD_ROUNDS, TrainConfig, field_types
+from fedlap_privacy.fl.config import FIELD_RULES, MAX_ROUNDS, TrainConfig, field_types
 
 FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 #: values of the wrong type (or not finite) for a key of each type
@@ -107,10 +107,21 @@ def test_the_reported_attacks_are_refused(setting: dict[str, Any], message: str)
     assert _refused(*next(iter(setting.items()))).startswith(message)
 
 
-def test_pld_runs_are_bounded_by_what_pld_composes() -> None:
-    TrainConfig(accountant="pld", rounds=MAX_PLD_ROUNDS).validate()
-    with pytest.raises(ConfigError, match="rounds 1001 with the pld accountant: at most 1,000"):
-        TrainConfig(accountant="pld", rounds=MAX_PLD_ROUNDS + 1).validate()
+def test_pld_runs_are_bounded_by_what_pld_can_discretise() -> None:
+    """PLD (the default) prices the longest run the defaults allow; a run whose privacy loss
+    it cannot discretise is refused before training, naming the RDP fallback."""
+    from fedlap_privacy.accountant import FedLAPSchedule
+    from fedlap_privacy.fl.privacy import check_accountable
+
+    assert TrainConfig().accountant == "pld"
+    digits = FedLAPSchedule(batch_size=64, client_size=281, local_steps=10)
+    check_accountable(TrainConfig(rounds=MAX_ROUNDS).validate(), digits, 1.5)
+    tiny = TrainConfig(sigma=0.1, rounds=1000).validate()
+    crowded = FedLAPSchedule(batch_size=64, client_size=200, local_steps=100)
+    with pytest.raises(ConfigError, match=r"1000 rounds at sigma 0.1: the PLD accountant cannot "
+                       r"discretise .* for a run: --set accountant=rdp$"):
+        check_accountable(tiny, crowded, 0.1)
+    check_accountable(dataclasses.replace(tiny, accountant="rdp"), crowded, 0.1)
 
 
 @pytest.mark.parametrize(("setting", "message"), [

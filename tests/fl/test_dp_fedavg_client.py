@@ -244,7 +244,8 @@ def test_compare_plans_its_sigma_for_each_target_and_refuses_adaptive_canaries()
     from fedlap_privacy.accountant import epsilon
 
     sampling = planned.sampling  # fixed cohorts: planned at sigma / 2, run at sigma
-    assert epsilon(sampling.schedule(), planned.sigma / 2, 4, planned.delta) == pytest.approx(
-        3.0, rel=1e-3)
+    assert planned.accountant == "pld"  # the default plans with PLD
+    assert epsilon(sampling.schedule(), planned.sigma / 2, 4, planned.delta,
+                   planned.accountant) == pytest.approx(3.0, rel=1e-3)
     with pytest.raises(ConfigError, match="canary clients upload at a fixed clip"):
         tiny(method=METHOD, clip_quantile=0.5, canaries=10, sigma=1.0).validate()

@@ -192,8 +192,10 @@ def test_ledger_epsilon_equals_the_accountant(tmp_path, method):
     schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=min(sizes),
                               local_steps=cfg.accesses_per_round)
     for m, entry in enumerate(result.ledger.entries, start=1):
-        assert entry.epsilon == pytest.approx(epsilon(schedule, 2.0, m, cfg.delta), rel=1e-12)
+        assert entry.epsilon == pytest.approx(
+            epsilon(schedule, 2.0, m, cfg.delta, accountant=cfg.accountant), rel=1e-12)
         assert entry.accesses <= entry.local_steps == cfg.accesses_per_round
+        assert entry.accountant == cfg.accountant == "pld"  # the default
     ckpt = load_checkpoint(tmp_path / CHECKPOINT)
     assert ckpt["privacy"]["epsilon"] == pytest.approx(result.ledger.entries[-1].epsilon)
     assert ckpt["privacy"]["notion"] == "record-level"

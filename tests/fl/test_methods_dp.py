@@ -138,8 +138,10 @@ def test_normfedavg_run_is_accounted_at_client_level():
     for m, entry in enumerate(result.ledger.entries, start=1):
         assert entry.q1 == pytest.approx(0.6) and entry.local_steps == 1
         assert entry.accesses <= 1
-        assert entry.epsilon == pytest.approx(epsilon(schedule, 1.5, m, cfg.delta), rel=1e-12)
-    assert result.summary["epsilon"] == pytest.approx(epsilon(schedule, 1.5, 3, cfg.delta))
+        assert entry.epsilon == pytest.approx(epsilon(schedule, 1.5, m, cfg.delta, cfg.accountant),
+                                              rel=1e-12)
+    assert result.summary["epsilon"] == pytest.approx(epsilon(schedule, 1.5, 3, cfg.delta,
+                                                              cfg.accountant))
 
 
 # ---------------------------------------------------------------- ALI-DPFL: the tau rule
@@ -267,7 +269,8 @@ def test_ali_dpfl_run_accounts_each_rounds_tau(tmp_path):
     state = load_checkpoint(tmp_path / PRIVATE, PRIVATE_FORMAT)["server_state"]
     n_min = _min_client(cfg)
     step = FedLAPSchedule(batch_size=32, client_size=n_min, local_steps=1)
-    assert state["rc"] == plan_rounds(step, 1.0, 8.0, cfg.delta) > 0
+    assert state["rc"] == plan_rounds(step, 1.0, 8.0, cfg.delta, cfg.accountant) > 0
+    assert state["rc"] > plan_rounds(step, 1.0, 8.0, cfg.delta, "rdp")  # PLD: more iterations
     taus = [h["tau"] for h in result.history]
     assert len(result.ledger.entries) == len(taus) == 3 and taus[0] == 3
     assert state["taus"] == taus and state["total"] == sum(taus)
@@ -276,7 +279,8 @@ def test_ali_dpfl_run_accounts_each_rounds_tau(tmp_path):
         assert entry.local_steps == h["tau"] == entry.accesses == h["local_steps"]
         rounds = [FedLAPSchedule(batch_size=32, client_size=n_min, local_steps=t)
                   for t in taus[: m + 1]]
-        assert entry.epsilon == pytest.approx(composed_epsilon(rounds, 1.0, cfg.delta), rel=1e-12)
+        assert entry.epsilon == pytest.approx(
+            composed_epsilon(rounds, 1.0, cfg.delta, cfg.accountant), rel=1e-12)
         assert entry.epsilon <= 8.0
         # the server's rule, from the public values it reported
         T = min(cfg.rounds * h["tau"], state["rc"])
@@ -288,8 +292,8 @@ def test_ali_dpfl_run_accounts_each_rounds_tau(tmp_path):
 def test_ali_dpfl_stops_at_its_iteration_budget():
     cfg = tiny(method="ali-dpfl", sigma=1.0, rounds=10, local_steps=3, tau_max=6)
     step = FedLAPSchedule(batch_size=32, client_size=_min_client(cfg), local_steps=1)
-    cfg.target_eps = epsilon(step, 1.0, 4, cfg.delta) * (1 + 1e-9)  # Rc = 4 iterations
-    assert plan_rounds(step, 1.0, cfg.target_eps, cfg.delta) == 4
+    cfg.target_eps = epsilon(step, 1.0, 4, cfg.delta, cfg.accountant) * (1 + 1e-9)  # Rc = 4
+    assert plan_rounds(step, 1.0, cfg.target_eps, cfg.delta, cfg.accountant) == 4
     result = train(cfg, None, device="cpu")
     taus = [h["tau"] for h in result.history]
     assert 1 <= result.summary["rounds_run"] < 10 and sum(taus) <= 4
@@ -304,7 +308,7 @@ def test_ali_stop_rule_counts_every_accounted_round():
     cfg = tiny(method="ali-dpfl", sigma=1.0, local_steps=3, tau_max=6)
     sizes = [_min_client(cfg)] * cfg.clients
     step = FedLAPSchedule(batch_size=32, client_size=sizes[0], local_steps=1)
-    cfg.target_eps = epsilon(step, 1.0, 4, cfg.delta) * (1 + 1e-9)  # Rc = 4 iterations
+    cfg.target_eps = epsilon(step, 1.0, 4, cfg.delta, cfg.accountant) * (1 + 1e-9)  # Rc = 4
     ledger = build_ledger(cfg, sizes)
     method = ALIDPFL(cfg, torch.device("cpu"))
     state = method.init_server_state(_model(), ledger)

@@ -82,7 +82,9 @@ def test_dp_epsilon_is_the_accountants_on_the_natural_partition(tmp_path: Path) 
     data = tabular_folder(tmp_path / "d", sizes=(90, 80, 70), test=60)
     result = train(_cfg(method="dp-fedavg", sigma=1.0, model=None), None, "cpu", data=data)
     step = FedLAPSchedule(batch_size=32, client_size=70, local_steps=6)
-    assert result.summary["epsilon"] == pytest.approx(epsilon(step, 1.0, 3, 1e-5), rel=1e-9)
+    assert result.summary["accountant"] == "pld"
+    assert result.summary["epsilon"] == pytest.approx(epsilon(step, 1.0, 3, 1e-5, "pld"),
+                                                      rel=1e-9)
     assert result.summary["test_accuracy"] > 0.8  # the default MLP
 
 

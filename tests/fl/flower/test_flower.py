@@ -377,3 +377,22 @@ def test_local_nodes_threads(tmp_path, monkeypatch):
     pinned = LocalDeployment(4, tmp_path / "b", threads=3).env
     assert threads_for(env=pinned) == 3
     assert threads_for(env=shared) == threads_for(4, env={})
+
+
+def test_each_node_prices_its_answers_with_pld_as_the_in_process_engine(tmp_path):
+    """The node's own ledger (never the server's figure) uses PLD by default, at its own
+    N_k: the node with the smallest client spends exactly the in-process run's epsilon (the
+    ledger's worst client, against the server), the other node less."""
+    cfg = tiny(method="dp-fedavg")
+    grid = FakeGrid(2)
+    result = train(cfg, tmp_path / "flower", "cpu", ask_clients=_driver(grid, cfg))
+    summary = result.summary
+    assert summary["accountant"] == "pld" and summary["threat_model"] == "server"
+    nodes = [json.loads((grid.state_root / f"node-{i}" / "run-1.json").read_text())
+             for i in range(2)]
+    assert {e["accountant"] for n in nodes for e in n["entries"]} == {"pld"}
+    spent = {n["size"]: n["entries"][-1]["epsilon"] for n in nodes}
+    assert len(spent) == 2  # the two partitions differ in size
+    assert spent[min(spent)] == pytest.approx(summary["epsilon"], rel=1e-9)
+    assert spent[max(spent)] < summary["epsilon"]
+    assert summary["epsilon"] < summary["epsilon_by_accountant"]["rdp"]
