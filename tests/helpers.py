@@ -65,3 +65,15 @@ METHOD_EXTRAS: dict[str, dict] = {
     "ali-dpfl": dict(target_eps=5.0, sigma=1.0, tau_max=5),
     "ldp-fl": dict(ldp_epsilon=1.0),
 }
+
+
+def edit_checkpoint(path: Path, fmt: str | None = None, **changes: Any) -> None:
+    """Rewrite a run file as an attacker with write access would: each ``key=change`` replaces
+    the payload's ``key`` by ``change(old value)`` (``fmt``: the file's format name)."""
+    from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
+
+    payload = load_checkpoint(path, *([fmt] if fmt else []))
+    payload.pop("format")
+    for key, change in changes.items():
+        payload[key] = change(payload[key])
+    save_checkpoint(path, payload, *([fmt] if fmt else []))

@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import tiny
+from helpers import edit_checkpoint, tiny
 
 from fedlap_privacy.audit.report import privacy_claim, run_audit
 from fedlap_privacy.checkpoint import (
     CHECKPOINT,
     PRIVATE,
     PRIVATE_FORMAT,
-    load_checkpoint,
-    save_checkpoint,
 )
 from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.fl.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION
@@ -148,14 +146,6 @@ def _schedule():
     return FedLAPSchedule(batch_size=32, client_size=200, local_steps=1, client_fraction=0.5)
 
 
-def _edit(path: Path, fmt: str | None = None, **changes) -> None:
-    payload = load_checkpoint(path, *([fmt] if fmt else []))
-    payload.pop("format")
-    for key, change in changes.items():
-        payload[key] = change(payload[key])
-    save_checkpoint(path, payload, *([fmt] if fmt else []))
-
-
 @pytest.mark.parametrize("kind", ["record-level hidden-selection", "dp-fedavg-client poisson"])
 def test_resume_continues_and_refuses_a_tampered_ledger(tmp_path, kind):
     cfg = _cfg(**HIDDEN_RUNS[kind])
@@ -172,11 +162,11 @@ def test_resume_continues_and_refuses_a_tampered_ledger(tmp_path, kind):
     assert len(metrics) == 4 and _revealing_values(metrics) == []
     # the released ledger shortened, or the private one: both refused
     saved = (out / CHECKPOINT).read_bytes()
-    _edit(out / CHECKPOINT, ledger=lambda entries: entries[:-1])
+    edit_checkpoint(out / CHECKPOINT, ledger=lambda entries: entries[:-1])
     with pytest.raises(CheckpointError, match="private state"):
         resume(out, rounds=5, device="cpu")
     (out / CHECKPOINT).write_bytes(saved)
-    _edit(out / PRIVATE, PRIVATE_FORMAT, ledger=lambda entries: entries[:-1])
+    edit_checkpoint(out / PRIVATE, PRIVATE_FORMAT, ledger=lambda entries: entries[:-1])
     with pytest.raises(CheckpointError, match="does not match the released"):
         resume(out, rounds=5, device="cpu")
 
@@ -203,8 +193,8 @@ def test_a_run_written_before_withholding_resumes_and_is_then_withheld(tmp_path)
     first = train(_cfg(**HIDDEN_RUNS["record-level hidden-selection"]), out, device="cpu")
     full = [e.to_dict() for e in first.ledger.entries]
     history = PrivateRunState.load(out / PRIVATE).history
-    _edit(out / CHECKPOINT, ledger=lambda _: full, history=lambda _: history)
-    _edit(out / PRIVATE, PRIVATE_FORMAT, ledger=lambda _: [], history=lambda _: [],
+    edit_checkpoint(out / CHECKPOINT, ledger=lambda _: full, history=lambda _: history)
+    edit_checkpoint(out / PRIVATE, PRIVATE_FORMAT, ledger=lambda _: [], history=lambda _: [],
           ledger_digest=lambda _: ledger_digest(first.ledger.entries))
     resumed = resume(out, rounds=4, device="cpu")
     assert resumed.ledger.entries[:3] == first.ledger.entries

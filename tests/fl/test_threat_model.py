@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import repo_root, tiny
+from helpers import edit_checkpoint, repo_root, tiny
 from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon
@@ -24,7 +24,6 @@ from fedlap_privacy.checkpoint import (
     PRIVATE,
     PRIVATE_FORMAT,
     load_checkpoint,
-    save_checkpoint,
 )
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import holdout_indices, load_dataset, split_clients
@@ -154,23 +153,15 @@ def test_ledger_composes_what_it_recorded() -> None:
         smaller.load(tampered)
 
 
-def _edit(path: Path, fmt: str | None = None, **changes) -> None:
-    payload = load_checkpoint(path, *([fmt] if fmt else []))
-    payload.pop("format")
-    for key, change in changes.items():
-        payload[key] = change(payload[key])
-    save_checkpoint(path, payload, *([fmt] if fmt else []))
-
-
 def test_resume_refuses_a_shortened_or_edited_ledger(tmp_path: Path) -> None:
     out = tmp_path / "run"
     train(tiny(method="dp-fedavg", rounds=2, local_steps=1), out)
-    _edit(out / CHECKPOINT, ledger=lambda entries: entries[:-1])
+    edit_checkpoint(out / CHECKPOINT, ledger=lambda entries: entries[:-1])
     with pytest.raises(CheckpointError, match="private state"):
         resume(out, rounds=3)
     # consistent edits of both files (round counter too) still miss the ledger fingerprint
-    _edit(out / CHECKPOINT, round=lambda r: r - 1, history=lambda h: h[:-1])
-    _edit(out / PRIVATE, PRIVATE_FORMAT, round=lambda r: r - 1)
+    edit_checkpoint(out / CHECKPOINT, round=lambda r: r - 1, history=lambda h: h[:-1])
+    edit_checkpoint(out / PRIVATE, PRIVATE_FORMAT, round=lambda r: r - 1)
     with pytest.raises(CheckpointError, match="private state"):
         resume(out, rounds=3)
 
