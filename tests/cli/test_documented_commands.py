@@ -50,10 +50,7 @@ NOT_RUN = {
         "placeholders; the full commands are shown in a fenced block",
 }
 #: commands that run for real and take tens of seconds: marked slow (run with -m slow)
-SLOW = {
-    "fedlap-privacy plan --eps 10 --accountant pld": "plans sigma with dp-accounting's PLD "
-    "(tens of seconds); tests/cli/test_plan_cli.py covers --accountant pld",
-}
+SLOW: dict[str, str] = {}
 
 
 def documented_commands() -> list[tuple[str, str]]:
