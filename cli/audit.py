@@ -282,7 +282,8 @@ def audit(
             report = guarded(run).to_json()
         render_report(report)
         if out is not None:
-            console.print(f"wrote {out / 'report.json'} and {out / 'roc.png'}", highlight=False)
+            console.print(f"wrote {out / 'report.json'}, {out / 'roc.png'} and the readable "
+                          f"report {out / 'report.md'} / {out / 'report.html'}", highlight=False)
     if fail_on_violation and report["violation"]:
         raise typer.Exit(1)
 

@@ -7,9 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import click
 import typer
-from click.core import ParameterSource
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -54,6 +52,7 @@ class Engine(StrEnum):
 
 
 def train(
+    ctx: typer.Context,
     method: Method | None = typer.Option(None, "--method", help="Default: fedlap-dp."),  # type: ignore[valid-type]
     dataset: str | None = typer.Option(None, "--dataset", help="digits (default) | mnist | "
                                        "fashion-mnist | cifar10"),
@@ -148,11 +147,11 @@ def train(
         "canaries": canaries or None,
     }
     if resume:  # the recorded configuration; a flag asking for another value is refused
-        typed = _typed_flags({**flags, "reproducible_noise": reproducible_noise,
-                              "canaries": canaries})
+        typed = _typed_flags(ctx, {**flags, "reproducible_noise": reproducible_noise,
+                                   "canaries": canaries})
         cfg = guarded(lambda: resumed_config(
             out, typed, None if preset is None else preset.value, settings,
-            schedule.value if _typed("schedule") else "auto", rounds))
+            schedule.value if _typed(ctx, "schedule") else "auto", rounds))
     else:
         cfg = guarded(lambda: resolve_config(None if preset is None else preset.value, flags,
                                              settings, schedule=schedule.value))
@@ -247,18 +246,19 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _typed(param: str) -> bool:
-    """Whether the user typed the option ``param`` (rather than leaving its default)."""
-    source = click.get_current_context().get_parameter_source(param)
-    return source not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+def _typed(ctx: typer.Context, param: str) -> bool:
+    """Whether the user typed the option ``param`` (rather than leaving its default). By the
+    source's name: typer >= 0.29 carries its own copy of click's ``ParameterSource``."""
+    source = ctx.get_parameter_source(param)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
-def _typed_flags(values: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+def _typed_flags(ctx: typer.Context, values: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     """The configuration flags the user typed, but --rounds (it may change on --resume):
     "--flag" -> (configuration key, value)."""
     params = {key: "alpha" if key == "dirichlet_alpha" else key for key in values}
     return {f"--{params[key].replace('_', '-')}": (key, value) for key, value in values.items()
-            if key != "rounds" and _typed(params[key])}
+            if key != "rounds" and _typed(ctx, params[key])}
 
 
 def _require_flower() -> None:

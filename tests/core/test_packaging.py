@@ -11,8 +11,10 @@ there from an empty working directory. About 10 s.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -155,3 +157,37 @@ def test_installed_wheel_runs_the_cli(venv_python: Path, tmp_path: Path) -> None
     env = {"FEDLAP_KERNELS": "require", "FEDLAP_CACHE_DIR": str(tmp_path)}
     where, err = _run([venv_python, "-c", code], cwd=tmp_path, extra_env=env).stdout.split()
     assert Path(where) == tmp_path / "kernels" and float(err) < 1e-5
+
+
+def _declared_distributions() -> set[str]:
+    """The distributions pyproject.toml names: the dependencies and every extra."""
+    extras = PYPROJECT["project"]["optional-dependencies"].values()
+    specs = [*PYPROJECT["project"]["dependencies"], *(s for extra in extras for s in extra)]
+    return {re.split(r"[\[<>=!~ ;]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
+
+
+def test_every_third_party_import_is_a_declared_dependency() -> None:
+    """A module the package imports only because another dependency happens to pull it in
+    breaks a plain ``pip install`` when that dependency changes (typer 0.29 stopped
+    installing click, which ``cli/train.py`` imported)."""
+    from importlib.metadata import packages_distributions
+
+    owners = packages_distributions()
+    declared = _declared_distributions()
+    undeclared = set()
+    for package in PACKAGES:
+        for source in _source_dir(package).glob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text())):
+                if isinstance(node, ast.Import):
+                    roots = [alias.name.split(".")[0] for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    roots = [node.module.split(".")[0]]
+                else:
+                    continue
+                for root in roots:
+                    if root in sys.stdlib_module_names or root == "fedlap_privacy":
+                        continue
+                    dists = {d.lower().replace("_", "-") for d in owners.get(root, [root])}
+                    if not dists & declared:
+                        undeclared.add(f"{source.relative_to(ROOT)}: {root}")
+    assert not undeclared, sorted(undeclared)
