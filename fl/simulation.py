@@ -188,15 +188,27 @@ def client_parts(cfg: TrainConfig, data: Dataset, split_seed: int | None = None
         kept = np.zeros(len(data.y_train), dtype=bool)
         kept[keep] = True  # one mask, not a search per client: thousands of clients scale
         parts = [p[kept[p]] for p in data.partition]
-        if (empty := next((k for k, p in enumerate(parts) if p.size == 0), None)) is not None:
-            raise ConfigError(f"client {empty} holds no records once the {cfg.validation_records}"
-                              " validation records are held out: hold out fewer")
-        return _cut(cfg, parts, seed)
-    parts = [keep[p] for p in split_clients(
-        data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, seed,
-        data.num_classes,
-    )]
+    else:
+        parts = [keep[p] for p in split_clients(
+            data.y_train[keep], cfg.clients, cfg.split, cfg.dirichlet_alpha, seed,
+            data.num_classes,
+        )]
+    _refuse_empty_clients(cfg, parts)
     return _cut(cfg, parts, seed)
+
+
+def _refuse_empty_clients(cfg: TrainConfig, parts: list[np.ndarray]) -> None:
+    """One line for a client left without records (a natural partition's empty client, or
+    one emptied by the validation hold-out), in every driver before any step."""
+    empty = next((k for k, p in enumerate(parts) if p.size == 0), None)
+    if empty is None:
+        return
+    if cfg.validation_records:
+        raise ConfigError(f"client {empty} holds no records once the {cfg.validation_records}"
+                          " validation records are held out: hold out fewer")
+    count = sum(p.size == 0 for p in parts)
+    raise ConfigError(f"client {empty} holds no records ({count} of {len(parts)} clients are "
+                      "empty): every client needs at least one")
 
 
 def _cut(cfg: TrainConfig, parts: list[np.ndarray], seed: int) -> list[np.ndarray]:
@@ -268,10 +280,6 @@ class _Run:
         self.data: Dataset = load_dataset(cfg.dataset, cfg.data_dir) if data is None else data
         self.parts = client_parts(cfg, self.data, self.split_seed)
         self.sizes = [len(p) for p in self.parts]
-        if 0 in self.sizes:  # e.g. a natural partition whose records all went to validation
-            raise ConfigError(f"client {self.sizes.index(0)} holds no records "
-                              f"({self.sizes.count(0)} of {len(self.sizes)} clients are "
-                              "empty): use fewer clients or fewer validation records")
         self.sigma_planned = cfg.private and cfg.sigma is None
         self.cfg = cfg = with_planned_sigma(cfg, self.sizes)
         self.ledger = build_ledger(cfg, self.sizes)
@@ -677,7 +685,7 @@ def _estimate(run: _Run, callback: Callback) -> None:
     if access_s is None:
         return
     cfg = run.cfg
-    clients = max(cfg.clients * cfg.client_fraction, 1.0)
+    clients = max(cfg.sampling.expected_cohort, 1.0)
     round_s = access_s * cfg.accesses_per_round * clients
     callback("estimate", {"access_s": access_s, "accesses": cfg.accesses_per_round,
                           "clients": clients, "round_s": round_s, "run_s": round_s * cfg.rounds,
