@@ -92,12 +92,12 @@ NOTION_THREAT_MODELS: dict[str, tuple[str, ...]] = {
 #: their release withholds the selection (module docstring)
 SELECTION_HIDDEN = ("hidden-selection", "trusted-server")
 _GAUSSIAN = ("record-level", "client-level")
+_RTOL = 1e-6  # recorded vs recomputed epsilon
 
 
 def selection_withheld(threat_model: str | None) -> bool:
     """Whether a run under ``threat_model`` withholds its selection from its release."""
     return threat_model in SELECTION_HIDDEN
-_RTOL = 1e-6  # recorded vs recomputed epsilon
 
 
 @dataclass(frozen=True)
