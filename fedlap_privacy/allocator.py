@@ -18,7 +18,8 @@ The cost: the resident memory of the process stays near its peak instead of shri
 between steps. Results are unchanged (only where memory comes from changes). Nothing is done
 where it would not apply or was decided by the user: off glibc (macOS, Windows, musl), with
 an allocator preloaded (``LD_PRELOAD``), with any ``MALLOC_*`` tunable or ``GLIBC_TUNABLES``
-in the environment, or with ``FEDLAP_ALLOCATOR=system``.
+in the environment, or where the allocator fast path is off (``FEDLAP_ALLOCATOR=system``,
+``FEDLAP_FAST_PATHS=off``: :mod:`fedlap_privacy.fast_paths`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedlap_privacy.errors import ConfigError
+from fedlap_privacy import fast_paths
+from fedlap_privacy.fast_paths import ALLOCATOR_ENV, FastPaths
 
 __all__ = ["ALLOCATOR_ENV", "AllocatorSetting", "AllocatorState", "tune_allocator"]
-
-#: ``system`` leaves the C allocator as it is; ``tuned`` (the default) applies this module
-ALLOCATOR_ENV = "FEDLAP_ALLOCATOR"
 
 # mallopt(3) parameter numbers (glibc <malloc.h>)
 _M_TRIM_THRESHOLD = -1
@@ -76,14 +75,16 @@ def _user_tuned(env: Mapping[str, str]) -> str | None:
 def tune_allocator(env: Mapping[str, str] | None = None) -> AllocatorSetting:
     """Apply the thresholds of the module docstring to glibc's malloc, once per process.
 
-    Idempotent; never raises for an unsupported platform (returns ``UNSUPPORTED``). A
-    ``FEDLAP_ALLOCATOR`` other than ``tuned``/``system`` raises :class:`ConfigError`.
+    Idempotent; never raises for an unsupported platform (returns ``UNSUPPORTED``). Whether
+    the allocator fast path is on is :func:`fedlap_privacy.fast_paths.current`'s answer, or,
+    with ``env``, :meth:`~fedlap_privacy.fast_paths.FastPaths.from_env` of it; a
+    ``FEDLAP_ALLOCATOR`` other than ``tuned``/``system`` raises
+    :class:`~fedlap_privacy.errors.ConfigError`.
     """
+    paths = fast_paths.current() if env is None else FastPaths.from_env(env)
     env = os.environ if env is None else env
-    choice = env.get(ALLOCATOR_ENV, "tuned").strip().lower()
-    if choice not in ("tuned", "system"):
-        raise ConfigError(f"{ALLOCATOR_ENV} must be 'tuned' or 'system', got {choice!r}")
-    reason = f"{ALLOCATOR_ENV}=system" if choice == "system" else _user_tuned(env)
+    reason = ("the allocator fast path is off (fedlap_privacy.fast_paths)"
+              if not paths.allocator else _user_tuned(env))
     if reason is not None:
         return AllocatorSetting(AllocatorState.SYSTEM, reason)
     libc_name, _ = platform.libc_ver()

@@ -10,7 +10,8 @@ On the CPU the GroupNorm -> ReLU -> AvgPool of every block runs as one fused ker
 (:func:`fedlap_privacy.kernels.gn_relu_pool`, the same function up to floating-point
 rounding), unless something must see those modules run: a hook on them (Opacus'
 ``GradSampleModule``, the hook path of :mod:`fedlap_privacy.per_sample`), a global module
-hook, TorchScript, tracing or export. Then the modules run one by one, as they are written.
+hook, TorchScript, tracing or export, or the ``kernels`` fast path switched off
+(:mod:`fedlap_privacy.fast_paths`). Then the modules run one by one, as they are written.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Three implementations, the same numbers up to rounding:
   ``softmax - onehot``, the linear layer's outer products, each block's fused backward (which
   also returns every record's GroupNorm weight and bias gradients, per plane) and the
   per-record convolution weight gradients below. The hook path is its oracle in the tests.
+  It is the ``per_sample`` fast path of :mod:`fedlap_privacy.fast_paths`: switched off
+  there (or the kernels), ``"auto"`` takes the hook path.
 * ``"hooks"`` (the default for other models where it applies): one forward pass with the
   model's parameters detached (``torch.func.functional_call``) and forward hooks that record
   each parametrised layer's input and output; one backward pass for the gradients with
@@ -46,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.kernels import block_backward, block_forward
 from fedlap_privacy.models import ConvNet
@@ -277,8 +280,9 @@ def per_sample_grads(
     ``(B, *param.shape)`` with ``B = x.shape[0]`` (``B = 0`` gives empty tensors). Records are
     processed ``chunk_size`` at a time (all at once when ``None``) to bound memory. ``x`` and
     ``y`` must be on the parameters' device. ``method`` picks the implementation (module
-    docstring); ``"auto"`` takes ``"fused"`` for the ConvNet where its kernels run, else
-    ``"hooks"`` where :func:`hooks_supported` holds, else ``"vmap"``.
+    docstring); ``"auto"`` takes ``"fused"`` for the ConvNet where its kernels run and the
+    ``per_sample`` fast path is on (:mod:`fedlap_privacy.fast_paths`), else ``"hooks"`` where
+    :func:`hooks_supported` holds, else ``"vmap"``.
     """
     if x.shape[0] != y.shape[0]:
         raise ConfigError(f"x has {x.shape[0]} records but y has {y.shape[0]} labels")
@@ -290,10 +294,12 @@ def per_sample_grads(
     batch = x.shape[0]
     if batch == 0:
         return [p.new_zeros((0, *p.shape)) for _, p in named]
-    blocks = model.fused_blocks(x) if isinstance(model, ConvNet) else None
+    fused_on = fast_paths.current().per_sample
+    blocks = model.fused_blocks(x) if fused_on and isinstance(model, ConvNet) else None
     if method == "fused" and blocks is None:
         raise ConfigError("per_sample_grads(method='fused') needs the package's ConvNet on the "
-                          "CPU with the fused kernels built (fedlap_privacy.kernels)")
+                          "CPU with the fused kernels built (fedlap_privacy.kernels) and the "
+                          "per-sample fast path on (fedlap_privacy.fast_paths)")
     if blocks is not None and method in ("auto", "fused"):
         return _chunked(lambda xc, yc: _fused_grads(model, blocks, xc, yc), named, x, y,
                         chunk_size)

@@ -2,7 +2,9 @@
 
 ``THP_MEM_ALLOC_ENABLE=1`` (unless the user set it): torch's CPU allocator backs large
 tensors with transparent huge pages, so the large per-record gradient tensors cost fewer page
-faults (1.5-2x on the DP step, ``benchmarks/dp_step.py``).
+faults (1.5-2x on the DP step, ``benchmarks/dp_step.py``). It is the ``huge_pages`` fast path
+(:mod:`fedlap_privacy.fast_paths`): ``FEDLAP_FAST_PATHS=off`` (or ``-huge-pages``) leaves
+torch's default.
 
 Every entry point gets it through the package's ``__init__`` (the CLI, Flower's ClientApp and
 ServerApp modules, the Python API), as long as ``fedlap_privacy`` is imported before torch
@@ -20,6 +22,9 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fast_paths import FastPaths
+
 __all__ = ["RUNTIME_DEFAULTS", "apply_runtime_defaults"]
 
 #: variable -> the value set where the user set none
@@ -27,10 +32,16 @@ RUNTIME_DEFAULTS: dict[str, str] = {"THP_MEM_ALLOC_ENABLE": "1"}
 
 
 def apply_runtime_defaults(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set each of :data:`RUNTIME_DEFAULTS` the user did not set; returns what was set. Only
-    effective before torch allocates."""
+    """Set each of :data:`RUNTIME_DEFAULTS` the user did not set, where the huge-pages fast
+    path is on; returns what was set. Only effective before torch allocates. A fast-path
+    variable with a bad value is left to the command's start-up to report (one line)."""
     env = os.environ if env is None else env
-    applied = {}
+    applied: dict[str, str] = {}
+    try:
+        if not FastPaths.from_env(env).huge_pages:
+            return applied
+    except ConfigError:
+        pass
     for name, value in RUNTIME_DEFAULTS.items():
         if name not in env:
             env[name] = value

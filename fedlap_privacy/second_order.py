@@ -28,7 +28,9 @@ input's columns (im2col, one batched matrix product), which the forward and step
 and takes torch's native input-gradient kernel (both several times faster than oneDNN's
 there). :func:`weight_grad` is step 1 alone: the first-order gradient of the (optionally
 record-weighted) mean cross-entropy, for the local and the server steps. The test suite
-holds both to autograd's results (their oracle).
+holds both to autograd's results (their oracle). This is the ``second_order`` fast path of
+:mod:`fedlap_privacy.fast_paths`: switched off there (or the kernels it runs on),
+:func:`supported_blocks` answers None and the callers let autograd differentiate.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward
 from fedlap_privacy.models import ConvNet, has_hooks
 
@@ -55,10 +58,11 @@ Adjoint = Callable[[list[Tensor]], Sequence[Tensor | None]]
 
 def supported_blocks(model: nn.Module, x: Tensor) -> Blocks | None:
     """The ConvNet's blocks when :func:`weight_grad_input_vjp` computes what autograd would
-    on ``x``: the fused blocks run (:meth:`ConvNet.fused_blocks`), every convolution has one
-    group, the classifier is a plain ``Linear`` and nothing hooks the modules this path
-    does not call. None otherwise."""
-    if not isinstance(model, ConvNet):
+    on ``x``: the ``second_order`` fast path is on (:mod:`fedlap_privacy.fast_paths`), the
+    fused blocks run (:meth:`ConvNet.fused_blocks`), every convolution has one group, the
+    classifier is a plain ``Linear`` and nothing hooks the modules this path does not call.
+    None otherwise."""
+    if not isinstance(model, ConvNet) or not fast_paths.current().second_order:
         return None
     blocks = model.fused_blocks(x)
     if blocks is None or type(model.classifier) is not nn.Linear:

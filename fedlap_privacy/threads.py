@@ -14,7 +14,8 @@ one thread (``benchmarks/threads.py`` measures the policy). The policy:
    co-located worker processes sharing them (default: ``FEDLAP_WORKERS``, else 1).
 
 3. the count of 2. then FOLLOWS THE LOAD (:class:`LoadFollower`, on by default in every
-   command; ``FEDLAP_FOLLOW_LOAD=0`` keeps it fixed): before the first step and again before
+   command; ``FEDLAP_FOLLOW_LOAD=0``, ``FEDLAP_FAST_PATHS=off`` or
+   :func:`fedlap_privacy.fast_paths.disabled` keep it fixed): before the first step and again before
    every round and client step, the CPU time other processes took on this process's CPUs
    since the last look (``/proc/stat`` less this process's own time) is subtracted from
    the usable CPUs, and torch runs that many threads (at least 1, at most the count of 2.).
@@ -33,7 +34,8 @@ them. The thread count changes speed only, never results beyond floating-point r
 Entry points call :func:`apply_cpu_policy`, which also keeps freed tensor memory in the
 process (:mod:`fedlap_privacy.allocator`) and builds or loads the fused C kernels
 (:mod:`fedlap_privacy.kernels`) before any data is read, so that a bad ``FEDLAP_KERNELS``
-is one line at start-up and the one-time build is not inside the first round.
+is one line at start-up and the one-time build is not inside the first round. It reads the
+fast-path switches from the environment (:func:`fedlap_privacy.fast_paths.refresh`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.allocator import AllocatorSetting, tune_allocator
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fast_paths import FOLLOW_ENV
 
 __all__ = [
     "CGROUP_CPU_MAX",
@@ -65,8 +69,6 @@ __all__ = [
 
 #: environment variable with the number of co-located worker processes
 WORKERS_ENV = "FEDLAP_WORKERS"
-#: environment variable that turns load following off (``0``)
-FOLLOW_ENV = "FEDLAP_FOLLOW_LOAD"
 #: /proc/stat's per-CPU fields that count busy time: user nice system (idle iowait) irq
 #: softirq steal
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
@@ -234,8 +236,9 @@ STARTUP_LOOK = 0.1
 
 def follow_load() -> None:
     """Let the process's :class:`LoadFollower` (set by :func:`apply_cpu_policy`) adjust the
-    threads; nothing where none was set (a library user's own thread settings stand)."""
-    if _follower is not None:
+    threads; nothing where none was set (a library user's own thread settings stand) or
+    the load-following fast path is off (:func:`fedlap_privacy.fast_paths.current`)."""
+    if _follower is not None and fast_paths.current().follow_load:
         _follower.update()
 
 
@@ -260,7 +263,8 @@ def apply_cpu_policy(requested: int | None = None, workers: int | None = None,
                      follow: bool = True) -> CpuPolicy:
     """The process-wide CPU settings of every entry point (CLI commands, Flower nodes):
     :func:`apply_thread_policy`, then, unless the count was asked for (``requested``,
-    ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), ``FEDLAP_FOLLOW_LOAD=0`` or ``follow`` is
+    ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``), the load-following fast path is off
+    (:mod:`fedlap_privacy.fast_paths`, read again from the environment here) or ``follow`` is
     false (a Flower node: co-located nodes share the CPUs by ``FEDLAP_WORKERS``), a
     :class:`LoadFollower` that :func:`follow_load` consults (first while the kernels load,
     which takes a measurable moment), :func:`fedlap_privacy.allocator.tune_allocator` and
@@ -268,9 +272,10 @@ def apply_cpu_policy(requested: int | None = None, workers: int | None = None,
     global _follower
     from fedlap_privacy.kernels.build import load_kernels
 
+    paths = fast_paths.refresh()
     threads = apply_thread_policy(requested, workers)
     follow = (follow and requested is None and explicit_threads() is None
-              and os.environ.get(FOLLOW_ENV, "1").strip() != "0")
+              and paths.follow_load)
     cpus = _affinity()
     _follower = LoadFollower(threads, cpus) if follow and threads > 1 and cpus else None
     policy = CpuPolicy(threads, tune_allocator(), load_kernels() is not None)

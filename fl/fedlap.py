@@ -35,6 +35,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
 from fedlap_privacy.fl.matching import MatchTarget
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State, weights_of
+from fedlap_privacy.fl.phase_timer import phase
 from fedlap_privacy.fl.progress import report_step
 from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
 from fedlap_privacy.second_order import (
@@ -228,17 +229,22 @@ def client_approximation(
             for _ in range(cfg.real_batches):
                 aug = augment(generator) if augment is not None else NO_AUGMENTATION
                 batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
-                g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
+                with phase("real gradients"):
+                    g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
                 accesses += 1
-                # the real side of L_dis once per real batch, reused by the R_s updates
-                target = MatchTarget(g_real, cfg.mse_weight, include=include)
-                for _ in range(cfg.syn_steps):
-                    images.grad = _matching_gradient(model, images, syn.labels, aug, target,
-                                                     include, blocks)
-                    opt.step()
+                with phase("matching"):
+                    # the real side of L_dis once per real batch, reused by the R_s updates
+                    target = MatchTarget(g_real, cfg.mse_weight, include=include)
+                    for _ in range(cfg.syn_steps):
+                        images.grad = _matching_gradient(model, images, syn.labels, aug,
+                                                         target, include, blocks)
+                        opt.step()
                 report_step(accesses, total)  # at most T: a loop may stop at the radius
             current = SyntheticSet(images.detach(), syn.labels)
-            if _model_steps(model, current, cfg.local_model_steps, lr_net, anchor, cfg.radius):
+            with phase("local steps"):
+                reached = _model_steps(model, current, cfg.local_model_steps, lr_net, anchor,
+                                       cfg.radius)
+            if reached:
                 break
     learned = SyntheticSet(images.detach(), syn.labels)
     suggested = None

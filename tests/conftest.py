@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,16 @@ import pytest
 # the tests compare runs bit for bit: a thread count that follows the machine's load would
 # round differently from one run to the next (tests/core/test_threads.py turns it on)
 os.environ["FEDLAP_FOLLOW_LOAD"] = "0"
+
+
+@pytest.fixture(autouse=True)
+def _fast_paths_from_the_environment() -> Iterator[None]:
+    """The fast-path switches are read once and again at a command's start-up: a test that
+    runs a command under another environment must not leave its reading to the next."""
+    from fedlap_privacy import fast_paths
+
+    yield
+    fast_paths.refresh()
 
 
 def write_mini_mnist(folder: Path, n_train: int = 200, n_test: int = 50, seed: int = 1) -> Path:

@@ -27,11 +27,12 @@ to choose it (issue 33):
   loaded from a copy in a fresh private directory named through its descriptor, so nothing
   can be swapped in between the check and ``dlopen``.
 
-``FEDLAP_KERNELS`` chooses: ``auto`` (the default) uses the kernels and, where they cannot
-be built (no compiler, say), warns once and falls back to torch's own kernels, which compute
-the same function; ``off`` always uses torch's kernels; ``require`` raises
-:class:`~fedlap_privacy.errors.ConfigError` instead of falling back (CI uses it, so that a
-broken build cannot pass unnoticed).
+Whether the kernels run is asked of :mod:`fedlap_privacy.fast_paths` (``FEDLAP_KERNELS``,
+``FEDLAP_FAST_PATHS``, :func:`fedlap_privacy.fast_paths.disabled`): ``auto`` (the default)
+uses the kernels and, where they cannot be built (no compiler, say), warns once and falls
+back to torch's own kernels, which compute the same function; ``off`` always uses torch's
+kernels; ``require`` raises :class:`~fedlap_privacy.errors.ConfigError` instead of falling
+back (CI uses it, so that a broken build cannot pass unnoticed).
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fast_paths import KERNEL_MODES, KERNELS_ENV
 from fedlap_privacy.kernels.private_dir import (
     UnsafePath,
     make_private_subdir,
@@ -67,9 +70,8 @@ __all__ = [
     "load_kernels",
 ]
 
-KERNELS_ENV = "FEDLAP_KERNELS"
 CACHE_ENV = "FEDLAP_CACHE_DIR"
-MODES = ("auto", "off", "require")
+MODES = KERNEL_MODES
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("gn_relu_pool.c", "cosine_rows.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
@@ -124,11 +126,12 @@ class KernelLibrary:
 
 
 def kernel_mode() -> str:
-    """``FEDLAP_KERNELS`` (``auto`` when unset), checked."""
-    mode = os.environ.get(KERNELS_ENV, "auto").strip().lower() or "auto"
-    if mode not in MODES:
-        raise ConfigError(f"{KERNELS_ENV} must be one of {', '.join(MODES)}, got {mode!r}")
-    return mode
+    """``auto``, ``off`` or ``require``: what :func:`fedlap_privacy.fast_paths.current`
+    says of the kernels."""
+    paths = fast_paths.current()
+    if not paths.kernels:
+        return "off"
+    return "require" if paths.require_kernels else "auto"
 
 
 def _cpu_signature() -> str:
@@ -357,7 +360,8 @@ def _load() -> KernelLibrary | str:
 
 
 def load_kernels() -> KernelLibrary | None:
-    """The kernels, or None where ``FEDLAP_KERNELS=off`` or (``auto``) they cannot be built.
+    """The kernels, or None where they are switched off (:func:`kernel_mode`) or (``auto``)
+    they cannot be built.
 
     Built and loaded once per process. ``auto`` warns once when it falls back; ``require``
     raises :class:`~fedlap_privacy.errors.ConfigError` with the reason instead.

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.kernels import KERNELS_ENV, gn_relu_pool, load_kernels, reference_block
 from fedlap_privacy.kernels import build as kbuild
+from fedlap_privacy.kernels import gn_relu_pool, load_kernels, reference_block
 
 _EVIL = """#include <stdio.h>
 __attribute__((constructor)) static void pwn(void) {
@@ -36,14 +37,14 @@ __attribute__((constructor)) static void pwn(void) {
 
 
 @pytest.fixture(autouse=True)
-def _fresh_load(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _fresh_load() -> Iterator[None]:
     """Each test builds and loads afresh (the load is cached per process), kernels required."""
-    if os.environ.get(KERNELS_ENV, "").strip().lower() == "off":
-        pytest.skip("FEDLAP_KERNELS=off")
-    monkeypatch.setenv(KERNELS_ENV, "require")
+    if not fast_paths.current().kernels:
+        pytest.skip("the kernels are switched off (FEDLAP_KERNELS, FEDLAP_FAST_PATHS)")
     kbuild._load.cache_clear()
     kbuild._warn_fallback.cache_clear()
-    yield
+    with fast_paths.using(require_kernels=True):
+        yield
     kbuild._load.cache_clear()
     kbuild._warn_fallback.cache_clear()
 

@@ -11,18 +11,19 @@ missing compiler falls back (or, with FEDLAP_KERNELS=require, fails with one lin
 
 from __future__ import annotations
 
-import os
 import stat
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fast_paths import KERNELS_ENV, FastPaths
 from fedlap_privacy.kernels import (
-    KERNELS_ENV,
     block_forward,
     gn_relu_pool,
     load_kernels,
@@ -53,11 +54,12 @@ def _reference(z, w, b):
 
 
 @pytest.fixture(autouse=True)
-def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def _kernels_on() -> Iterator[None]:
     """These tests exercise the kernels: the fallback would make every comparison vacuous."""
-    if os.environ.get(KERNELS_ENV, "").strip().lower() == "off":
-        pytest.skip("FEDLAP_KERNELS=off")
-    monkeypatch.setenv(KERNELS_ENV, "require")
+    if not fast_paths.current().kernels:
+        pytest.skip("the kernels are switched off (FEDLAP_KERNELS, FEDLAP_FAST_PATHS)")
+    with fast_paths.using(require_kernels=True):
+        yield
 
 
 def test_the_kernels_build_on_this_machine():
@@ -143,8 +145,7 @@ def test_convnet_fuses_and_equals_its_modules():
     x = torch.randn(6, 1, 28, 28)
     assert model.fused_blocks(x) is not None
     fused = model(x)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KERNELS_ENV, "off")
+    with fast_paths.disabled("kernels"):
         assert model.fused_blocks(x) is None
         unfused = model(x)
     torch.testing.assert_close(fused, unfused, atol=1e-5, rtol=1e-5)
@@ -205,10 +206,9 @@ def test_fused_per_sample_grads_need_the_convnet():
                          method="fused")
 
 
-def test_a_bad_mode_is_one_line(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(KERNELS_ENV, "fast")
+def test_a_bad_mode_is_one_line():
     with pytest.raises(ConfigError, match="FEDLAP_KERNELS must be one of auto, off, require"):
-        load_kernels()
+        FastPaths.from_env({KERNELS_ENV: "fast"})
 
 
 def test_without_a_compiler_auto_falls_back_and_require_refuses(
@@ -220,13 +220,13 @@ def test_without_a_compiler_auto_falls_back_and_require_refuses(
     try:
         with pytest.raises(ConfigError, match="could not be built: no C compiler"):
             load_kernels()
-        monkeypatch.setenv(KERNELS_ENV, "auto")
-        with pytest.warns(RuntimeWarning, match="torch's kernels"):
-            assert load_kernels() is None
-        z, w, b = _inputs((2, 3, 4, 4), torch.float32)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # warned once per process, not per call
-            torch.testing.assert_close(_fused(z, w, b), _reference(z, w, b))
+        with fast_paths.using(require_kernels=False):
+            with pytest.warns(RuntimeWarning, match="torch's kernels"):
+                assert load_kernels() is None
+            z, w, b = _inputs((2, 3, 4, 4), torch.float32)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # warned once per process, not per call
+                torch.testing.assert_close(_fused(z, w, b), _reference(z, w, b))
     finally:
         kbuild._load.cache_clear()
         kbuild._warn_fallback.cache_clear()
@@ -269,18 +269,18 @@ def test_matching_step_equals_the_modules_run():
         return torch.autograd.grad(target.distance(g_syn), [images])[0]
 
     fused = image_grad()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KERNELS_ENV, "off")
+    with fast_paths.disabled("kernels"):
         unfused = image_grad()
     torch.testing.assert_close(fused, unfused, atol=1e-4 * unfused.abs().max().item(), rtol=0)
 
 
-def test_a_whole_client_round_in_float64_equals_the_modules_run():
+def test_a_whole_client_round_in_float64_equals_the_reference_run():
     """FedLAP-DP's client round on digits (10 DP gradients, 50 second-order matching steps,
-    local steps) with the fused kernels and with torch's modules: in float64 the synthetic
-    sets agree to 1e-10, so the kernels compute the same function. (In float32 the image
-    step, lr_img = 100 with momentum, amplifies rounding until the sets visibly differ, as
-    between any two float32 implementations.)"""
+    local steps) with every fast path on and with all of them off (torch's modules,
+    autograd's double backward, the hook path's per-record gradients): in float64 the
+    synthetic sets agree to 1e-10, so the fast paths compute the same function. (In float32
+    the image step, lr_img = 100 with momentum, amplifies rounding until the sets visibly
+    differ, as between any two float32 implementations.)"""
     from fedlap_privacy.data import load_dataset
     from fedlap_privacy.fl.augment import DSA
     from fedlap_privacy.fl.config import TrainConfig
@@ -303,8 +303,7 @@ def test_a_whole_client_round_in_float64_equals_the_modules_run():
                                     ).synthetic.images
 
     fused = images()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KERNELS_ENV, "off")
+    with fast_paths.disabled():
         unfused = images()
     assert (fused - unfused).abs().max().item() < 1e-10
 

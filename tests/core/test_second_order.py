@@ -10,13 +10,13 @@ autograd (not the ConvNet, kernels off, hooks), :func:`supported_blocks` says so
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlap_privacy.kernels import KERNELS_ENV
+from fedlap_privacy import fast_paths
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
 
@@ -25,10 +25,12 @@ CONFIGS = [ModelConfig(1, 8, 10, width=32, depth=2), ModelConfig(1, 28, 10, widt
 
 
 @pytest.fixture(autouse=True)
-def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    if os.environ.get(KERNELS_ENV, "").strip().lower() == "off":
-        pytest.skip("FEDLAP_KERNELS=off")
-    monkeypatch.setenv(KERNELS_ENV, "require")
+def _written_out_on() -> Iterator[None]:
+    paths = fast_paths.current()
+    if not (paths.kernels and paths.second_order):
+        pytest.skip("the written-out pass is switched off (FEDLAP_FAST_PATHS, FEDLAP_KERNELS)")
+    with fast_paths.using(require_kernels=True):
+        yield
 
 
 def _autograd(model, x, y, u):
@@ -87,9 +89,9 @@ def test_supported_only_where_it_computes_what_autograd_would() -> None:
     assert supported_blocks(model, x) is None
     handle.remove()
     assert supported_blocks(model, x.half()) is None  # no kernels for float16
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KERNELS_ENV, "off")
-        assert supported_blocks(model, x) is None
+    for path in ("kernels", "second-order"):
+        with fast_paths.disabled(path):
+            assert supported_blocks(model, x) is None
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.in_channels}x{c.image_size}")
@@ -116,7 +118,7 @@ def test_weight_grad_equals_autograd(config: ModelConfig) -> None:
 
 def test_server_optimisation_in_float64_equals_autograds() -> None:
     """Eq. 14/16 on five synthetic sets with DSA, momentum and the radius, written out and
-    by autograd (kernels off): the same model to 1e-10 in float64."""
+    by autograd (the second-order fast path off): the same model to 1e-10 in float64."""
     from fedlap_privacy.fl.augment import DSA
     from fedlap_privacy.fl.fedlap import SyntheticSet, server_optimisation
 
@@ -134,8 +136,7 @@ def test_server_optimisation_in_float64_equals_autograds() -> None:
         return [p.detach() for p in model.parameters()]
 
     written = trained()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(KERNELS_ENV, "off")
+    with fast_paths.disabled("second-order"):
         reference = trained()
     for a, b in zip(written, reference, strict=True):
         assert (a - b).abs().max().item() < 1e-10
