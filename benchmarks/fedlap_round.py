@@ -12,28 +12,28 @@ One client round of FedLAP-DP (paper Algorithm 3; Wang et al., PoPETs 2024) spli
 each also as a ratio to a plain forward+backward of a 64-record batch of the same model, and
 the client round (the first three) as a whole.
 
-Four variants, each in its own process (the C allocator and the kernel choice are
-process-wide), interleaved repeat by repeat so that they see the same machine load, with
-the same seeds:
+The variants are the package itself, its fast paths switched on and off through their one
+door (:mod:`fedlap_privacy.fast_paths`), each in its own process (the C allocator and huge
+pages are process-wide, set at start-up), interleaved repeat by repeat so that they see the
+same machine load, with the same seeds:
 
-* "before": the reference implementation kept verbatim in this file (the package's code
-  when this benchmark was written) with glibc's default allocator and torch's kernels
-  (``FEDLAP_KERNELS=off``: the ConvNet runs its modules, per-record gradients take the hook
-  path for the whole batch at once, as they did then);
-* "after": the package's :func:`client_approximation` and :func:`server_optimisation`
-  (phases timed by wrapping ``fl.fedlap._real_gradient`` and ``fl.fedlap._model_steps``)
-  with the allocator every ``fedlap-privacy`` command sets
-  (:mod:`fedlap_privacy.allocator`), the fused C kernels (:mod:`fedlap_privacy.kernels`)
-  and the written-out second-order matching step (:mod:`fedlap_privacy.second_order`);
-* "after, torch kernels": the same without the C kernels, so also without the written-out
-  matching step (it runs on them): autograd differentiates its own backward graph;
-* "after, system allocator": the same with glibc's defaults (and the fused kernels); the
-  last two split the speed-up between the code, the kernels and the allocator.
+* "before": every fast path off (``FEDLAP_FAST_PATHS=off``): the ConvNet runs torch's
+  modules, autograd differentiates its own backward graph for the matching step, the
+  per-record gradients take the Opacus-style hook path, glibc's default allocator, torch's
+  default pages: the reference implementations, what a user would otherwise run;
+* "after": every fast path on (the fused C kernels required);
+* "after without P", for each path P of ``--without`` (default: kernels, second-order,
+  allocator): the same with that one path off (``FEDLAP_FAST_PATHS=-P``); without the
+  kernels the written-out matching step and the fused per-record gradients are off too
+  (they run on them). These split the speed-up between the paths.
+
+The phases are the ones :func:`fedlap_privacy.fl.fedlap.client_approximation` marks for
+:mod:`fedlap_privacy.fl.phase_timer`; the server optimisation is timed around its call.
 
 The script prints how far the before/after synthetic sets end apart: floating-point
 rounding, amplified by lr_img = 100 with momentum over the round (moving the initial images
 by 1e-6 moves the digits set by about 1.6 along one implementation alone; in float64 the
-implementations agree to 1e-10, ``tests/core/test_kernels.py``).
+fast and the reference paths agree to 1e-10, ``tests/core/test_kernels.py``).
 
 Configurations: ``digits`` (the default ``fedlap-privacy train`` configuration, client 0
 of the paper's non-IID split) and ``paper-dp`` (the ``paper-dp`` preset on 28x28 images,
@@ -44,7 +44,9 @@ server epochs unless ``--full``, and also prints the full round extrapolated fro
 
     python benchmarks/fedlap_round.py [--config digits|paper-dp|both] [--repeats 2]
         [--threads 1] [--records 1600] [--data-dir data/fashion-mnist] [--full]
-        [--clock cpu|wall]
+        [--clock cpu|wall] [--without kernels,second-order,allocator]
+
+The smallest run: ``--config digits --repeats 1 --without ""`` (before and after only).
 
 Times are process CPU seconds by default (``--clock wall`` for elapsed time): on a shared
 machine they move far less with other processes' load than elapsed time does.
@@ -61,8 +63,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,20 +70,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import fedlap_privacy.fl.fedlap as fedlap
-from fedlap_privacy.allocator import ALLOCATOR_ENV, AllocatorState, tune_allocator
+from fedlap_privacy import fast_paths
+from fedlap_privacy.allocator import AllocatorState, tune_allocator
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.augment import DSA
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
-from fedlap_privacy.fl.dp import dp_gradient, poisson_sample
-from fedlap_privacy.fl.fedlap import SyntheticSet, init_synthetic, structurally_zero
+from fedlap_privacy.fl.fedlap import (
+    SyntheticSet,
+    client_approximation,
+    init_synthetic,
+    server_optimisation,
+)
+from fedlap_privacy.fl.phase_timer import timing
 from fedlap_privacy.fl.simulation import client_parts, default_model_config
-from fedlap_privacy.fl.trust_region import clone_params, distance, project_to_ball
-from fedlap_privacy.kernels import KERNELS_ENV
 from fedlap_privacy.models import ModelConfig, build_model
 
-PHASES = ("dp gradients", "matching", "local steps", "server")
+#: the client round's phases as fl.fedlap marks them, then the server optimisation
+PHASES = ("real gradients", "matching", "local steps", "server")
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 _CLOCK = ["cpu"]
 
@@ -92,161 +95,6 @@ def _clock() -> float:
     """The chosen clock: CPU time of the process by default (with one thread, it does not
     count the time other processes take the core away on a shared machine)."""
     return CLOCKS[_CLOCK[0]]()
-
-
-# ----------------------------------------------------------------------------------------
-# Reference implementation ("before"): the package's code when this benchmark was added,
-# with a timer per phase. Kept here, not in the package, so that the package has one path.
-
-
-def ref_layer_distance(g_real: Tensor, g_syn: Tensor) -> Tensor:
-    """Eq. 10 for one layer, as first implemented in ``fl.matching``."""
-    if g_real.shape != g_syn.shape:
-        raise ConfigError("real and synthetic gradients differ in shape")
-
-    def rows(g: Tensor) -> Tensor:
-        return g.reshape(1, -1) if g.dim() <= 1 else g.reshape(g.shape[0], -1)
-
-    a, b = rows(g_real), rows(g_syn)
-    dot = (a * b).sum(dim=1)
-    norms = torch.linalg.vector_norm(a, dim=1) * torch.linalg.vector_norm(b, dim=1)
-    return (1.0 - dot / (norms + 1e-6)).mean()
-
-
-def ref_match_distance(
-    g_real: list[Tensor], g_syn: tuple[Tensor, ...], mse_weight: float, include: list[bool]
-) -> Tensor:
-    """L_dis of Eq. 9-10, as first implemented in ``fl.matching``."""
-    total = g_syn[0].new_zeros(())
-    for i, (real, syn) in enumerate(zip(g_real, g_syn, strict=True)):
-        if not include[i]:
-            continue
-        term = ref_layer_distance(real, syn)
-        total = total + torch.where(real.ne(0).any(), term, term.new_zeros(()))
-        if mse_weight != 0.0:
-            total = total + mse_weight * (real - syn).square().sum()
-    return total
-
-
-def ref_model_steps(
-    model: nn.Module, syn: SyntheticSet, steps: int, lr: float, anchor: list[Tensor], radius: float
-) -> bool:
-    params = list(model.parameters())
-    for _ in range(steps):
-        loss = F.cross_entropy(model(syn.images), syn.labels)
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g in zip(params, grads, strict=True):
-                p.sub_(lr * g)
-        if project_to_ball(model, anchor, radius):
-            return True
-    return False
-
-
-def ref_client_approximation(
-    global_model: nn.Module, x: Tensor, y: Tensor, syn: SyntheticSet, cfg: TrainConfig,
-    lr_net: float, generator: torch.Generator, augment: Callable[..., Any] | None,
-    times: dict[str, float],
-) -> SyntheticSet:
-    """Algorithm 3 (FedLAP-DP) as first implemented in ``fl.fedlap``, timed per phase."""
-    assert cfg.private and cfg.sigma is not None
-    anchor = clone_params(global_model)
-    model = copy.deepcopy(global_model)
-    params = list(model.parameters())
-    images = syn.images.detach().clone().requires_grad_(True)
-    opt = torch.optim.SGD([images], lr=cfg.lr_img, momentum=cfg.img_momentum)
-    rate = cfg.batch_size / x.shape[0]
-    include = [not zero for zero in structurally_zero(model)]
-    for _ in range(cfg.reinits):
-        with torch.no_grad():
-            for p, a in zip(params, anchor, strict=True):
-                p.copy_(a)
-        for _ in range(cfg.max_loops):
-            if distance(model, anchor) >= cfg.radius:
-                break
-            for _ in range(cfg.real_batches):
-                aug = augment(generator) if augment is not None else (lambda t: t)
-                batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
-                start = _clock()
-                # the whole batch's per-record gradients at once, as then (no chunks)
-                g_real = dp_gradient(model, aug(x[batch]), y[batch], cfg.clip, cfg.sigma,
-                                     cfg.batch_size, generator, chunk_size=None)
-                times["dp gradients"] += _clock() - start
-                start = _clock()
-                for _ in range(cfg.syn_steps):
-                    loss = F.cross_entropy(model(aug(images)), syn.labels)
-                    g_syn = torch.autograd.grad(loss, params, create_graph=True)
-                    dist = ref_match_distance(g_real, g_syn, cfg.mse_weight, include)
-                    (images.grad,) = torch.autograd.grad(dist, [images])
-                    opt.step()
-                times["matching"] += _clock() - start
-            current = SyntheticSet(images.detach(), syn.labels)
-            start = _clock()
-            reached = ref_model_steps(model, current, cfg.local_model_steps, lr_net, anchor,
-                                      cfg.radius)
-            times["local steps"] += _clock() - start
-            if reached:
-                break
-    return SyntheticSet(images.detach(), syn.labels)
-
-
-def ref_server_optimisation(
-    model: nn.Module, sets: list[SyntheticSet], weights: list[float], radius: float | None,
-    lr: float, epochs: int, batch_size: int, generator: torch.Generator, momentum: float,
-    augment: Callable[..., Any] | None,
-) -> int:
-    """Eq. 14/16 as first implemented in ``fl.fedlap``."""
-    anchor = clone_params(model)
-    images = torch.cat([s.images for s in sets])
-    labels = torch.cat([s.labels for s in sets])
-    record_w = torch.cat([torch.full((len(s.labels),), w / len(s.labels))
-                          for s, w in zip(sets, weights, strict=True)])
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    steps = 0
-    for _ in range(epochs):
-        order = torch.randperm(len(labels), generator=generator)
-        for start in range(0, len(labels), batch_size):
-            idx = order[start : start + batch_size]
-            batch = images[idx] if augment is None else augment(generator)(images[idx])
-            losses = F.cross_entropy(model(batch), labels[idx], reduction="none")
-            loss = (losses * record_w[idx]).sum() / record_w[idx].sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            steps += 1
-            if radius is not None and project_to_ball(model, anchor, radius):
-                return steps
-    return steps
-
-
-# ----------------------------------------------------------------------------------------
-# The package's code ("after"), its phases timed by wrapping two module-level functions.
-
-
-@contextmanager
-def timed_package(times: dict[str, float]) -> Iterator[None]:
-    """Within the block, ``fl.fedlap``'s DP-gradient and local-step helpers add their time."""
-    real, steps = fedlap._real_gradient, fedlap._model_steps
-
-    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            start = _clock()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                times[name] += _clock() - start
-
-        return wrapper
-
-    fedlap._real_gradient = timed("dp gradients", real)  # type: ignore[assignment]
-    fedlap._model_steps = timed("local steps", steps)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        fedlap._real_gradient, fedlap._model_steps = real, steps  # type: ignore[assignment]
-
-
-# ----------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -275,7 +123,7 @@ def make_setup(name: str, args: argparse.Namespace) -> Setup:
             cfg = dataclasses.replace(full, reinits=1, max_loops=args.fraction_loops,
                                       server_epochs=args.server_epochs)
             loops = full.reinits * full.max_loops / (cfg.reinits * cfg.max_loops)
-            scale = {"dp gradients": loops, "matching": loops, "local steps": loops,
+            scale = {"real gradients": loops, "matching": loops, "local steps": loops,
                      "server": full.server_epochs / cfg.server_epochs}
         if args.data_dir:
             data = load_dataset("fashion-mnist", args.data_dir)
@@ -303,23 +151,19 @@ def plain_step_time(model: nn.Module, x: Tensor, repeats: int = 5) -> float:
     return statistics.median(times[1:])
 
 
-def run_round(s: Setup, which: str) -> tuple[dict[str, float], SyntheticSet]:
-    """One client round and one server optimisation; per-phase seconds and S_k."""
+def run_round(s: Setup) -> tuple[dict[str, float], float, SyntheticSet]:
+    """One client round and one server optimisation by the package, with the fast paths
+    this process was started with: per-phase seconds, the client round's and S_k."""
     cfg = s.cfg
-    times = dict.fromkeys(PHASES, 0.0)
     gen = torch.Generator().manual_seed(123)
     syn = init_synthetic(s.x, s.y, cfg.ipc, cfg.init, gen)
     dsa = DSA().draw if cfg.dsa else None
     lr = cfg.lr_net
-    start = _clock()
-    if which == "before":
-        learned = ref_client_approximation(s.model, s.x, s.y, syn, cfg, lr, gen, dsa, times)
-    else:
-        with timed_package(times):
-            learned = fedlap.client_approximation(s.model, s.x, s.y, syn, cfg, lr, gen,
-                                                  dsa).synthetic
-    total = _clock() - start
-    times["matching"] = total - times["dp gradients"] - times["local steps"]
+    with timing(_clock) as phases:
+        start = _clock()
+        learned = client_approximation(s.model, s.x, s.y, syn, cfg, lr, gen, dsa).synthetic
+        client = _clock() - start
+    times = {name: phases.get(name) for name in PHASES}
     # server: five clients' sets (this client's, relabelled as five disjoint class pairs)
     classes = torch.unique(learned.labels)
     sets = []
@@ -331,52 +175,59 @@ def run_round(s: Setup, which: str) -> tuple[dict[str, float], SyntheticSet]:
     model = copy.deepcopy(s.model)
     gen = torch.Generator().manual_seed(7)
     start = _clock()
-    server = ref_server_optimisation if which == "before" else fedlap.server_optimisation
-    server(model, sets, [0.2] * 5, cfg.radius, lr, cfg.server_epochs, cfg.server_batch, gen,
-           cfg.server_momentum, dsa)
+    server_optimisation(model, sets, [0.2] * 5, cfg.radius, lr, cfg.server_epochs,
+                        cfg.server_batch, gen, cfg.server_momentum, dsa)
     times["server"] = _clock() - start
-    return times, learned
+    return times, client, learned
 
 
-VARIANTS = {  # name: (code, C allocator, FEDLAP_KERNELS)
-    "before": ("before", "system", "off"),
-    "after": ("after", "tuned", "require"),
-    "after, torch kernels": ("after", "tuned", "off"),
-    "after, system allocator": ("after", "system", "require"),
-}
+BEFORE, AFTER = "before", "after"
+#: the door's variables, set by this script for each variant (not inherited)
+_SWITCHES = (fast_paths.FAST_PATHS_ENV, fast_paths.KERNELS_ENV, fast_paths.ALLOCATOR_ENV,
+             fast_paths.FOLLOW_ENV, "THP_MEM_ALLOC_ENABLE")
+
+
+def variants(without: list[str]) -> dict[str, dict[str, str]]:
+    """Variant name -> the fast-path variables its process starts with (module docstring)."""
+    found = {BEFORE: {fast_paths.FAST_PATHS_ENV: "off"},
+             AFTER: {fast_paths.FAST_PATHS_ENV: "on", fast_paths.KERNELS_ENV: "require"}}
+    for path in without:
+        found[f"after without {path}"] = {fast_paths.FAST_PATHS_ENV: f"-{path}"}
+    return found
 
 
 def child(args: argparse.Namespace) -> None:
     """One variant in this process: warm up, time one round, save the times and S_k."""
-    code, allocator, _ = VARIANTS[args.child]
-    if allocator == "tuned":
-        setting = tune_allocator({})
-        if setting.state is not AllocatorState.TUNED:
-            raise SystemExit(f"allocator not tuned here: {setting.reason}")
+    paths = fast_paths.current()
+    setting = tune_allocator()  # as every fedlap-privacy command does at start-up
+    if paths.allocator and setting.state is not AllocatorState.TUNED:
+        raise SystemExit(f"allocator not tuned here: {setting.reason}")
     s = make_setup(args.config, args)
     c = s.cfg
     warm = Setup(s.name, dataclasses.replace(c, max_loops=1, real_batches=1, server_epochs=1),
                  s.model, s.x, s.y, s.scale)
-    run_round(warm, code)  # warm-up (allocator, kernels), not timed
+    run_round(warm)  # warm-up (allocator, kernels), not timed
     unit = plain_step_time(s.model, s.x)
-    times, learned = run_round(s, code)
-    torch.save({"times": times, "unit": unit, "images": learned.images}, args.save)
+    times, client, learned = run_round(s)
+    torch.save({"times": times, "client": client, "unit": unit, "images": learned.images,
+                "paths": dataclasses.asdict(paths.effective())}, args.save)
 
 
-def run_child(args: argparse.Namespace, config: str, variant: str, path: Path) -> dict[str, Any]:
-    """Run :func:`child` in a fresh process (the allocator is process-wide) and load its file."""
+def run_child(args: argparse.Namespace, config: str, variant: str, path: Path
+              ) -> dict[str, Any]:
+    """Run :func:`child` in a fresh process with the variant's switches; load its file."""
     cmd = [sys.executable, __file__, "--config", config, "--child", variant, "--save", str(path),
            "--threads", str(args.threads), "--records", str(args.records), "--fraction-loops",
            str(args.fraction_loops), "--server-epochs", str(args.server_epochs), "--clock",
-           args.clock]
+           args.clock, "--without", ",".join(args.without)]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
     if args.full:
         cmd.append("--full")
-    env = {k: v for k, v in os.environ.items() if k != ALLOCATOR_ENV}
-    env[KERNELS_ENV] = VARIANTS[variant][2]
+    env = {k: v for k, v in os.environ.items() if k not in _SWITCHES}
+    env.update(variants(args.without)[variant])
     subprocess.run(cmd, check=True, env=env)
-    return torch.load(path)
+    return torch.load(path, weights_only=True)
 
 
 def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -> None:
@@ -388,32 +239,36 @@ def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str
           f"{c.syn_steps}/{c.local_model_steps}, ipc {c.ipc}, server epochs "
           f"{c.server_epochs}; threads {args.threads}, {args.clock} clock, load average "
           f"{os.getloadavg()[0]:.2f}, {args.repeats} repeat(s)")
-    units = {v: statistics.median(r["unit"] for r in results[v]) for v in VARIANTS}
+    labels = list(results)
+    for v in labels:
+        on = [k for k in fast_paths.PATHS if results[v][-1]["paths"][k]]
+        print(f"   {v}: fast paths running: {', '.join(on) or 'none'}")
+    units = {v: statistics.median(r["unit"] for r in results[v]) for v in labels}
     print("   plain forward+backward of 64 records: " + ", ".join(
-        f"{v} {units[v] * 1e3:.1f} ms" for v in VARIANTS))
-    before, after = results["before"][-1]["images"], results["after"][-1]["images"]
+        f"{v} {units[v] * 1e3:.1f} ms" for v in labels))
+    before, after = results[BEFORE][-1]["images"], results[AFTER][-1]["images"]
     print(f"   synthetic sets before/after: max abs difference "
           f"{(before - after).abs().max().item():.2e} (of max |pixel| "
           f"{before.abs().max().item():.2e})")
-    labels = list(VARIANTS)
-    print(f"   {'phase':14s} " + " ".join(f"{v:>22s}" for v in labels)
+    width = max(10, *(len(v) for v in labels))
+    print(f"   {'phase':14s} " + " ".join(f"{v:>{width}s}" for v in labels)
           + f" {'speed-up':>9s} {'after/fb':>9s}")
-    totals = dict.fromkeys(labels, 0.0)
-    full = dict.fromkeys(labels, 0.0)
+    med = {phase: {v: statistics.median(r["times"][phase] for r in results[v]) for v in labels}
+           for phase in PHASES}
     for phase in PHASES:
-        med = {v: statistics.median(r["times"][phase] for r in results[v]) for v in labels}
-        for v in labels:
-            totals[v] += med[v]
-            full[v] += med[v] * s.scale[phase]
-        print(f"   {phase:14s} " + " ".join(f"{med[v]:22.2f}" for v in labels)
-              + f" {med['before'] / med['after']:8.2f}x {med['after'] / units['after']:9.0f}")
-    client = {v: totals[v] - statistics.median(r["times"]["server"] for r in results[v])
-              for v in labels}
-    print(f"   {'client round':14s} " + " ".join(f"{client[v]:22.3f}" for v in labels)
-          + f" {client['before'] / client['after']:8.2f}x")
-    print(f"   {'total':14s} " + " ".join(f"{totals[v]:22.2f}" for v in labels)
-          + f" {totals['before'] / totals['after']:8.2f}x")
+        m = med[phase]
+        print(f"   {phase:14s} " + " ".join(f"{m[v]:{width}.2f}" for v in labels)
+              + f" {m[BEFORE] / m[AFTER]:8.2f}x {m[AFTER] / units[AFTER]:9.0f}")
+    client = {v: statistics.median(r["client"] for r in results[v]) for v in labels}
+    total = {v: client[v] + med["server"][v] for v in labels}
+    print(f"   {'client round':14s} " + " ".join(f"{client[v]:{width}.3f}" for v in labels)
+          + f" {client[BEFORE] / client[AFTER]:8.2f}x")
+    print(f"   {'total':14s} " + " ".join(f"{total[v]:{width}.2f}" for v in labels)
+          + f" {total[BEFORE] / total[AFTER]:8.2f}x")
     if any(v != 1.0 for v in s.scale.values()):
+        # the client round's time outside the marked phases scales with the loops too
+        full = {v: client[v] * s.scale["matching"] + med["server"][v] * s.scale["server"]
+                for v in labels}
         print(f"   full {name} round (extrapolated from the measured fraction): "
               + ", ".join(f"{v} {full[v]:.0f} s" for v in labels))
 
@@ -432,20 +287,28 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="paper-dp: the whole round")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
                         help="cpu: process CPU time (default), wall: elapsed time")
-    parser.add_argument("--child", choices=tuple(VARIANTS), help=argparse.SUPPRESS)
+    parser.add_argument("--without", default="kernels,second-order,allocator",
+                        help="fast paths to switch off one at a time, besides before (all "
+                             "off) and after (all on); comma-separated, '' for none")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    names = [n.strip().replace("_", "-") for n in args.without.split(",") if n.strip()]
+    known = [p.replace("_", "-") for p in fast_paths.PATHS]
+    if any(n not in known for n in names):
+        parser.error(f"--without takes names among {', '.join(known)}")
+    args.without = names
     _CLOCK[0] = args.clock
     torch.set_num_threads(args.threads)
     if args.child:
         child(args)
         return
-    names = ("digits", "paper-dp") if args.config == "both" else (args.config,)
+    configs = ("digits", "paper-dp") if args.config == "both" else (args.config,)
     with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            results: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+        for name in configs:
+            results: dict[str, list[dict[str, Any]]] = {v: [] for v in variants(args.without)}
             for repeat in range(args.repeats):
-                for variant in VARIANTS:  # interleaved: every variant sees the same load
+                for variant in results:  # interleaved: every variant sees the same load
                     path = Path(tmp) / f"{name}-{repeat}-{len(results[variant])}.pt"
                     results[variant].append(run_child(args, name, variant, path))
             report(name, args, results)

@@ -98,6 +98,11 @@ class FastPaths:
         return dataclasses.replace(self, **dict.fromkeys(
             [_path_name(n) for n in names] if names else PATHS, False))
 
+    def effective(self) -> FastPaths:
+        """The paths that can run: ``second_order`` and ``per_sample`` run on the kernels."""
+        return dataclasses.replace(self, second_order=self.second_order and self.kernels,
+                                   per_sample=self.per_sample and self.kernels)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FastPaths:
         """The record the variables in ``env`` ask for (module docstring); a value that is

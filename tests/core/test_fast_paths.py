@@ -57,6 +57,9 @@ def test_the_environment_is_read_in_one_place():
     assert not FastPaths.from_env({ALLOCATOR_ENV: "system"}).allocator
     assert not FastPaths.from_env({FOLLOW_ENV: "0"}).follow_load
     assert not FastPaths.from_env({FAST_PATHS_ENV: "off", KERNELS_ENV: "auto"}).kernels
+    no_kernels = FastPaths.from_env({FAST_PATHS_ENV: "-kernels"})
+    assert no_kernels.second_order and not no_kernels.effective().second_order
+    assert not no_kernels.effective().per_sample and no_kernels.effective().allocator
     for env, name in (({FAST_PATHS_ENV: "fast"}, FAST_PATHS_ENV),
                       ({FAST_PATHS_ENV: "-cuda"}, FAST_PATHS_ENV),
                       ({KERNELS_ENV: "fast"}, KERNELS_ENV),
