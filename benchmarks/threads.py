@@ -57,7 +57,7 @@ WAIT_SETTINGS = {
     "one thread": {"OMP_NUM_THREADS": "1"},
 }
 _CLEARED = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-            "FEDLAP_FOLLOW_LOAD")
+            "FEDLAP_FOLLOW_LOAD", "FEDLAP_FAST_PATHS")
 
 
 def train_seconds(extra_env: dict[str, str], cap: float) -> float:
