@@ -132,3 +132,14 @@ def test_a_dp_step_with_everything_off_equals_the_fast_one(all_on):
     for a, b in zip(fast, reference, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
     assert any(a.abs().max() > 1e-3 for a in fast)  # not vacuously zero
+
+
+def test_a_bad_switch_is_one_line_from_the_cli():
+    from typer.testing import CliRunner
+
+    from fedlap_privacy.cli.main import app
+
+    result = CliRunner().invoke(app, ["train", "--rounds", "1"],
+                                env={FAST_PATHS_ENV: "fastest"})
+    assert result.exit_code == 2
+    assert FAST_PATHS_ENV in result.output and "Traceback" not in result.output
