@@ -91,6 +91,7 @@ class FastPaths:
 
     @classmethod
     def all_off(cls) -> FastPaths:
+        """Every path off: the reference implementations."""
         return cls(**dict.fromkeys(PATHS, False))
 
     def without(self, *names: str) -> FastPaths:
