@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
+from fedlap_privacy.audit.claim import privacy_claim
 from fedlap_privacy.audit.features import compute_features
 from fedlap_privacy.audit.membership import make_membership_split
-from fedlap_privacy.audit.report import _load_target, parse_attacks, privacy_claim
-from fedlap_privacy.data import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
+from fedlap_privacy.audit.report import _load_target, parse_attacks
+from fedlap_privacy.dataset_files import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.user_data import npz_headers
 

@@ -5,14 +5,8 @@ only), rebuilds the model, reloads the dataset and checks that it matches, draws
 balanced attack / audit sets of :mod:`.membership`, computes each record's loss and
 gradient norm once (:mod:`.features`), trains every attack of :mod:`.attacks` on the attack
 half and measures it on the audit half (:mod:`.metrics`). The result is set against the
-privacy the accountant promised (the checkpoint's ``privacy`` block):
-
-* ``record-level`` -- the audit tests exactly the promised (epsilon, delta);
-* ``client-level`` -- a record is inside one client, and changing one client's data is two
-  add/remove steps, so by group privacy the promise for a record is
-  ``(2 epsilon, (1 + e^epsilon) delta)``; that is what is tested;
-* ``local`` (LDP-FL's per-weight, per-round epsilon, docs/accounting.md#local-dp) and ``none``
-  -- no bound on record membership of the released model follows, so nothing is tested.
+privacy the accountant promised, recomputed from the run's ledger (:mod:`.claim`: the
+record-level promise a record-level, client-level, local or non-private run implies).
 
 ``violation`` is True (loudly) when some attack's epsilon lower bound exceeds the tested
 epsilon: either the implementation or its accounting is wrong.
@@ -29,8 +23,6 @@ black-box canary audit (``black-box/rmia``, ``black-box/lira``).
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,21 +32,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.attacks import ATTACK_MODELS, make_attack
 from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.audit.claim import config_delta, privacy_claim
 from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
 from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.membership import make_membership_split, member_indices
 from fedlap_privacy.audit.metrics import attack_metrics
-from fedlap_privacy.audit.privacy_report import ledger_summary, write_privacy_report
+from fedlap_privacy.audit.privacy_report import ledger_summary
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
+from fedlap_privacy.audit.report_files import write_report
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, committed_file
 from fedlap_privacy.data import CUSTOM, DATASETS, Dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
-from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.model_factory import FactorySpec
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
@@ -66,10 +58,7 @@ __all__ = [
     "audited_records",
     "evaluate_attacks",
     "parse_attacks",
-    "plot_roc",
-    "privacy_claim",
     "run_audit",
-    "write_report",
 ]
 
 CONFIDENCE = 0.95
@@ -89,65 +78,6 @@ def parse_attacks(attacks: str | Sequence[str]) -> tuple[str, ...]:
     if not out:
         raise ConfigError(f"no attack given; choose from {', '.join(FEATURES)}")
     return tuple(out)
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(out) else out
-
-
-def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -> PrivacyClaim:
-    """The promise the audit tests, RECOMPUTED from the run's ledger (module docstring).
-
-    ``epsilon`` / ``delta`` / ``notion`` / ``threat_model`` come from composing the ledger's
-    recorded rounds (:meth:`fedlap_privacy.ledger.PrivacyLedger.replay`, checked against the
-    private state's ``digest`` when given); the checkpoint's stored ``privacy.epsilon`` is
-    only reported beside it (``stored_epsilon``, ``stored_matches``).
-    """
-    privacy = privacy if isinstance(privacy, dict) else {}
-    replayed = PrivacyLedger.replay(ledger if ledger is not None else [], digest)
-    notion = replayed.notion
-    recomputed = replayed.epsilon
-    epsilon = None if math.isinf(recomputed) else recomputed
-    delta = replayed.delta
-    stored = _number(privacy.get("epsilon"))
-    recorded = dict(
-        notion=notion, epsilon=epsilon, delta=delta,
-        accountant=replayed.accountant if notion in ("record-level", "client-level") else None,
-        threat_model=replayed.threat_model, noise=replayed.noise,
-        rounds=replayed.rounds_spent, stored_epsilon=stored,
-        stored_matches=(stored is None and epsilon is None) or (
-            stored is not None and epsilon is not None
-            and math.isclose(stored, epsilon, rel_tol=1e-6)),
-    )
-    return PrivacyClaim(**recorded, **_tested(notion, epsilon, delta))
-
-
-def _tested(notion: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:
-    """The record-level promise a claim implies, and why (docs/audit.md#what-is-tested)."""
-    if notion in ("none", "local") or epsilon is None or not math.isfinite(epsilon):
-        basis = {
-            "none": "non-private model: no promise to test",
-            "local": "a per-weight local-DP epsilon bounds no record's membership in the model",
-        }.get(notion, "no finite epsilon recorded: no promise to test")
-        return {"basis": basis}
-    d = 0.0 if delta is None else delta
-    if notion == "record-level":
-        if d >= 1.0:
-            return {"basis": "delta >= 1 promises nothing: no promise to test"}
-        return {"epsilon_tested": epsilon, "delta_tested": d,
-                "basis": "record-level DP, as promised"}
-    group_delta = (1.0 + math.exp(min(epsilon, 700.0))) * d
-    if group_delta >= 1.0:
-        return {"basis": "client-level DP: the group-privacy delta (1 + e^eps) delta >= 1 for "
-                         "a record, so no record-level promise to test"}
-    return {"epsilon_tested": 2.0 * epsilon, "delta_tested": group_delta,
-            "basis": "client-level DP -> a record by group privacy: (2 eps, (1 + e^eps) delta)"}
 
 
 def evaluate_attacks(
@@ -464,7 +394,7 @@ def _canary_report(target: AuditTarget, claim: PrivacyClaim,
     if saved is None:
         return None
     state = CanaryState.from_state(saved)
-    delta = claim.delta if claim.delta is not None else _config_delta(target.private)
+    delta = claim.delta if claim.delta is not None else config_delta(target.private)
     extra = None
     if scorer is not None and state.kind == "black-box":
         assert state.images is not None and state.labels is not None
@@ -497,80 +427,3 @@ def _claim_curve(target: AuditTarget, kind: str) -> ClaimCurve | None:
     if steps is None:
         return None
     return ClaimCurve.from_steps(steps, ledger.delta or 1e-5)
-
-
-def _config_delta(private: PrivateRunState) -> float:
-    """The run's configured delta (a non-private run's canaries are bounded at it)."""
-    value = _number(private.config.get("delta"))
-    return value if value is not None and 0 < value < 1 else 1e-5
-
-
-def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``report.json`` (non-finite numbers as null), ``roc.png`` and the readable
-    ``report.md`` / ``report.html`` (:mod:`.privacy_report`) into ``out_dir``."""
-    out = Path(out_dir)
-    raw = report.to_json()
-    data = json_safe(raw)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        json_path = out / "report.json"
-        write_text_atomic(json_path, json.dumps(data, indent=2))
-        png_path = out / "roc.png"
-        plot_roc(raw, png_path)
-        readable = write_privacy_report(data, out, png_path)
-    except OSError as exc:
-        raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
-    return {"json": json_path, "png": png_path, **readable}
-
-
-def plot_roc(report: dict[str, Any], path: str | Path) -> None:
-    """Linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend; beside
-    them, when the run has canaries, the histogram of each canary audit's scores, in vs out."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    canaries = (report.get("one_run") or {}).get("audits", [])
-    fig = Figure(figsize=(10 + 4.5 * len(canaries), 4.5))
-    FigureCanvasAgg(fig)
-    linear, loglog, *histograms = fig.subplots(1, 2 + len(canaries))
-    for ax, audit in zip(histograms, canaries, strict=True):
-        both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
-        bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
-        ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
-        ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
-                label=f"out ({len(audit['scores_out'])})")
-        ax.set_title(f"canaries, {audit['audit']}: eps LB {audit['epsilon_lower_bound']:.2f} "
-                     f"({audit['verdict']})", fontsize=8)
-        ax.set_xlabel("score")
-        ax.legend(fontsize=7)
-    floor = 1.0
-    for feature, by_model in report["attacks"].items():
-        for kind, metrics in by_model.items():
-            fpr = np.asarray(metrics["roc"]["fpr"])
-            tpr = np.asarray(metrics["roc"]["tpr"])
-            floor = min(floor, 0.5 / max(1, metrics["n_nonmembers"]))
-            label = f"{feature} / {kind} (AUC {metrics['auc']:.3f})"
-            linear.plot(fpr, tpr, label=label)
-            loglog.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), label=label)
-    for ax, lo in ((linear, 0.0), (loglog, floor)):
-        ax.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="random guess (AUC 0.5)")
-        ax.set_xlabel("false positive rate")
-        ax.set_ylabel("true positive rate")
-    linear.set_xlim(0, 1)
-    linear.set_ylim(0, 1)
-    loglog.set_xscale("log")
-    loglog.set_yscale("log")
-    loglog.set_xlim(floor, 1)
-    loglog.set_ylim(floor, 1)
-    linear.set_title("ROC (audit half)")
-    loglog.set_title("ROC, log-log (low-FPR regime)")
-    linear.legend(loc="lower right", fontsize=7)
-    eps = report["privacy"].get("epsilon")
-    fig.suptitle(
-        f"{report.get('method') or 'model'} on {report['dataset']['name']}: accountant eps = "
-        f"{'n/a' if eps is None else f'{eps:.3g}'} ({report['privacy']['notion']}), "
-        f"max eps lower bound = {report['max_eps_lb']:.3g}",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    write_figure(fig, path)

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.data import CUSTOM, Dataset, load_dataset, read_idx_records, read_npz_array
+from fedlap_privacy.data import CUSTOM, Dataset, load_dataset
+from fedlap_privacy.dataset_files import read_idx_records, read_npz_array
 from fedlap_privacy.errors import DataError
 
 __all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
@@ -360,7 +361,7 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None)
     ``x`` and ``y`` and optionally ``num_classes``, under the checks of one file of
     :func:`probe` and :func:`load_user_data` (headers first, then the features, then the
     labels; no pickle), or ``IMAGES,LABELS``, a pair of IDX files
-    (:func:`fedlap_privacy.data.read_idx_records`; ``normalise``: their ``(mean, std)``)
+    (:func:`fedlap_privacy.dataset_files.read_idx_records`; ``normalise``: their ``(mean, std)``)
     under the same checks. Its labels need not cover every class (a node may hold one); a
     ``client`` array is refused: the file is the party's own records."""
     if "," in str(spec):

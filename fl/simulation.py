@@ -45,14 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.data import (
-    Dataset,
-    content_hash,
-    holdout_indices,
-    load_dataset,
-    split_clients,
-    subsample_parts,
-)
+from fedlap_privacy.client_splits import holdout_indices, split_clients, subsample_parts
+from fedlap_privacy.data import Dataset, content_hash, load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.client_sampling import select_clients

@@ -210,7 +210,7 @@ def _client_level_ledger(eps: float) -> list[dict]:
 
 
 def test_privacy_claim_is_recomputed_from_the_ledger() -> None:
-    from fedlap_privacy.audit.report import privacy_claim
+    from fedlap_privacy.audit.claim import privacy_claim
     from fedlap_privacy.ledger import PrivacyLedger
 
     rec = privacy_claim({"epsilon": 0.01}, ledger_claiming(2.0))  # a hand-edited claim

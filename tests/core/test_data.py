@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from fedlap_privacy import data
-from fedlap_privacy.data import load_dataset, split_clients
+from fedlap_privacy.client_splits import split_clients
+from fedlap_privacy.data import load_dataset
+from fedlap_privacy.dataset_files import CHECKSUMS, CIFAR_ARCHIVE, CIFAR_TEST, CIFAR_TRAIN, MIRRORS
 from fedlap_privacy.errors import ConfigError, DataError
 
 SHARED_FASHION = Path("/work/shared/data/fashion-mnist")
@@ -98,7 +100,7 @@ def _cifar_batch(n: int, seed: int, str_keys: bool = False) -> dict:
 def _mini_cifar(folder: Path, style: str = "py2", n: int = 4) -> dict[str, dict]:
     folder.mkdir(parents=True, exist_ok=True)
     batches = {}
-    for i, name in enumerate((*data.CIFAR_TRAIN, data.CIFAR_TEST)):
+    for i, name in enumerate((*CIFAR_TRAIN, CIFAR_TEST)):
         batch = _cifar_batch(n, seed=i, str_keys=(i % 2 == 1))
         (folder / name).write_bytes(_cifar_pickle(batch, style))
         batches[name] = batch
@@ -342,10 +344,10 @@ def _serve(monkeypatch: pytest.MonkeyPatch, files: dict[str, bytes]) -> list[str
 
 
 def test_download_verifies_checksums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _serve(monkeypatch, {name: b"not the real file" for name in data.CHECKSUMS["mnist"]})
+    calls = _serve(monkeypatch, {name: b"not the real file" for name in CHECKSUMS["mnist"]})
     with pytest.raises(DataError, match=r"checksum mismatch for train-images-idx3-ubyte\.gz"):
         load_dataset("mnist", tmp_path / "mnist", download=True)
-    assert calls == [data.MIRRORS["mnist"] + "train-images-idx3-ubyte.gz"]
+    assert calls == [MIRRORS["mnist"] + "train-images-idx3-ubyte.gz"]
     assert list((tmp_path / "mnist").iterdir()) == []  # neither the file nor a temp file
 
 
@@ -363,7 +365,7 @@ def test_download_then_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     _mini_idx(source, gz=True)
     files = {p.name: p.read_bytes() for p in source.iterdir()}
     for name, content in files.items():
-        monkeypatch.setitem(data.CHECKSUMS["mnist"], name, hashlib.md5(content).hexdigest())
+        monkeypatch.setitem(CHECKSUMS["mnist"], name, hashlib.md5(content).hexdigest())
     calls = _serve(monkeypatch, files)
     target = tmp_path / "target"
     (target).mkdir()
@@ -396,30 +398,30 @@ def test_cifar_download_extracts_safely(tmp_path: Path, monkeypatch: pytest.Monk
         tar.addfile(link)
     content = archive.getvalue()
     monkeypatch.setitem(
-        data.CHECKSUMS["cifar10"], data.CIFAR_ARCHIVE, hashlib.md5(content).hexdigest()
+        CHECKSUMS["cifar10"], CIFAR_ARCHIVE, hashlib.md5(content).hexdigest()
     )
-    _serve(monkeypatch, {data.CIFAR_ARCHIVE: content})
+    _serve(monkeypatch, {CIFAR_ARCHIVE: content})
     root = tmp_path / "root" / "cifar"
     ds = load_dataset("cifar10", root, download=True)
     assert ds.x_train.shape == (20, 3, 32, 32)
     assert not (tmp_path / "root" / "escaped").exists()
     assert sorted(p.name for p in (root / "cifar-10-batches-py").iterdir()) == sorted(
-        [*data.CIFAR_TRAIN, data.CIFAR_TEST]
+        [*CIFAR_TRAIN, CIFAR_TEST]
     )
 
 
 def test_cifar_download_checksum_mismatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _serve(monkeypatch, {data.CIFAR_ARCHIVE: b"truncated archive"})
+    _serve(monkeypatch, {CIFAR_ARCHIVE: b"truncated archive"})
     with pytest.raises(DataError, match=r"checksum mismatch for cifar-10-python.tar\.gz"):
         load_dataset("cifar10", tmp_path, download=True)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_published_checksums_are_well_formed() -> None:
-    for files in data.CHECKSUMS.values():
+    for files in CHECKSUMS.values():
         for md5 in files.values():
             assert len(md5) == 32 and int(md5, 16) >= 0
-    assert len({md5 for files in data.CHECKSUMS.values() for md5 in files.values()}) == 9
+    assert len({md5 for files in CHECKSUMS.values() for md5 in files.values()}) == 9
 
 
 # ------------------------------------------------------------------------------ splits
@@ -565,7 +567,7 @@ def test_shared_fashion_mnist(no_network: list[str]) -> None:
 
 
 def test_subsample_parts_caps_each_client_reproducibly():
-    from fedlap_privacy.data import subsample_parts
+    from fedlap_privacy.client_splits import subsample_parts
 
     y = np.repeat(np.arange(10), 100)
     parts = split_clients(y, 5, "noniid")
@@ -583,7 +585,7 @@ def test_subsample_parts_caps_each_client_reproducibly():
 
 
 def test_holdout_indices_are_a_seeded_subset():
-    from fedlap_privacy.data import holdout_indices
+    from fedlap_privacy.client_splits import holdout_indices
 
     held = holdout_indices(1000, 100, seed=3)
     assert len(np.unique(held)) == 100 and held.min() >= 0 and held.max() < 1000

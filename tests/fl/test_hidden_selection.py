@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from helpers import edit_checkpoint, tiny
 
-from fedlap_privacy.audit.report import privacy_claim, run_audit
+from fedlap_privacy.audit.claim import privacy_claim
+from fedlap_privacy.audit.report import run_audit
 from fedlap_privacy.checkpoint import (
     CHECKPOINT,
     PRIVATE,

@@ -14,7 +14,8 @@ from torch import nn
 import fedlap_privacy.fl.fedavg as fedavg_module
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon, epsilon, plan_rounds
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
-from fedlap_privacy.data import load_dataset, split_clients
+from fedlap_privacy.client_splits import split_clients
+from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.alidpfl import ALIDPFL, ali_tau, ali_tau_value
 from fedlap_privacy.fl.config import TrainConfig

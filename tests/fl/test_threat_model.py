@@ -26,7 +26,8 @@ from fedlap_privacy.checkpoint import (
     load_checkpoint,
 )
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.data import holdout_indices, load_dataset, split_clients
+from fedlap_privacy.client_splits import holdout_indices, split_clients
+from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl import fedavg
 from fedlap_privacy.fl.config import TrainConfig

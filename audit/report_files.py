@@ -1,0 +1,90 @@
+"""The files of an audit report: ``report.json``, the ROC figure ``roc.png`` (with the
+canary score histograms) and the readable ``report.md`` / ``report.html``
+(:mod:`.privacy_report`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedlap_privacy.atomic import write_figure, write_text_atomic
+from fedlap_privacy.audit.privacy_report import write_privacy_report
+from fedlap_privacy.audit.results import AuditReport
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.jsonsafe import json_safe
+
+__all__ = ["plot_roc", "write_report"]
+
+
+def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
+    """Write ``report.json`` (non-finite numbers as null), ``roc.png`` and the readable
+    ``report.md`` / ``report.html`` (:mod:`.privacy_report`) into ``out_dir``."""
+    out = Path(out_dir)
+    raw = report.to_json()
+    data = json_safe(raw)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        json_path = out / "report.json"
+        write_text_atomic(json_path, json.dumps(data, indent=2))
+        png_path = out / "roc.png"
+        plot_roc(raw, png_path)
+        readable = write_privacy_report(data, out, png_path)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
+    return {"json": json_path, "png": png_path, **readable}
+
+
+def plot_roc(report: dict[str, Any], path: str | Path) -> None:
+    """Linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend; beside
+    them, when the run has canaries, the histogram of each canary audit's scores, in vs out."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    canaries = (report.get("one_run") or {}).get("audits", [])
+    fig = Figure(figsize=(10 + 4.5 * len(canaries), 4.5))
+    FigureCanvasAgg(fig)
+    linear, loglog, *histograms = fig.subplots(1, 2 + len(canaries))
+    for ax, audit in zip(histograms, canaries, strict=True):
+        both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
+        bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
+        ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
+        ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
+                label=f"out ({len(audit['scores_out'])})")
+        ax.set_title(f"canaries, {audit['audit']}: eps LB {audit['epsilon_lower_bound']:.2f} "
+                     f"({audit['verdict']})", fontsize=8)
+        ax.set_xlabel("score")
+        ax.legend(fontsize=7)
+    floor = 1.0
+    for feature, by_model in report["attacks"].items():
+        for kind, metrics in by_model.items():
+            fpr = np.asarray(metrics["roc"]["fpr"])
+            tpr = np.asarray(metrics["roc"]["tpr"])
+            floor = min(floor, 0.5 / max(1, metrics["n_nonmembers"]))
+            label = f"{feature} / {kind} (AUC {metrics['auc']:.3f})"
+            linear.plot(fpr, tpr, label=label)
+            loglog.plot(np.maximum(fpr, floor), np.maximum(tpr, floor), label=label)
+    for ax, lo in ((linear, 0.0), (loglog, floor)):
+        ax.plot([lo, 1], [lo, 1], "k--", lw=0.8, label="random guess (AUC 0.5)")
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+    linear.set_xlim(0, 1)
+    linear.set_ylim(0, 1)
+    loglog.set_xscale("log")
+    loglog.set_yscale("log")
+    loglog.set_xlim(floor, 1)
+    loglog.set_ylim(floor, 1)
+    linear.set_title("ROC (audit half)")
+    loglog.set_title("ROC, log-log (low-FPR regime)")
+    linear.legend(loc="lower right", fontsize=7)
+    eps = report["privacy"].get("epsilon")
+    fig.suptitle(
+        f"{report.get('method') or 'model'} on {report['dataset']['name']}: accountant eps = "
+        f"{'n/a' if eps is None else f'{eps:.3g}'} ({report['privacy']['notion']}), "
+        f"max eps lower bound = {report['max_eps_lb']:.3g}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    write_figure(fig, path)
