@@ -59,6 +59,7 @@ from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.model_factory import FactorySpec
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 from fedlap_privacy.user_data import load_run_data
+from fedlap_privacy.vocabulary import CanaryKind, Notion
 
 __all__ = [
     "AuditTarget",
@@ -118,7 +119,7 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
     stored = _number(privacy.get("epsilon"))
     recorded = dict(
         notion=notion, epsilon=epsilon, delta=delta,
-        accountant=replayed.accountant if notion in ("record-level", "client-level") else None,
+        accountant=replayed.accountant if Notion(notion).gaussian else None,
         threat_model=replayed.threat_model, noise=replayed.noise,
         rounds=replayed.rounds_spent, stored_epsilon=stored,
         stored_matches=(stored is None and epsilon is None) or (
@@ -130,14 +131,14 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
 
 def _tested(notion: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:
     """The record-level promise a claim implies, and why (docs/audit.md#what-is-tested)."""
-    if notion in ("none", "local") or epsilon is None or not math.isfinite(epsilon):
+    if notion in (Notion.NONE, Notion.LOCAL) or epsilon is None or not math.isfinite(epsilon):
         basis = {
             "none": "non-private model: no promise to test",
             "local": "a per-weight local-DP epsilon bounds no record's membership in the model",
         }.get(notion, "no finite epsilon recorded: no promise to test")
         return {"basis": basis}
     d = 0.0 if delta is None else delta
-    if notion == "record-level":
+    if notion == Notion.RECORD:
         if d >= 1.0:
             return {"basis": "delta >= 1 promises nothing: no promise to test"}
         return {"epsilon_tested": epsilon, "delta_tested": d,
@@ -466,7 +467,7 @@ def _canary_report(target: AuditTarget, claim: PrivacyClaim,
     state = CanaryState.from_state(saved)
     delta = claim.delta if claim.delta is not None else _config_delta(target.private)
     extra = None
-    if scorer is not None and state.kind == "black-box":
+    if scorer is not None and state.kind == CanaryKind.BLACK_BOX:
         assert state.images is not None and state.labels is not None
         found = scorer.score(state.images.float().numpy(), state.labels.long().numpy())
         extra = {f"black-box/{name}": values for name, values in found.items()}
@@ -490,7 +491,7 @@ def _claim_curve(target: AuditTarget, kind: str) -> ClaimCurve | None:
     if target.release is None or not target.release.ledger:
         return None
     ledger = PrivacyLedger.replay(target.release.ledger)
-    unit = "client-level" if kind == "clients" else "record-level"
+    unit = Notion.CLIENT if kind == CanaryKind.CLIENTS else Notion.RECORD
     if ledger.notion != unit:
         return None
     steps = ledger_steps(ledger)

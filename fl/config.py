@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.accountant import ACCOUNTANTS
+from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.accountant.client_level import ClientSampling
 from fedlap_privacy.accountant.planning import SIGMA_RANGE
-from fedlap_privacy.canary_state import CANARY_COORDINATES, CANARY_KINDS
+from fedlap_privacy.canary_state import CANARY_COORDINATES
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.method_table import (
     LDP_MAX_EPSILON,
@@ -29,11 +29,14 @@ from fedlap_privacy.fl.schedule import (
     ClientSchedule,
     choose_schedule,
 )
-from fedlap_privacy.ledger import (
+from fedlap_privacy.ledger import selection_withheld
+from fedlap_privacy.vocabulary import (
     NOTION_THREAT_MODELS,
-    THREAT_MODELS,
+    CanaryKind,
+    NoiseKind,
     Notion,
-    selection_withheld,
+    ThreatModel,
+    words,
 )
 
 __all__ = [
@@ -99,7 +102,7 @@ class TrainConfig:
     target_eps: float | None = None
     # "pld" (default): sigma planned and epsilon reported with privacy loss distributions,
     # RDP's figure kept beside it; "rdp": Theorem 5.8's Renyi-DP bound (looser)
-    accountant: str = "pld"
+    accountant: str = AccountantName.PLD.value
     batch_size: int = 64
     # FedLAP (Algorithms 1-3)
     ipc: int = 10
@@ -162,7 +165,7 @@ class TrainConfig:
         """Who the epsilon holds against (``fedlap_privacy.ledger``): the configured one, else
         the server where the notion allows it (client-level: observers of the models)."""
         allowed = NOTION_THREAT_MODELS[self.notion]
-        return self.threat_model or (allowed[0] if allowed else None)
+        return self.threat_model or (allowed[0].value if allowed else None)
 
     @property
     def resolved_canary_kind(self) -> str:
@@ -171,8 +174,9 @@ class TrainConfig:
         if self.canary_kind is not None:
             return self.canary_kind
         if self.spec.releases_gradients:
-            return "white-box"
-        return "clients" if self.notion == "client-level" else "black-box"
+            return CanaryKind.WHITE_BOX.value
+        kind = CanaryKind.CLIENTS if self.notion == Notion.CLIENT else CanaryKind.BLACK_BOX
+        return kind.value
 
     @property
     def resolved_canary_coordinates(self) -> str:
@@ -188,14 +192,14 @@ class TrainConfig:
     def noise(self) -> str:
         """"secret" (OS-seeded DP randomness), "seeded" (``reproducible_noise``) or "none"
         (a non-private method: its randomness is seeded, there is nothing to protect)."""
-        if self.notion == "none":
-            return "none"
-        return "seeded" if self.reproducible_noise else "secret"
+        if self.notion == Notion.NONE:
+            return NoiseKind.NONE.value
+        return (NoiseKind.SEEDED if self.reproducible_noise else NoiseKind.SECRET).value
 
     @property
     def public_metadata(self) -> tuple[str, ...]:
         """What the method releases WITHOUT noise, declared public in the guarantee."""
-        if self.notion == "none":
+        if self.notion == Notion.NONE:
             return ()
         split = () if self.split_seed is None else (
             f"which records each client holds (and the validation hold-out): they follow from "
@@ -297,13 +301,13 @@ class TrainConfig:
 
     def _validate_canaries(self) -> None:
         kind = self.resolved_canary_kind
-        if kind == "white-box" and not self.spec.releases_gradients:
+        if kind == CanaryKind.WHITE_BOX and not self.spec.releases_gradients:
             releasing = [m for m, spec in METHOD_TABLE.items() if spec.releases_gradients]
             raise ConfigError(f"white-box canaries need a method that releases noisy gradients "
                               f"({', '.join(releasing)}), not {self.method}")
-        if self.canary_coordinates is not None and kind != "white-box":
+        if self.canary_coordinates is not None and kind != CanaryKind.WHITE_BOX:
             raise ConfigError("canary_coordinates applies to white-box canaries only")
-        if kind == "clients" and self.notion != "client-level":
+        if kind == CanaryKind.CLIENTS and self.notion != Notion.CLIENT:
             raise ConfigError("canary clients audit client-level DP (dp-normfedavg, "
                               "dp-fedavg-client) only")
 
@@ -328,7 +332,7 @@ class TrainConfig:
 
 
 #: the accountant of a recorded configuration without one (:meth:`TrainConfig.from_recorded`)
-RECORDED_ACCOUNTANT = "rdp"
+RECORDED_ACCOUNTANT = AccountantName.RDP.value
 #: the most rounds a run may have (the accountant's epsilon curve of a plan goes as far).
 #: PLD composes any number of rounds in one FFT (100,000 rounds in about a second); a run
 #: whose privacy loss it cannot discretise within its memory budget is refused when its
@@ -448,7 +452,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "clip": _num(0, 1e6, lo_open=True),
     "delta": _num(0, 1, lo_open=True, hi_open=True),
     "target_eps": _POSITIVE,
-    "accountant": _words(lambda: ACCOUNTANTS),
+    "accountant": _words(accountant_names),
     "batch_size": _int(1, 10**6),
     "ipc": _int(1, 1000),  # synthetic images per class, held by every client and the server
     "init": _words(lambda: INITS),
@@ -478,10 +482,10 @@ FIELD_RULES: dict[str, FieldRule] = {
     "clip_quantile": _num(0, 1, lo_open=True, hi_open=True),
     "clip_lr": _num(0, 10, lo_open=True),
     "clip_count_sigma": _num(0, 1e9, lo_open=True),
-    "threat_model": _words(lambda: THREAT_MODELS),
+    "threat_model": _words(lambda: words(ThreatModel)),
     "reproducible_noise": _BOOL,
     "canaries": _int(0, 10**6),
-    "canary_kind": _words(lambda: CANARY_KINDS),
+    "canary_kind": _words(lambda: words(CanaryKind)),
     "canary_coordinates": _words(lambda: CANARY_COORDINATES),
     "cohort_training": _words(lambda: COHORT_TRAINING),
 }

@@ -43,6 +43,7 @@ from fedlap_privacy.fl.run_files import (
     load_private,
     load_release,
 )
+from fedlap_privacy.vocabulary import Notion
 
 __all__ = [
     "ComparePlan", "DataPlan", "RoundTiming", "RunPlan", "TrainPlan", "plan_compare",
@@ -272,7 +273,7 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
     steps = _accesses(planned)
     everyone = list(range(planned.clients))
     stop, rounds_run = None, 0
-    gaussian_or_local = ledger.notion != "none"
+    gaussian_or_local = ledger.notion != Notion.NONE
     for m in range(start_round, planned.rounds + 1):
         if planned.target_eps is not None and gaussian_or_local and (
                 ledger.projected_epsilon(steps) > planned.target_eps):

@@ -2,7 +2,7 @@
 
 Torch-free (the configuration, ``compare`` and the Flower node policy read it without
 loading any method's code). A row says: the privacy notion
-(:class:`~fedlap_privacy.ledger.Notion`), the class that implements the method
+(:class:`~fedlap_privacy.vocabulary.Notion`), the class that implements the method
 (``module:Class``, imported on use), the accesses to private data a round is accounted
 for (T of Theorem 5.8, the worst case), the method's own configuration checks, how
 ``compare`` gives it a privacy budget, and the facts other parts ask about (whether it
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from fedlap_privacy.accountant.client_level import update_sigma
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.ledger import Notion
+from fedlap_privacy.vocabulary import Notion
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
@@ -105,7 +105,7 @@ class MethodSpec:
     @property
     def private(self) -> bool:
         """Gaussian noise of multiplier sigma, accounted as (epsilon, delta)-DP."""
-        return self.notion in (Notion.RECORD, Notion.CLIENT)
+        return self.notion.gaussian
 
 
 _CLASSES = ("each client's list of classes (the labels of its synthetic set)",)
