@@ -55,7 +55,7 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
     """The line naming FedLAP-DP's schedule and the runs' resolved B and T, one configuration
     per round count, as "T = 200 / 50 for 1 / 3 rounds" where T differs (nothing for the
     other methods)."""
-    from fedlap_privacy.fl.config import fedlap_schedule
+    from fedlap_privacy.fl.config_resolve import fedlap_schedule
 
     chosen = fedlap_schedule(requested, cfgs[-1].to_dict())
     if chosen is None:

@@ -30,7 +30,8 @@ from fedlap_privacy.cli.common import (
     print_train_plan,
     privacy_sentence,
 )
-from fedlap_privacy.fl.config import METHODS, PRESETS
+from fedlap_privacy.fl.config import PRESETS
+from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
 from fedlap_privacy.vocabulary import ThreatModel
 
@@ -121,7 +122,7 @@ def train(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.config import resolve_config, resumed_config
+    from fedlap_privacy.fl.config_resolve import resolve_config, resumed_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
 
