@@ -13,7 +13,7 @@ from typing import Any
 
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig, field_types, optional_field
-from fedlap_privacy.fl.method_table import Budget, method_spec
+from fedlap_privacy.fl.method_table import method_spec
 from fedlap_privacy.fl.schedule import SCHEDULED_METHOD, ClientSchedule, choose_schedule
 
 __all__ = [
@@ -105,7 +105,7 @@ def resolve_config(
     if chosen is not None:
         values = {**chosen.values(values.get("rounds", TrainConfig.rounds)), **values}
     if plan_sigma_for_target and given.get("target_eps") is not None and "sigma" not in given:
-        if method_spec(values.get("method", TrainConfig.method)).budget != Budget.ALI:
+        if not method_spec(values.get("method", TrainConfig.method)).target_is_budget:
             values["sigma"] = None
     return TrainConfig.from_dict(values).validate()
 

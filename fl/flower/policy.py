@@ -273,15 +273,18 @@ class NodePolicy:
 
 
 def accesses_of(cfg: TrainConfig, info: RoundInfo) -> int:
-    """T of this round: the accesses the client step may make (ALI-DPFL: the broadcast tau)."""
-    if cfg.method != "ali-dpfl":
+    """T of this round: the accesses the client step may make (a method that adapts T per
+    round broadcasts it, ALI-DPFL its tau: at most the T its rounds are accounted for)."""
+    key = cfg.spec.broadcast_steps
+    if key is None:
         return cfg.accesses_per_round
-    tau = info.extras.get("tau")
-    if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-        raise PolicyRefusal(f"ALI-DPFL tau {tau!r} must be an integer >= 1")
-    if tau > cfg.tau_max:
-        raise PolicyRefusal(f"ALI-DPFL tau {tau} above tau_max {cfg.tau_max}")
-    return tau
+    steps = info.extras.get(key)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PolicyRefusal(f"{cfg.method} {key} {steps!r} must be an integer >= 1")
+    if steps > cfg.accesses_per_round:
+        raise PolicyRefusal(f"{cfg.method} {key} {steps} above the {cfg.accesses_per_round} "
+                            "accesses its rounds are accounted for")
+    return steps
 
 
 def node_round_info(cfg: TrainConfig, info: RoundInfo, weights: dict[str, Tensor]
