@@ -147,7 +147,7 @@ def canary_scores(state: CanaryState, model: nn.Module | None) -> dict[str, np.n
     """Every score the canaries of ``state`` have, by audit name (higher = more likely in)."""
     if state.kind == CanaryKind.WHITE_BOX:
         assert state.scores is not None
-        return {"white-box": state.scores.double().numpy()}
+        return {CanaryKind.WHITE_BOX.value: state.scores.double().numpy()}
     if state.kind == CanaryKind.BLACK_BOX:
         assert state.images is not None and state.labels is not None and model is not None
         model.eval()

@@ -18,7 +18,7 @@ from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
 from fedlap_privacy.fl.stop import STOP_EXIT_CODE, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
-from fedlap_privacy.vocabulary import Notion
+from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
@@ -153,11 +153,14 @@ def privacy_sentence(p: dict[str, Any]) -> str:
     if notion in (Notion.RECORD, Notion.CLIENT) and eps is not None:
         unit = "a record" if notion == Notion.RECORD else "a client's whole dataset"
         against = {
-            "server": "against the server (it sees whom it selected and every upload)",
-            "hidden-selection": "against parties who do not know which clients were selected "
-                                "(NOT against the server)",
-            "trusted-server": "against those who see the released models; the server, which "
-                              "sees each update, is trusted",
+            ThreatModel.SERVER:
+                "against the server (it sees whom it selected and every upload)",
+            ThreatModel.HIDDEN_SELECTION:
+                "against parties who do not know which clients were selected (NOT against the "
+                "server)",
+            ThreatModel.TRUSTED_SERVER:
+                "against those who see the released models; the server, which sees each "
+                "update, is trusted",
         }.get(p.get("threat_model"), "")
         planned = " (planned for the target)" if p.get("sigma_planned") else ""
         text = (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}) {against}, "
@@ -179,7 +182,7 @@ def privacy_sentence(p: dict[str, Any]) -> str:
                 f"{eps:g} per weight over the run (a whole upload: d x that)")
     else:
         return "no formal privacy (non-private method)"
-    if p.get("noise") == "seeded":
+    if p.get("noise") == NoiseKind.SEEDED:
         text += (". [bold red]NOT PRIVATE:[/] the noise was derived from the seed "
                  "(--reproducible-noise)")
     if p.get("public"):

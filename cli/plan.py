@@ -8,6 +8,7 @@ from rich.table import Table
 from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS
 from fedlap_privacy.cli.common import choice_enum, console, fail, guarded, print_json
+from fedlap_privacy.vocabulary import ThreatModel
 
 Accountant = choice_enum("Accountant", accountant_names())
 PlanThreatModel = choice_enum("PlanThreatModel", PLAN_THREAT_MODELS)
@@ -91,7 +92,8 @@ def _print_table(r: dict) -> None:
         ("accesses per round T", f"{r['local_steps']}"),
         ("threat model", r["threat_model"] + (
             " (Theorem 5.8; not against the server)"
-            if r["threat_model"] == "hidden-selection" and r["client_fraction"] < 1 else "")),
+            if r["threat_model"] == ThreatModel.HIDDEN_SELECTION and r["client_fraction"] < 1
+            else "")),
         ("q1 (first access)", f"{r['q1']:.6g}"),
         ("q2 (later accesses)", f"{r['q2']:.6g}"),
         ("delta", f"{r['delta']:g}"),

@@ -171,5 +171,6 @@ def audit_dp_steps(
         for _ in range(steps):
             batch = poisson_sample(n, batch_size / n, generator)
             dp_gradient(model, x[batch], y[batch], clip, sigma, batch_size, generator)
-    return CanaryState("white-box", included, torch.zeros(canaries, dtype=torch.int64),
-                       coordinates=coordinates, scores=scores)
+    return CanaryState(CanaryKind.WHITE_BOX.value, included,
+                       torch.zeros(canaries, dtype=torch.int64), coordinates=coordinates,
+                       scores=scores)
