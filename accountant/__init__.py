@@ -11,12 +11,11 @@ Gaussian noise N(0, sigma^2 C^2) added to the sum, add/remove-one neighbouring d
 
 from fedlap_privacy.accountant.accountants import (
     Accountant,
+    AccountantName,
     PLDAccountant,
     RDPAccountant,
-    get_accountant,
 )
 from fedlap_privacy.accountant.planning import (
-    ACCOUNTANTS,
     composed_epsilon,
     epsilon,
     epsilon_curve,
@@ -25,17 +24,23 @@ from fedlap_privacy.accountant.planning import (
     rdp_epsilon,
 )
 from fedlap_privacy.accountant.rdp import DEFAULT_ORDERS, EXTENDED_ORDERS, rdp_to_epsilon, sgm_rdp
+from fedlap_privacy.accountant.registry import (
+    accountant_names,
+    get_accountant,
+    register_accountant,
+)
 from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 
 __all__ = [
-    "ACCOUNTANTS",
     "DEFAULT_ORDERS",
     "EXTENDED_ORDERS",
     "Accountant",
+    "AccountantName",
     "FedLAPSchedule",
     "PLDAccountant",
     "RDPAccountant",
     "RoundRates",
+    "accountant_names",
     "composed_epsilon",
     "epsilon",
     "epsilon_curve",
@@ -44,5 +49,6 @@ __all__ = [
     "plan_sigma",
     "rdp_epsilon",
     "rdp_to_epsilon",
+    "register_accountant",
     "sgm_rdp",
 ]

@@ -12,14 +12,15 @@ they turn it into (epsilon, delta):
   discretisation composed by one FFT, :mod:`fedlap_privacy.accountant.pld`): tighter (about
   8% on the reference configuration), a few milliseconds per epsilon.
 
-:func:`get_accountant` turns a name (``"rdp"``, ``"pld"``) or an object into an accountant:
-the only place a name is read.
+Their names (:class:`AccountantName`) are the keys of the registry
+(:mod:`fedlap_privacy.accountant.registry`), the only place a name is read.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -33,9 +34,8 @@ from fedlap_privacy.accountant.rdp import (
 from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["ACCOUNTANTS", "Accountant", "PLDAccountant", "RDPAccountant", "get_accountant"]
+__all__ = ["Accountant", "AccountantName", "PLDAccountant", "RDPAccountant"]
 
-ACCOUNTANTS = ("rdp", "pld")
 Orders = Sequence[float] | np.ndarray | None
 Round = FedLAPSchedule | RoundRates
 
@@ -49,11 +49,26 @@ def _orders(orders: Orders) -> np.ndarray:
         raise ConfigError(str(exc)) from None
 
 
+class AccountantName(StrEnum):
+    """The names of the package's own accountants (``--accountant``, a ledger's entries)."""
+
+    RDP = "rdp"
+    PLD = "pld"
+
+
 @runtime_checkable
 class Accountant(Protocol):
-    """What planning needs of an accountant (arguments are checked by the caller)."""
+    """What planning needs of an accountant (arguments are checked by the caller).
+
+    A class that implements it, constructed as ``cls(orders)`` (``orders``: an RDP order
+    grid, None for the default; accountants without orders ignore it), can be registered
+    under a name (:func:`~fedlap_privacy.accountant.registry.register_accountant`).
+    """
 
     name: str
+    #: whether :meth:`max_rounds` searches (its cost grows with the answer), so that a
+    #: planner checks a limit on the rounds before it asks
+    rounds_by_search: bool
 
     def epsilon(self, schedule: FedLAPSchedule, sigma: float, rounds: int,
                 delta: float) -> float:
@@ -74,20 +89,28 @@ class Accountant(Protocol):
         """The largest number of rounds whose epsilon is at most ``eps`` (0: none fits)."""
         ...
 
-    def floor(self, delta: float) -> float:
-        """The smallest epsilon any sigma reaches (targets at or below it are out of reach)."""
+    def unreachable(self, eps: float, delta: float) -> str | None:
+        """Why no sigma reaches ``eps`` at ``delta`` (None: some sigma does)."""
         ...
 
-    def sigma_hint(self, schedule: FedLAPSchedule, rounds: int, eps: float,
-                   delta: float) -> float | None:
-        """A sigma close to the answer of planning, if cheap to know (None: start at 1)."""
+    def curve_rounds_limit(self) -> int:
+        """The most rounds whose epsilon curve this accountant evaluates (memory, time)."""
+        ...
+
+    def hint_accountant(self) -> Accountant | None:
+        """A faster accountant whose planned sigma is a good start for this one's planning,
+        from above or close (None: start the search at sigma 1)."""
         ...
 
 
 class RDPAccountant:
     """Renyi-DP accounting on an order grid (default: the paper's and Opacus')."""
 
-    name = "rdp"
+    name = AccountantName.RDP
+    rounds_by_search = False
+    #: its epsilon curve is a (rounds x orders) array of at most this many numbers (100,000
+    #: rounds on the default grid of 151 orders: about 400 MB at its peak)
+    curve_cells = 15_100_000
 
     def __init__(self, orders: Orders = None) -> None:
         self.orders = _orders(orders)
@@ -135,17 +158,34 @@ class RDPAccountant:
         return rounds
 
     def floor(self, delta: float) -> float:
+        """The smallest epsilon any sigma reaches on this order grid: the conversion's
+        offset c(alpha) alone."""
         return float(np.min(_epsilon_per_order(np.zeros_like(self.orders), self.orders, delta)))
 
-    def sigma_hint(self, schedule: FedLAPSchedule, rounds: int, eps: float,
-                   delta: float) -> float | None:
+    def unreachable(self, eps: float, delta: float) -> str | None:
+        floor = self.floor(delta)
+        if eps > floor:
+            return None
+        return (f"with orders up to {float(np.max(self.orders)):g} no sigma gets below "
+                f"{floor:.4f} at delta {delta:g} (pass a larger order grid)")
+
+    def curve_rounds_limit(self) -> int:
+        return self.curve_cells // self.orders.size
+
+    def hint_accountant(self) -> Accountant | None:
         return None
 
 
 class PLDAccountant:
     """Privacy-loss-distribution accounting (:mod:`fedlap_privacy.accountant.pld`)."""
 
-    name = "pld"
+    name = AccountantName.PLD
+    rounds_by_search = True
+    #: it composes a curve round by round (about 0.3 s a round on the reference schedule)
+    max_curve_rounds = 1_000
+
+    def __init__(self, orders: Orders = None) -> None:
+        """``orders``: accepted for the common constructor, unused (PLD has no orders)."""
 
     def epsilon(self, schedule: FedLAPSchedule, sigma: float, rounds: int,
                 delta: float) -> float:
@@ -183,24 +223,13 @@ class PLDAccountant:
             good, bad = (mid, bad) if within(mid) else (good, mid)
         return good
 
-    def floor(self, delta: float) -> float:
-        return 0.0
+    def unreachable(self, eps: float, delta: float) -> str | None:
+        return None  # epsilon goes to 0 as sigma grows
 
-    def sigma_hint(self, schedule: FedLAPSchedule, rounds: int, eps: float,
-                   delta: float) -> float | None:
-        """RDP's answer on the extended grid: PLD (tighter) meets it already, so the root
-        lies a little below it."""
-        from fedlap_privacy.accountant.planning import plan_sigma
+    def curve_rounds_limit(self) -> int:
+        return self.max_curve_rounds
 
-        return plan_sigma(schedule, rounds, eps, delta, RDPAccountant(EXTENDED_ORDERS))
-
-
-def get_accountant(accountant: str | Accountant = "rdp", orders: Orders = None) -> Accountant:
-    """The accountant named ``accountant`` (``orders``: RDP's grid), or ``accountant`` itself."""
-    if isinstance(accountant, RDPAccountant | PLDAccountant):
-        return accountant
-    if accountant == "rdp":
-        return RDPAccountant(orders)
-    if accountant == "pld":
-        return PLDAccountant()
-    raise ConfigError(f"accountant {accountant!r} must be one of {', '.join(ACCOUNTANTS)}")
+    def hint_accountant(self) -> Accountant | None:
+        """RDP on the extended grid: PLD (tighter) meets its planned sigma already, so the
+        root lies a little below it."""
+        return RDPAccountant(EXTENDED_ORDERS)

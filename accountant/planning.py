@@ -8,7 +8,8 @@ largest admissible M come from ONE RDP evaluation per order. Planning sigma is a
 root search in log sigma (Illinois regula falsi from a bracket, whose upper end always meets
 the target). Results are conservative: the planned run never exceeds the target.
 
-Every function takes ``accountant``: a name (``"rdp"``, ``"pld"``) or an accountant object
+Every function takes ``accountant``: a registered name (``"rdp"``, ``"pld"``:
+:mod:`fedlap_privacy.accountant.registry`) or an accountant object
 (:mod:`fedlap_privacy.accountant.accountants`); the functions are written once against
 that interface.
 """
@@ -22,17 +23,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fedlap_privacy.accountant.accountants import (
-    ACCOUNTANTS,
     Accountant,
+    AccountantName,
     Orders,
+    PLDAccountant,
     RDPAccountant,
-    get_accountant,
 )
+from fedlap_privacy.accountant.registry import get_accountant
 from fedlap_privacy.accountant.schedule import FedLAPSchedule, RoundRates
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
-    "ACCOUNTANTS",
     "CURVE_CELLS",
     "MAX_PLD_CURVE_ROUNDS",
     "SIGMA_RANGE",
@@ -49,11 +50,10 @@ __all__ = [
 #: plan_sigma searches this range of noise multipliers.
 SIGMA_RANGE = (0.05, 1e6)
 _SIGMA_RTOL = 1e-4
-#: RDP's epsilon curve is a (rounds x orders) array of at most this many numbers (100,000
-#: rounds on the default grid of 151 orders: about 400 MB at its peak)
-CURVE_CELLS = 15_100_000
-#: PLD composes a curve round by round (about 0.3 s a round on the reference schedule)
-MAX_PLD_CURVE_ROUNDS = 1_000
+#: RDP's epsilon curve is a (rounds x orders) array of at most this many numbers
+CURVE_CELLS = RDPAccountant.curve_cells
+#: PLD composes a curve round by round
+MAX_PLD_CURVE_ROUNDS = PLDAccountant.max_curve_rounds
 
 AccountantLike = str | Accountant
 
@@ -64,7 +64,7 @@ def _check(
     rounds: int | None = None,
     eps: float | None = None,
     delta: float | None = None,
-    accountant: AccountantLike = "rdp",
+    accountant: AccountantLike = AccountantName.RDP,
     orders: Orders = None,
 ) -> Accountant:
     """Check the arguments; the accountant they name."""
@@ -79,15 +79,13 @@ def _check(
     return get_accountant(accountant, orders)
 
 
-def curve_rounds_limit(accountant: AccountantLike = "rdp", orders: Orders = None) -> int:
+def curve_rounds_limit(accountant: AccountantLike = AccountantName.RDP,
+                       orders: Orders = None) -> int:
     """The most rounds whose epsilon curve ``accountant`` evaluates (memory and time bound)."""
-    acc = get_accountant(accountant, orders)
-    if isinstance(acc, RDPAccountant):
-        return CURVE_CELLS // acc.orders.size
-    return MAX_PLD_CURVE_ROUNDS
+    return get_accountant(accountant, orders).curve_rounds_limit()
 
 
-def check_curve_rounds(rounds: int, accountant: AccountantLike = "rdp",
+def check_curve_rounds(rounds: int, accountant: AccountantLike = AccountantName.RDP,
                        orders: Orders = None) -> None:
     """Refuse, before anything is allocated, a curve longer than :func:`curve_rounds_limit`."""
     limit = curve_rounds_limit(accountant, orders)
@@ -110,7 +108,7 @@ def epsilon(
     sigma: float,
     rounds: int,
     delta: float,
-    accountant: AccountantLike = "rdp",
+    accountant: AccountantLike = AccountantName.RDP,
     orders: Orders = None,
 ) -> float:
     """Epsilon after ``rounds`` rounds of FedLAP-DP (Theorem 5.8; PLD with ``accountant="pld"``)."""
@@ -122,7 +120,7 @@ def composed_epsilon(
     schedules: Sequence[FedLAPSchedule | RoundRates],
     sigma: float,
     delta: float,
-    accountant: AccountantLike = "rdp",
+    accountant: AccountantLike = AccountantName.RDP,
     orders: Orders = None,
 ) -> float:
     """Epsilon of rounds that differ in their schedule (one entry per round, any order).
@@ -140,7 +138,7 @@ def epsilon_curve(
     sigma: float,
     rounds: int,
     delta: float,
-    accountant: AccountantLike = "rdp",
+    accountant: AccountantLike = AccountantName.RDP,
     orders: Orders = None,
 ) -> np.ndarray:
     """Epsilon after each round 1..rounds; RDP: one RDP evaluation for the whole curve.
@@ -156,7 +154,7 @@ def plan_sigma(
     rounds: int,
     eps: float,
     delta: float,
-    accountant: AccountantLike = "rdp",
+    accountant: AccountantLike = AccountantName.RDP,
     orders: Orders = None,
 ) -> float:
     """Smallest sigma (to relative precision 1e-4) whose epsilon after ``rounds`` <= ``eps``.
@@ -170,16 +168,14 @@ def plan_sigma(
     def excess(log_sigma: float) -> float:  # memoised: the bracketing revisits its start
         return acc.epsilon(schedule, math.exp(log_sigma), rounds, delta) - eps
 
-    floor = acc.floor(delta)
-    if eps <= floor:
-        orders_max = float(np.max(acc.orders)) if isinstance(acc, RDPAccountant) else math.nan
-        raise ConfigError(
-            f"epsilon {eps} is out of reach: with orders up to {orders_max:g} no sigma gets "
-            f"below {floor:.4f} at delta {delta:g} (pass a larger order grid)"
-        )
-    # Bracket the root by geometric steps from a good start: sigma = 1, or the accountant's
-    # hint (PLD: the RDP answer, which PLD meets already, the root a few % below it).
-    hint = acc.sigma_hint(schedule, rounds, eps, delta)
+    reason = acc.unreachable(eps, delta)
+    if reason is not None:
+        raise ConfigError(f"epsilon {eps} is out of reach: {reason}")
+    # Bracket the root by geometric steps from a good start: sigma = 1, or the sigma its
+    # hint accountant plans (PLD: RDP's answer, which PLD meets already, the root a few %
+    # below it).
+    helper = acc.hint_accountant()
+    hint = None if helper is None else plan_sigma(schedule, rounds, eps, delta, helper)
     start, factor = (0.0, math.log(4.0)) if hint is None else (math.log(hint), 0.1)
     lo_limit, hi_limit = (math.log(s) for s in SIGMA_RANGE)
     lo = hi = start
@@ -237,7 +233,7 @@ def plan_rounds(
     sigma: float,
     eps: float,
     delta: float,
-    accountant: AccountantLike = "rdp",
+    accountant: AccountantLike = AccountantName.RDP,
     orders: Orders = None,
     limit: int | None = None,
 ) -> int:
@@ -249,7 +245,7 @@ def plan_rounds(
     the limit itself first, so its search never composes more rounds than about twice that.
     """
     acc = _check(sigma=sigma, eps=eps, delta=delta, accountant=accountant, orders=orders)
-    if limit is not None and not isinstance(acc, RDPAccountant):
+    if limit is not None and acc.rounds_by_search:
         if acc.epsilon(schedule, sigma, limit, delta) <= eps:
             raise _too_many_rounds(eps, sigma, f"more than {limit:,}", limit)
     rounds = acc.max_rounds(schedule, sigma, eps, delta)

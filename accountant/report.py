@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.accountant.accountants import ACCOUNTANTS
+from fedlap_privacy.accountant.accountants import AccountantName
 from fedlap_privacy.accountant.planning import (
     Orders,
     _check,
@@ -36,12 +36,17 @@ from fedlap_privacy.accountant.planning import (
     plan_sigma,
     rdp_epsilon,
 )
+from fedlap_privacy.accountant.registry import accountant_names
 from fedlap_privacy.accountant.schedule import FedLAPSchedule
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, Notion, ThreatModel
 
 __all__ = ["DEFAULT_ROUNDS", "DEFAULT_SIGMA", "PLAN_THREAT_MODELS", "privacy_plan"]
 
-PLAN_THREAT_MODELS = ("hidden-selection", "server")
+#: the record-level threat models, Theorem 5.8 as published (``hidden-selection``) first: the
+#: plan's default
+PLAN_THREAT_MODELS = tuple(sorted(NOTION_THREAT_MODELS[Notion.RECORD],
+                                  key=lambda t: t != ThreatModel.HIDDEN_SELECTION))
 
 DEFAULT_ROUNDS = 30  # the authors' DP configuration
 DEFAULT_SIGMA = 1.0
@@ -54,9 +59,9 @@ def privacy_plan(
     eps: float | None = None,
     sigma: float | None = None,
     rounds: int | None = None,
-    accountant: str = "rdp",
+    accountant: str = AccountantName.RDP,
     orders: Orders = None,
-    threat_model: str = "hidden-selection",
+    threat_model: str = ThreatModel.HIDDEN_SELECTION,
 ) -> dict[str, Any]:
     """Solve for the missing quantity and return every number of the plan.
 
@@ -70,8 +75,9 @@ def privacy_plan(
     if threat_model not in PLAN_THREAT_MODELS:
         raise ConfigError(f"threat model {threat_model!r} must be one of "
                           f"{', '.join(PLAN_THREAT_MODELS)}")
+    threat_model = ThreatModel(threat_model).value
     fraction = schedule.client_fraction
-    if threat_model == "server":
+    if threat_model == ThreatModel.SERVER:
         schedule = dataclasses.replace(schedule, client_fraction=1.0)
     if eps is not None and sigma is not None and rounds is None:
         mode = "plan-rounds"
@@ -92,7 +98,7 @@ def privacy_plan(
     )
     order = (
         rdp_epsilon(schedule, sigma, rounds, delta, orders)[1]
-        if accountant == "rdp" and rounds > 0
+        if accountant == AccountantName.RDP and rounds > 0
         else None
     )
     final = float(curve[-1]) if rounds > 0 else 0.0
@@ -124,7 +130,7 @@ def _by_accountant(schedule: FedLAPSchedule, sigma: float, rounds: int, delta: f
     """The plan's final epsilon by every accountant, the plan's own first (None: one that
     cannot price this configuration; it said why in a ConfigError)."""
     out: dict[str, float | None] = {accountant: final}
-    for other in ACCOUNTANTS:
+    for other in accountant_names():
         if other == accountant:
             continue
         try:

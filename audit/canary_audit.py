@@ -53,6 +53,7 @@ from fedlap_privacy.audit.gdp_estimate import GdpEstimate, gdp_estimate
 from fedlap_privacy.audit.one_run import OneRunResult, one_run_audit, one_run_candidate_counts
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.per_sample import per_sample_losses
+from fedlap_privacy.vocabulary import CanaryKind
 
 __all__ = ["CanaryAudit", "canary_scores", "fdp_covers_claim", "run_canary_audits"]
 
@@ -144,10 +145,10 @@ def fdp_covers_claim(curve: ClaimCurve, claimed_epsilon: float, delta: float) ->
 
 def canary_scores(state: CanaryState, model: nn.Module | None) -> dict[str, np.ndarray]:
     """Every score the canaries of ``state`` have, by audit name (higher = more likely in)."""
-    if state.kind == "white-box":
+    if state.kind == CanaryKind.WHITE_BOX:
         assert state.scores is not None
-        return {"white-box": state.scores.double().numpy()}
-    if state.kind == "black-box":
+        return {CanaryKind.WHITE_BOX.value: state.scores.double().numpy()}
+    if state.kind == CanaryKind.BLACK_BOX:
         assert state.images is not None and state.labels is not None and model is not None
         model.eval()
         losses = per_sample_losses(model, state.images.float(), state.labels.long())
@@ -189,7 +190,7 @@ def run_canary_audits(
             counts = one_run_candidate_counts(values, included)
             claim = claim_curve_test(curve, len(values), counts, 1.0 - level)
         estimate = None
-        if state.kind == "clients" and state.dimension is not None:
+        if state.kind == CanaryKind.CLIENTS and state.dimension is not None:
             d = state.dimension
             if name == "clients/final":
                 estimate = canary_client_epsilon(values[included], d, delta)
@@ -197,7 +198,7 @@ def run_canary_audits(
                 estimate = canary_client_epsilon(values[included], d, delta, null="empirical",
                                                  unobserved_cosines=values[~included])
         gdp = (gdp_estimate(values[included], values[~included], delta)
-               if state.kind == "white-box" else None)
+               if state.kind == CanaryKind.WHITE_BOX else None)
         audits.append(CanaryAudit(
             name, result, claimed_epsilon, values[included].tolist(),
             values[~included].tolist(), estimate, fdp, claim, fdp_valid, gdp,

@@ -17,6 +17,7 @@ from typing import Any
 from fedlap_privacy.audit.results import PrivacyClaim
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.run_state import PrivateRunState
+from fedlap_privacy.vocabulary import Notion
 
 __all__ = ["config_delta", "privacy_claim"]
 
@@ -48,7 +49,7 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
     stored = _number(privacy.get("epsilon"))
     recorded = dict(
         notion=notion, epsilon=epsilon, delta=delta,
-        accountant=replayed.accountant if notion in ("record-level", "client-level") else None,
+        accountant=replayed.accountant if Notion(notion).gaussian else None,
         threat_model=replayed.threat_model, noise=replayed.noise,
         rounds=replayed.rounds_spent, stored_epsilon=stored,
         stored_matches=(stored is None and epsilon is None) or (
@@ -60,14 +61,14 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
 
 def _tested(notion: str, epsilon: float | None, delta: float | None) -> dict[str, Any]:
     """The record-level promise a claim implies, and why (docs/audit.md#what-is-tested)."""
-    if notion in ("none", "local") or epsilon is None or not math.isfinite(epsilon):
+    if notion in (Notion.NONE, Notion.LOCAL) or epsilon is None or not math.isfinite(epsilon):
         basis = {
             "none": "non-private model: no promise to test",
             "local": "a per-weight local-DP epsilon bounds no record's membership in the model",
         }.get(notion, "no finite epsilon recorded: no promise to test")
         return {"basis": basis}
     d = 0.0 if delta is None else delta
-    if notion == "record-level":
+    if notion == Notion.RECORD:
         if d >= 1.0:
             return {"basis": "delta >= 1 promises nothing: no promise to test"}
         return {"epsilon_tested": epsilon, "delta_tested": d,

@@ -35,6 +35,7 @@ from fedlap_privacy.accountant.pld_fft import ComposedPLD, compose
 from fedlap_privacy.accountant.pld_sgm import sgm_pld
 from fedlap_privacy.audit.fdp import Inverse, curve_p_value
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.vocabulary import Notion, ThreatModel
 
 __all__ = ["ClaimCurve", "ClaimCurveTest", "claim_curve_test", "ledger_steps"]
 
@@ -145,10 +146,10 @@ def ledger_steps(ledger: Any) -> dict[tuple[float, float], int] | None:
     from fedlap_privacy.accountant import composed_epsilon
     from fedlap_privacy.accountant.schedule import step_counts
 
-    if ledger.notion not in ("record-level", "client-level") or not ledger.entries:
+    if not Notion(ledger.notion).gaussian or not ledger.entries:
         return None
     sigma, delta = ledger.sigma, ledger.delta
-    if ledger.threat_model != "server":
+    if ledger.threat_model != ThreatModel.SERVER:
         groups = [[e.rates(selection_hidden=True) for e in ledger.entries]]
     else:
         per_client: dict[int, list[Any]] = {}

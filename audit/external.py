@@ -48,6 +48,7 @@ from fedlap_privacy.checkpoint import load_checkpoint_data
 from fedlap_privacy.data import Dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError, FedlapError
 from fedlap_privacy.user_data import load_records
+from fedlap_privacy.vocabulary import Notion
 
 __all__ = ["audit_model", "audit_model_files", "claimed_privacy", "load_external_model"]
 
@@ -57,11 +58,11 @@ Records = tuple[np.ndarray, np.ndarray]
 def claimed_privacy(epsilon: float | None, delta: float | None) -> PrivacyClaim:
     """The claim record of a model trained elsewhere: what its owner promises (or nothing)."""
     if epsilon is None:
-        return PrivacyClaim("none", None, None, "no claim given: nothing to test")
+        return PrivacyClaim(Notion.NONE.value, None, None, "no claim given: nothing to test")
     d = 1e-5 if delta is None else delta
     if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= d < 1):
         raise ConfigError(f"claimed (epsilon, delta) = ({epsilon}, {d}) is not a DP claim")
-    return PrivacyClaim("record-level", epsilon, d,
+    return PrivacyClaim(Notion.RECORD.value, epsilon, d,
                         "record-level DP claimed by the model's owner", epsilon, d)
 
 

@@ -21,27 +21,30 @@ from typing import Any
 
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
+from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 __all__ = ["Block", "fmt", "ledger_summary", "render_blocks", "to_html", "to_markdown",
            "write_privacy_report"]
 
 #: who each threat model's epsilon holds against (fedlap_privacy.ledger, module docstring)
 THREAT_MODEL_TEXT = {
-    "server": "the server that coordinates training, which sees every client's upload and "
-              "knows which clients it selected in each round; anyone who sees less (other "
-              "clients, users of the released model) is covered too",
-    "hidden-selection": "anyone who sees the uploads or the models but not which clients "
-                        "were selected in each round; NOT the server, which knows whom it "
-                        "selected",
-    "trusted-server": "those who see the released models only; NOT the server, which sees "
-                      "each client's update in the clear and adds the noise itself",
+    ThreatModel.SERVER:
+        "the server that coordinates training, which sees every client's upload and knows "
+        "which clients it selected in each round; anyone who sees less (other clients, users "
+        "of the released model) is covered too",
+    ThreatModel.HIDDEN_SELECTION:
+        "anyone who sees the uploads or the models but not which clients were selected in "
+        "each round; NOT the server, which knows whom it selected",
+    ThreatModel.TRUSTED_SERVER:
+        "those who see the released models only; NOT the server, which sees each client's "
+        "update in the clear and adds the noise itself",
 }
 NOTION_TEXT = {
-    "record-level": "one record (one person's example) of a client's data",
-    "client-level": "a client's whole dataset",
-    "local": "each uploaded weight, per round (local DP); it bounds no record's membership "
+    Notion.RECORD: "one record (one person's example) of a client's data",
+    Notion.CLIENT: "a client's whole dataset",
+    Notion.LOCAL: "each uploaded weight, per round (local DP); it bounds no record's membership "
              "in the model",
-    "none": "nothing: the method is not private",
+    Notion.NONE: "nothing: the method is not private",
 }
 METHOD_TEXT = {
     "steinke": "Steinke, Nasr and Jagielski's one-run (epsilon, delta) lower bound",
@@ -113,10 +116,10 @@ def _guarantee(report: dict[str, Any]) -> list[Block]:
     if threat:
         lines.append(f"Holds against ({threat}): {THREAT_MODEL_TEXT.get(threat, threat)}.")
     noise = p.get("noise")
-    if noise == "seeded":
+    if noise == NoiseKind.SEEDED:
         lines.append("The noise was derived from the run's seed: anyone with the seed can "
                      "remove it. This run is NOT private, whatever its epsilon.")
-    elif noise == "secret":
+    elif noise == NoiseKind.SECRET:
         lines.append("The noise was drawn from a secret seed (the operating system's).")
     lines.append(f"What the audit tests: {p.get('basis')}.")
     return [Block("heading", "The guarantee and whom it holds against"),

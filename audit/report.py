@@ -51,6 +51,7 @@ from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.model_factory import FactorySpec
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 from fedlap_privacy.user_data import load_run_data
+from fedlap_privacy.vocabulary import CanaryKind, Notion
 
 __all__ = [
     "AuditTarget",
@@ -396,7 +397,7 @@ def _canary_report(target: AuditTarget, claim: PrivacyClaim,
     state = CanaryState.from_state(saved)
     delta = claim.delta if claim.delta is not None else config_delta(target.private)
     extra = None
-    if scorer is not None and state.kind == "black-box":
+    if scorer is not None and state.kind == CanaryKind.BLACK_BOX:
         assert state.images is not None and state.labels is not None
         found = scorer.score(state.images.float().numpy(), state.labels.long().numpy())
         extra = {f"black-box/{name}": values for name, values in found.items()}
@@ -420,7 +421,7 @@ def _claim_curve(target: AuditTarget, kind: str) -> ClaimCurve | None:
     if target.release is None or not target.release.ledger:
         return None
     ledger = PrivacyLedger.replay(target.release.ledger)
-    unit = "client-level" if kind == "clients" else "record-level"
+    unit = Notion.CLIENT if kind == CanaryKind.CLIENTS else Notion.RECORD
     if ledger.notion != unit:
         return None
     steps = ledger_steps(ledger)

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.fl.config import PRESETS, TrainConfig, parse_overrides
+from fedlap_privacy.fl.config import PRESETS, TrainConfig
+from fedlap_privacy.fl.config_resolve import parse_overrides
 from fedlap_privacy.fl.simulation import train
 
 #: Table 2 of the paper, sigma = 1: {dataset: {eps: {method: accuracy}}}

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -18,6 +18,7 @@ from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
 from fedlap_privacy.fl.stop import STOP_EXIT_CODE, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
@@ -26,7 +27,14 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
-ScheduleChoice = StrEnum("ScheduleChoice", {s: s for s in SCHEDULE_CHOICES})  # type: ignore[misc]
+
+
+def choice_enum(name: str, words: Iterable[str]) -> type[StrEnum]:
+    """A typer choice built from the words the package defines (a flag never lists its own)."""
+    return StrEnum(name, {str(w).replace("-", "_"): str(w) for w in words})  # type: ignore[misc]
+
+
+ScheduleChoice = choice_enum("ScheduleChoice", SCHEDULE_CHOICES)
 #: --schedule's help (train, compare)
 SCHEDULE_HELP = (
     "FedLAP-DP's client schedule. auto: large (the authors', tuned: B 256, T = 200 in a "
@@ -47,7 +55,7 @@ def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
     """The line naming FedLAP-DP's schedule and the runs' resolved B and T, one configuration
     per round count, as "T = 200 / 50 for 1 / 3 rounds" where T differs (nothing for the
     other methods)."""
-    from fedlap_privacy.fl.config import fedlap_schedule
+    from fedlap_privacy.fl.config_resolve import fedlap_schedule
 
     chosen = fedlap_schedule(requested, cfgs[-1].to_dict())
     if chosen is None:
@@ -142,14 +150,17 @@ def human_bytes(n: float) -> str:
 def privacy_sentence(p: dict[str, Any]) -> str:
     """What a run's epsilon protects, against whom, and what it declares public."""
     notion, eps = p.get("notion"), p.get("epsilon")
-    if notion in ("record-level", "client-level") and eps is not None:
-        unit = "a record" if notion == "record-level" else "a client's whole dataset"
+    if notion in (Notion.RECORD, Notion.CLIENT) and eps is not None:
+        unit = "a record" if notion == Notion.RECORD else "a client's whole dataset"
         against = {
-            "server": "against the server (it sees whom it selected and every upload)",
-            "hidden-selection": "against parties who do not know which clients were selected "
-                                "(NOT against the server)",
-            "trusted-server": "against those who see the released models; the server, which "
-                              "sees each update, is trusted",
+            ThreatModel.SERVER:
+                "against the server (it sees whom it selected and every upload)",
+            ThreatModel.HIDDEN_SELECTION:
+                "against parties who do not know which clients were selected (NOT against the "
+                "server)",
+            ThreatModel.TRUSTED_SERVER:
+                "against those who see the released models; the server, which sees each "
+                "update, is trusted",
         }.get(p.get("threat_model"), "")
         planned = " (planned for the target)" if p.get("sigma_planned") else ""
         text = (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}) {against}, "
@@ -166,12 +177,12 @@ def privacy_sentence(p: dict[str, Any]) -> str:
             text += f" (epsilon {', '.join(other)})"
         if p.get("client_sampling"):
             text += f"; {p['client_sampling']}"
-    elif notion == "local" and eps is not None:
+    elif notion == Notion.LOCAL and eps is not None:
         text = (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
                 f"{eps:g} per weight over the run (a whole upload: d x that)")
     else:
         return "no formal privacy (non-private method)"
-    if p.get("noise") == "seeded":
+    if p.get("noise") == NoiseKind.SEEDED:
         text += (". [bold red]NOT PRIVATE:[/] the noise was derived from the seed "
                  "(--reproducible-noise)")
     if p.get("public"):

@@ -94,7 +94,7 @@ def compare(
         plan_jobs,
         run_comparison,
     )
-    from fedlap_privacy.fl.config import METHODS
+    from fedlap_privacy.fl.config_rules import METHODS
     from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
 
     targets = _floats(eps)

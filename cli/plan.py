@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import typer
 from rich.table import Table
 
-from fedlap_privacy.cli.common import console, fail, guarded, print_json
+from fedlap_privacy.accountant import AccountantName, accountant_names
+from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS
+from fedlap_privacy.cli.common import choice_enum, console, fail, guarded, print_json
+from fedlap_privacy.vocabulary import ThreatModel
 
-
-class PlanThreatModel(StrEnum):
-    hidden_selection = "hidden-selection"
-    server = "server"
-
-
-class Accountant(StrEnum):
-    rdp = "rdp"
-    pld = "pld"
+Accountant = choice_enum("Accountant", accountant_names())
+PlanThreatModel = choice_enum("PlanThreatModel", PLAN_THREAT_MODELS)
 
 
 def _parse_orders(text: str | None):
@@ -42,9 +36,10 @@ def plan(
     client_size: int = typer.Option(10000, "--client-size", help="Smallest client dataset."),
     client_fraction: float = typer.Option(1.0, "--client-fraction", help="Clients per round."),
     local_steps: int = typer.Option(200, "--local-steps", help="Accesses per client-round T."),
-    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant"),
-    threat_model: PlanThreatModel = typer.Option(
-        PlanThreatModel.hidden_selection, "--threat-model",
+    accountant: Accountant = typer.Option(  # type: ignore[valid-type]
+        AccountantName.RDP.value, "--accountant"),
+    threat_model: PlanThreatModel = typer.Option(  # type: ignore[valid-type]
+        PLAN_THREAT_MODELS[0].value, "--threat-model",
         help="hidden-selection: Theorem 5.8 (q1 amplified by client sampling; holds only "
         "against parties who do not know who was selected). server: against the server, "
         "which knows (train's default). Equal at client fraction 1."
@@ -97,7 +92,8 @@ def _print_table(r: dict) -> None:
         ("accesses per round T", f"{r['local_steps']}"),
         ("threat model", r["threat_model"] + (
             " (Theorem 5.8; not against the server)"
-            if r["threat_model"] == "hidden-selection" and r["client_fraction"] < 1 else "")),
+            if r["threat_model"] == ThreatModel.HIDDEN_SELECTION and r["client_fraction"] < 1
+            else "")),
         ("q1 (first access)", f"{r['q1']:.6g}"),
         ("q2 (later accesses)", f"{r['q2']:.6g}"),
         ("delta", f"{r['delta']:g}"),

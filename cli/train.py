@@ -18,6 +18,7 @@ from fedlap_privacy.cli.common import (
     SCHEDULE_HELP,
     ScheduleChoice,
     check_writable,
+    choice_enum,
     console,
     data_flags,
     err_console,
@@ -29,21 +30,13 @@ from fedlap_privacy.cli.common import (
     print_train_plan,
     privacy_sentence,
 )
-from fedlap_privacy.fl.config import METHODS
+from fedlap_privacy.fl.config import PRESETS
+from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
+from fedlap_privacy.vocabulary import ThreatModel
 
-Method = StrEnum("Method", {m.replace("-", "_"): m for m in METHODS})  # type: ignore[misc]
-
-
-class Preset(StrEnum):
-    paper_dp = "paper-dp"
-    paper = "paper"
-
-
-class ThreatModel(StrEnum):
-    server = "server"
-    hidden_selection = "hidden-selection"
-    trusted_server = "trusted-server"
+Method = choice_enum("Method", METHODS)
+Preset = choice_enum("Preset", PRESETS)
 
 
 class Engine(StrEnum):
@@ -81,7 +74,7 @@ def train(
                                            "per round (ALI-DPFL: the first tau)."),
     ldp_epsilon: float | None = typer.Option(None, "--ldp-epsilon", help="LDP-FL: epsilon of "
                                              "each weight per round."),
-    preset: Preset | None = typer.Option(None, "--preset", help="The authors' values."),
+    preset: Preset | None = typer.Option(None, "--preset", help="The authors' values."),  # type: ignore[valid-type]
     schedule: ScheduleChoice = typer.Option("auto", "--schedule", help=SCHEDULE_HELP),  # type: ignore[valid-type]
     settings: list[str] = typer.Option([], "--set", help="Any configuration key, KEY=VALUE "
                                        "(repeatable), e.g. --set lr_local=0.1."),
@@ -129,7 +122,7 @@ def train(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.config import resolve_config, resumed_config
+    from fedlap_privacy.fl.config_resolve import resolve_config, resumed_config
     from fedlap_privacy.fl.simulation import resume as resume_training
     from fedlap_privacy.fl.simulation import train as start_training
 

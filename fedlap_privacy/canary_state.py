@@ -25,13 +25,13 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from fedlap_privacy.errors import CheckpointError
+from fedlap_privacy.vocabulary import CanaryKind, words
 
-if TYPE_CHECKING:  # importing this module (for CANARY_KINDS) must not load torch
+if TYPE_CHECKING:  # importing this module (for CANARY_COORDINATES) must not load torch
     from torch import Tensor
 
-__all__ = ["CANARY_COORDINATES", "CANARY_KINDS", "CanaryState"]
+__all__ = ["CANARY_COORDINATES", "CanaryState"]
 
-CANARY_KINDS = ("white-box", "black-box", "clients")
 #: where white-box canaries live: on the model's weights, or in a dedicated block
 CANARY_COORDINATES = ("weights", "dedicated")
 
@@ -94,12 +94,13 @@ class CanaryState:
         except TypeError as exc:
             raise CheckpointError(f"the run's canary state is malformed ({exc})") from None
         ok = (
-            out.kind in CANARY_KINDS
+            out.kind in words(CanaryKind)
             and isinstance(out.included, Tensor) and out.included.dtype == torch.bool
             and isinstance(out.client, Tensor) and out.client.shape == out.included.shape
-            and (out.kind != "white-box" or out.scores is not None)
-            and (out.kind != "black-box" or (out.images is not None and out.labels is not None))
-            and (out.kind != "clients"
+            and (out.kind != CanaryKind.WHITE_BOX or out.scores is not None)
+            and (out.kind != CanaryKind.BLACK_BOX
+                 or (out.images is not None and out.labels is not None))
+            and (out.kind != CanaryKind.CLIENTS
                  or (out.direction_seed is not None and out.dimension is not None))
         )
         if not ok:

@@ -55,58 +55,36 @@ import json
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from fedlap_privacy.accountant import ACCOUNTANTS, FedLAPSchedule, RoundRates, composed_epsilon
+from fedlap_privacy.accountant import (
+    AccountantName,
+    FedLAPSchedule,
+    RoundRates,
+    accountant_names,
+    composed_epsilon,
+)
 from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, NoiseKind, Notion, ThreatModel, words
 
-__all__ = [
-    "NOISE_KINDS", "NOTIONS", "NOTION_THREAT_MODELS", "SELECTION_HIDDEN", "THREAT_MODELS",
-    "LedgerEntry", "Notion", "PrivacyLedger", "ledger_digest", "selection_withheld",
-]
+__all__ = ["LedgerEntry", "PrivacyLedger", "ledger_digest", "selection_withheld"]
 
-class Notion(StrEnum):
-    """What an epsilon protects (module docstring)."""
-
-    RECORD = "record-level"
-    CLIENT = "client-level"
-    LOCAL = "local"
-    NONE = "none"
-
-
-NOTIONS = tuple(n.value for n in Notion)
-THREAT_MODELS = ("server", "hidden-selection", "trusted-server")
-#: "secret": DP randomness seeded by the operating system; "seeded": derived from the run's
-#: seed (--reproducible-noise), so anyone with the seed can remove the noise: NOT private;
-#: "none": a non-private method (no noise).
-NOISE_KINDS = ("secret", "seeded", "none")
-#: the threat models each notion's epsilon can hold for; the first is the default
-NOTION_THREAT_MODELS: dict[str, tuple[str, ...]] = {
-    "record-level": ("server", "hidden-selection"),
-    "client-level": ("trusted-server",),
-    "local": ("server",),
-    "none": (),
-}
-#: the threat models whose epsilon assumes the adversary does not know who was selected:
-#: their release withholds the selection (module docstring)
-SELECTION_HIDDEN = ("hidden-selection", "trusted-server")
-_GAUSSIAN = ("record-level", "client-level")
 _RTOL = 1e-6  # recorded vs recomputed epsilon
 
 
 def selection_withheld(threat_model: str | None) -> bool:
-    """Whether a run under ``threat_model`` withholds its selection from its release."""
-    return threat_model in SELECTION_HIDDEN
+    """Whether a run under ``threat_model`` withholds its selection from its release
+    (:attr:`~fedlap_privacy.vocabulary.ThreatModel.hides_selection`)."""
+    return threat_model in words(ThreatModel) and ThreatModel(threat_model).hides_selection
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
     round: int
     status: str  # "completed" | "interrupted"
-    notion: str  # one of NOTIONS
-    threat_model: str | None  # one of THREAT_MODELS (None: notion "none")
-    noise: str  # one of NOISE_KINDS
+    notion: str  # a Notion
+    threat_model: str | None  # a ThreatModel (None: notion "none")
+    noise: str  # a NoiseKind
     sigma: float | None
     q1: float | None  # first access of a round, amplified by client sampling (Theorem 5.8)
     q2: float | None  # every later access (and the first one, against the server)
@@ -171,34 +149,39 @@ class PrivacyLedger:
     schedule: FedLAPSchedule | None = None
     sigma: float | None = None
     delta: float | None = None
-    accountant: str = "rdp"
+    accountant: str = AccountantName.RDP.value
     round_epsilon: float | None = None
     threat_model: str | None = None
-    noise: str = "secret"
+    noise: str = NoiseKind.SECRET.value
     clients: int = 1
     entries: list[LedgerEntry] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.notion not in NOTIONS:
-            raise ConfigError(f"privacy notion {self.notion!r} must be one of {NOTIONS}")
+        if self.notion not in words(Notion):
+            raise ConfigError(f"privacy notion {self.notion!r} must be one of {words(Notion)}")
         self.notion = Notion(self.notion).value  # plain text in entries and checkpoints
-        if self.noise not in NOISE_KINDS:
-            raise ConfigError(f"noise {self.noise!r} must be one of {NOISE_KINDS}")
-        gaussian = self.notion in _GAUSSIAN
+        if self.noise not in words(NoiseKind):
+            raise ConfigError(f"noise {self.noise!r} must be one of {words(NoiseKind)}")
+        self.noise = NoiseKind(self.noise).value
+        self.accountant = str(self.accountant)
+        gaussian = Notion(self.notion).gaussian
         if gaussian and (self.sigma is None or self.delta is None):
             raise ConfigError(f"a {self.notion} ledger needs sigma and delta")
-        if gaussian and self.accountant not in ACCOUNTANTS:
-            raise ConfigError(f"accountant {self.accountant!r} must be one of {ACCOUNTANTS}")
-        if self.notion == "local" and not (self.round_epsilon and self.round_epsilon > 0):
+        if gaussian and self.accountant not in accountant_names():
+            raise ConfigError(f"accountant {self.accountant!r} must be one of "
+                              f"{accountant_names()}")
+        if self.notion == Notion.LOCAL and not (self.round_epsilon and self.round_epsilon > 0):
             raise ConfigError("a local-DP ledger needs a positive per-round epsilon")
-        allowed = NOTION_THREAT_MODELS[self.notion]
+        allowed = NOTION_THREAT_MODELS[Notion(self.notion)]
         if self.threat_model is None and allowed:
-            self.threat_model = allowed[0]
+            self.threat_model = allowed[0].value
         if self.threat_model not in (allowed or (None,)):
             raise ConfigError(
                 f"threat model {self.threat_model!r} does not apply to {self.notion} DP "
                 f"(allowed: {', '.join(allowed) or 'none'})"
             )
+        if self.threat_model is not None:
+            self.threat_model = ThreatModel(self.threat_model).value
 
     @property
     def rounds_spent(self) -> int:
@@ -216,13 +199,13 @@ class PrivacyLedger:
         one that composes them (default: the ledger's, the one its entries record).
         """
         entries = self.entries + (extra or [])
-        if self.notion == "none":
+        if self.notion == Notion.NONE:
             return math.inf
-        if self.notion == "local":
+        if self.notion == Notion.LOCAL:
             return sum(e.round_epsilon or 0.0 for e in entries)
         assert self.sigma is not None and self.delta is not None
         accountant = self.accountant if accountant is None else accountant
-        if threat_model != "server":
+        if threat_model != ThreatModel.SERVER:
             rates = [e.rates(selection_hidden=True) for e in entries]
             return composed_epsilon(rates, self.sigma, self.delta, accountant)
         per_client: dict[int, list[RoundRates]] = {k: [] for k in range(self.clients)}
@@ -246,23 +229,23 @@ class PrivacyLedger:
         every accountant, the ledger's first: the one that guarantees it, and the others'
         figures beside it (RDP's Theorem 5.8 is looser than PLD's; both are upper bounds of
         the same mechanism). None for a ledger without a Gaussian accountant."""
-        if self.notion not in _GAUSSIAN:
+        if not Notion(self.notion).gaussian:
             return None
-        threat = threat_model or self.threat_model or "server"
-        names = (self.accountant, *(a for a in ACCOUNTANTS if a != self.accountant))
+        threat = threat_model or self.threat_model or ThreatModel.SERVER
+        names = (self.accountant, *(a for a in accountant_names() if a != self.accountant))
         return {a: self.epsilon_under(threat, accountant=a) for a in names}
 
     @property
     def epsilon(self) -> float:
         """Epsilon spent, against the ledger's threat model."""
-        assert self.threat_model is not None or self.notion == "none"
-        return self.epsilon_under(self.threat_model or "server")
+        assert self.threat_model is not None or self.notion == Notion.NONE
+        return self.epsilon_under(self.threat_model or ThreatModel.SERVER)
 
     def _entry(
         self, round_: int, accesses: int, participants: list[int] | tuple[int, ...],
         status: str, local_steps: int | None,
     ) -> LedgerEntry:
-        gaussian = self.notion in _GAUSSIAN
+        gaussian = Notion(self.notion).gaussian
         schedule = None
         if gaussian:
             if self.schedule is None:
@@ -291,14 +274,14 @@ class PrivacyLedger:
             delta=self.delta if gaussian else None,
             accesses=accesses, participants=tuple(sorted(int(k) for k in participants)),
             rounds_spent=self.rounds_spent + 1, epsilon=None,
-            round_epsilon=self.round_epsilon if self.notion == "local" else None,
+            round_epsilon=self.round_epsilon if self.notion == Notion.LOCAL else None,
         )
 
     def projected_epsilon(self, local_steps: int | None = None) -> float:
         """Epsilon if one more round with accounted T ``local_steps`` (default T) ran with
         every client selected (the worst case, whoever is drawn)."""
         extra = self._entry(0, 0, list(range(self.clients)), "completed", local_steps)
-        return self.epsilon_under(self.threat_model or "server", [extra])
+        return self.epsilon_under(self.threat_model or ThreatModel.SERVER, [extra])
 
     def record(
         self,
@@ -310,7 +293,7 @@ class PrivacyLedger:
     ) -> LedgerEntry:
         """Append the round and return its entry; refuses accesses beyond the accounted T."""
         entry = self._entry(round_, accesses, participants, status, local_steps)
-        eps = self.epsilon_under(self.threat_model or "server", [entry])
+        eps = self.epsilon_under(self.threat_model or ThreatModel.SERVER, [entry])
         entry = dataclasses.replace(entry, epsilon=None if math.isinf(eps) else eps)
         self.entries.append(entry)
         return entry
@@ -324,14 +307,15 @@ class PrivacyLedger:
         if not isinstance(entries, list):
             raise CheckpointError("the ledger is not a list of entries")
         if not entries:
-            return cls("none")
+            return cls(Notion.NONE)
         first = LedgerEntry.from_dict(entries[0])
         clients = 1 + max((k for e in entries if isinstance(e, dict)
                            for k in e.get("participants") or ()), default=0)
         try:
             ledger = cls(
-                first.notion, None, first.sigma, first.delta, first.accountant or "rdp",
-                first.round_epsilon, first.threat_model, first.noise, clients,
+                first.notion, None, first.sigma, first.delta,
+                first.accountant or AccountantName.RDP, first.round_epsilon,
+                first.threat_model, first.noise, clients,
             )
         except ConfigError as exc:
             raise CheckpointError(f"the ledger is malformed ({exc})") from None
@@ -365,7 +349,7 @@ class PrivacyLedger:
         if not isinstance(entries, list):
             raise CheckpointError("the ledger is not a list of entries")
         loaded = [LedgerEntry.from_dict(e) for e in entries]
-        gaussian = self.notion in _GAUSSIAN
+        gaussian = Notion(self.notion).gaussian
         expected = {
             "notion": self.notion, "threat_model": self.threat_model, "noise": self.noise,
             "sigma": self.sigma if gaussian else None,

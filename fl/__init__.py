@@ -9,7 +9,8 @@ load on first use.
 
 from typing import Any
 
-from fedlap_privacy.fl.config import METHODS, PRESETS, TrainConfig
+from fedlap_privacy.fl.config import PRESETS, TrainConfig
+from fedlap_privacy.fl.config_rules import METHODS
 
 __all__ = ["METHODS", "PRESETS", "TrainConfig", "TrainResult", "resume", "train"]
 

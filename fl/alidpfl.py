@@ -143,8 +143,8 @@ class ALIDPFL(Method):
 
     def init_server_state(self, model: nn.Module, ledger: PrivacyLedger) -> State:
         cfg = self.cfg
-        if cfg.target_eps is None or cfg.sigma is None:
-            raise ConfigError("ali-dpfl needs a privacy budget --target-eps and a fixed --sigma")
+        cfg.spec.check(cfg)  # the method table's rule: a budget and a fixed sigma
+        assert cfg.target_eps is not None
         self._ledger = ledger
         return {
             "tau": int(cfg.local_steps),

@@ -42,6 +42,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import DiracCanaryStep, dirac_canaries, dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods import Reply
 from fedlap_privacy.fl.randomness import dp_generator
+from fedlap_privacy.vocabulary import CanaryKind
 
 __all__ = ["DIRAC_SCALE", "CanarySet", "audit_dp_steps", "flat_weights"]
 
@@ -69,12 +70,12 @@ class CanarySet(CanaryState):
         client = torch.arange(m) % cfg.clients
         out = cls(kind, included, client)
         d = sum(p.numel() for p in model.parameters())
-        if kind == "white-box":
+        if kind == CanaryKind.WHITE_BOX:
             out.dedicated = cfg.resolved_canary_coordinates == "dedicated"
             out.coordinates = (torch.arange(m) if out.dedicated
                                else _dirac_coordinates(model, m, gen))
             out.scores = torch.zeros(m, dtype=torch.float64)
-        elif kind == "black-box":
+        elif kind == CanaryKind.BLACK_BOX:
             out.images = torch.rand((m, *x_shape), generator=gen) * 4.0 - 2.0
             picks = [client_labels[int(k)].unique() for k in client]
             out.labels = torch.stack([
@@ -103,7 +104,7 @@ class CanarySet(CanaryState):
 
     def client_records(self, k: int) -> tuple[Tensor, Tensor] | None:
         """Client k's included black-box canary records (None for other kinds)."""
-        if self.kind != "black-box":
+        if self.kind != CanaryKind.BLACK_BOX:
             return None
         assert self.images is not None and self.labels is not None
         mine = (self.client == k) & self.included
@@ -170,5 +171,6 @@ def audit_dp_steps(
         for _ in range(steps):
             batch = poisson_sample(n, batch_size / n, generator)
             dp_gradient(model, x[batch], y[batch], clip, sigma, batch_size, generator)
-    return CanaryState("white-box", included, torch.zeros(canaries, dtype=torch.int64),
-                       coordinates=coordinates, scores=scores)
+    return CanaryState(CanaryKind.WHITE_BOX.value, included,
+                       torch.zeros(canaries, dtype=torch.int64), coordinates=coordinates,
+                       scores=scores)

@@ -61,7 +61,9 @@ import numpy as np
 
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import METHODS, TrainConfig, parse_overrides, resolve_config
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_resolve import parse_overrides, resolve_config
+from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
 from fedlap_privacy.fl.run_files import (
     holds_run,
@@ -198,7 +200,7 @@ def check_overrides(settings: Sequence[str], several_counts: bool) -> None:
 def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequence[str],
                  schedule: str = "auto") -> dict[str, TrainConfig]:
     """Each method's base configuration, resolved as ``train`` resolves it
-    (:func:`~fedlap_privacy.fl.config.resolve_config`): FedLAP-DP gets its ``schedule``
+    (:func:`~fedlap_privacy.fl.config_resolve.resolve_config`): FedLAP-DP gets its ``schedule``
     (by default picked from the client size), and no other method gets its keys."""
     _check_methods(methods)
     if schedule != "auto" and SCHEDULED_METHOD not in methods:

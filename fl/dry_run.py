@@ -43,14 +43,13 @@ from fedlap_privacy.fl.run_files import (
     load_private,
     load_release,
 )
+from fedlap_privacy.vocabulary import Notion
 
 __all__ = [
     "ComparePlan", "DataPlan", "RoundTiming", "RunPlan", "TrainPlan", "plan_compare",
     "plan_run", "plan_train", "read_data", "time_rounds",
 ]
 
-#: ALI-DPFL's tau adapts; its first round's tau is the one a dry run can know
-_ADAPTIVE_TAU = "ali-dpfl"
 #: the noise of the timing rounds: it does not change their time, and it is large enough
 #: that ALI-DPFL's own budget (its target) leaves room for the two timing rounds
 _TIMING_SIGMA = 50.0
@@ -182,10 +181,6 @@ def read_data(cfg: TrainConfig, split_seed: int | None = None
     return cfg, plan, data
 
 
-def _accesses(cfg: TrainConfig) -> int:
-    return cfg.local_steps if cfg.method == _ADAPTIVE_TAU else cfg.accesses_per_round
-
-
 def _synthetic(data: Dataset, seed: int = 0) -> Dataset:
     """Random records of ``data``'s shapes and sizes, balanced labels: nothing of its content."""
     rng = np.random.default_rng(seed)
@@ -228,7 +223,7 @@ def time_rounds(cfg: TrainConfig, data: Dataset, device: str = "auto") -> RoundT
     for step in (1, 2):
         timed = dataclasses.replace(
             cfg, rounds=1, client_fraction=1.0, sigma=_TIMING_SIGMA, data_dir=None,
-            target_eps=cfg.target_eps if cfg.method == _ADAPTIVE_TAU else None,
+            target_eps=cfg.target_eps if cfg.spec.target_is_budget else None,
             **_timing_knobs(cfg, step),
         )
         marks: dict[str, float] = {"begin": time.perf_counter()}
@@ -269,10 +264,10 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
     ledger = build_ledger(planned, list(sizes))
     if ledger_entries:
         ledger.load(ledger_entries)
-    steps = _accesses(planned)
+    steps = planned.spec.first_steps(planned)
     everyone = list(range(planned.clients))
     stop, rounds_run = None, 0
-    gaussian_or_local = ledger.notion != "none"
+    gaussian_or_local = ledger.notion != Notion.NONE
     for m in range(start_round, planned.rounds + 1):
         if planned.target_eps is not None and gaussian_or_local and (
                 ledger.projected_epsilon(steps) > planned.target_eps):

@@ -77,6 +77,7 @@ from fedlap_privacy.fl.fedavg import local_training
 from fedlap_privacy.fl.method_table import LDP_MAX_EPSILON
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State
 from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.vocabulary import Notion
 
 __all__ = [
     "LDPFL",
@@ -263,7 +264,7 @@ class LDPFL(Method):
     """
 
     def init_server_state(self, model: nn.Module, ledger: PrivacyLedger) -> State:
-        if ledger.notion != "local" or ledger.round_epsilon != self.epsilon:
+        if ledger.notion != Notion.LOCAL or ledger.round_epsilon != self.epsilon:
             raise ValueError("LDP-FL runs under a local ledger with round_epsilon = ldp_epsilon")
         return {"ranges": layer_ranges(model.state_dict())}
 

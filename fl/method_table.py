@@ -2,7 +2,7 @@
 
 Torch-free (the configuration, ``compare`` and the Flower node policy read it without
 loading any method's code). A row says: the privacy notion
-(:class:`~fedlap_privacy.ledger.Notion`), the class that implements the method
+(:class:`~fedlap_privacy.vocabulary.Notion`), the class that implements the method
 (``module:Class``, imported on use), the accesses to private data a round is accounted
 for (T of Theorem 5.8, the worst case), the method's own configuration checks, how
 ``compare`` gives it a privacy budget, and the facts other parts ask about (whether it
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from fedlap_privacy.accountant.client_level import update_sigma
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.ledger import Notion
+from fedlap_privacy.vocabulary import Notion
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
@@ -101,11 +101,27 @@ class MethodSpec:
     public: tuple[str, ...] = ()  # metadata released without noise, beyond sizes/selection
     fixed_cohorts: bool = False  # its accountant prices fixed-size cohorts (clients_per_round)
     adaptive_clip: bool = False  # the clip norm may follow a quantile (clip_quantile)
+    #: T of the first round where the method adapts T per round (ALI-DPFL: local_steps, its
+    #: first tau); None: ``accounted_steps``
+    first_round_steps: Callable[[TrainConfig], int] | None = None
+    #: the public value broadcast each round that says the round's T (ALI-DPFL: "tau"), at
+    #: most ``accounted_steps``; None: every round is accounted ``accounted_steps``
+    broadcast_steps: str | None = None
 
     @property
     def private(self) -> bool:
         """Gaussian noise of multiplier sigma, accounted as (epsilon, delta)-DP."""
-        return self.notion in (Notion.RECORD, Notion.CLIENT)
+        return self.notion.gaussian
+
+    @property
+    def target_is_budget(self) -> bool:
+        """Whether a target epsilon is the method's own budget, spent at a fixed sigma (ALI-
+        DPFL), rather than the epsilon sigma is planned for (``Budget.PLAN_SIGMA``)."""
+        return self.budget is Budget.ALI
+
+    def first_steps(self, cfg: TrainConfig) -> int:
+        """T of the run's first round (the dry run's figure)."""
+        return (self.first_round_steps or self.accounted_steps)(cfg)
 
 
 _CLASSES = ("each client's list of classes (the labels of its synthetic set)",)
@@ -126,7 +142,8 @@ METHOD_TABLE: dict[str, MethodSpec] = {spec.name: spec for spec in (
                releases_gradients=True, proximal=True),
     MethodSpec("ali-dpfl", Notion.RECORD, "fedlap_privacy.fl.alidpfl:ALIDPFL", Budget.ALI,
                lambda cfg: cfg.tau_max, _check_ali_dpfl, releases_gradients=True,
-               public=("the number of local iterations tau of each round",)),
+               public=("the number of local iterations tau of each round",),
+               first_round_steps=_local_steps, broadcast_steps="tau"),
     MethodSpec("dp-normfedavg", Notion.CLIENT, "fedlap_privacy.fl.normfedavg:DPNormFedAvg",
                Budget.PLAN_SIGMA, lambda cfg: 1),
     MethodSpec("dp-fedavg-client", Notion.CLIENT,

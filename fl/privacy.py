@@ -10,15 +10,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fedlap_privacy.accountant import FedLAPSchedule, epsilon, plan_sigma
+from fedlap_privacy.accountant import AccountantName, FedLAPSchedule, epsilon, plan_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.ledger import (
-    NOTION_THREAT_MODELS,
-    Notion,
-    PrivacyLedger,
-    selection_withheld,
-)
+from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
+from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, NoiseKind, Notion, ThreatModel
 
 __all__ = [
     "build_ledger", "check_accountable", "privacy_block", "privacy_warnings", "run_schedule",
@@ -58,7 +54,7 @@ def with_planned_sigma(cfg: TrainConfig, client_sizes: list[int]) -> TrainConfig
         return cfg
     if cfg.target_eps is None:
         raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
-    if cfg.resolved_threat_model == "server":
+    if cfg.resolved_threat_model == ThreatModel.SERVER:
         schedule = dataclasses.replace(schedule, client_fraction=1.0)
     sigma = plan_sigma(schedule, cfg.rounds, cfg.target_eps, cfg.delta, cfg.accountant)
     if cfg.notion == Notion.CLIENT:  # the plan is the accounted multiplier
@@ -75,7 +71,7 @@ def check_accountable(cfg: TrainConfig, schedule: FedLAPSchedule, sigma: float) 
     memory budget; a run beyond it (very small sigma, or very many accesses) is one line
     naming the RDP fallback, not an error in the middle of training.
     """
-    if cfg.accountant == "rdp":
+    if cfg.accountant == AccountantName.RDP:
         return
     worst = dataclasses.replace(schedule, client_fraction=1.0)
     try:
@@ -124,10 +120,10 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     reveals nothing of the selection either.
     """
     gaussian = cfg.private
-    allowed = NOTION_THREAT_MODELS[ledger.notion]
+    allowed = NOTION_THREAT_MODELS[Notion(ledger.notion)]
     withheld = selection_withheld(ledger.threat_model)
     shown = ledger.released() if withheld else ledger
-    by_threat = {t: shown.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
+    by_threat = {t.value: shown.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
     eps = by_threat[ledger.threat_model] if by_threat and ledger.threat_model else ledger.epsilon
     return {
         "notion": ledger.notion,
@@ -140,7 +136,7 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
         "epsilon_by_accountant": shown.epsilon_by_accountant() if gaussian else None,
         "round_epsilon": ledger.round_epsilon,
         "noise": ledger.noise,
-        "private": ledger.notion != "none" and ledger.noise == "secret",
+        "private": ledger.notion != Notion.NONE and ledger.noise == NoiseKind.SECRET,
         "public": list(cfg.public_metadata),
         "selection": "withheld" if withheld else "released",
         # client level: who takes part each round and how that is accounted
@@ -154,12 +150,12 @@ def privacy_warnings(cfg: TrainConfig, sizes: list[int]) -> list[str]:
     out = []
     if cfg.private:
         unit, n = ("records of the smallest client", min(sizes))
-        if cfg.notion == "client-level":
+        if cfg.notion == Notion.CLIENT:
             unit, n = "clients", cfg.clients
         if cfg.delta >= 1.0 / n:
             out.append(f"delta {cfg.delta:g} is not well below 1/{n} ({n} {unit}): a mechanism "
                        "that publishes one record in the clear meets it; use delta << 1/n")
-    if cfg.notion != "none" and cfg.reproducible_noise:
+    if cfg.notion != Notion.NONE and cfg.reproducible_noise:
         out.append("--reproducible-noise: the DP noise is derived from the seed, so anyone "
                    "with the seed can remove it; this run is NOT private")
     return out

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.vocabulary import NoiseKind
 
 __all__ = [
     "SERVER_KEY", "dp_generator", "run_split_seed", "secret_generator", "secret_seed",
@@ -74,6 +75,6 @@ def run_split_seed(cfg: TrainConfig, secret: int | None = None) -> int:
 def dp_generator(cfg: TrainConfig, device: torch.device, *keys: int) -> torch.Generator:
     """The DP randomness of one party's step: secret, or ``(cfg.seed, *keys)`` when the run
     asked for ``reproducible_noise`` or is not private (nothing to protect)."""
-    if cfg.noise != "secret":
+    if cfg.noise != NoiseKind.SECRET:
         return seeded_generator(device, cfg.seed, *keys)
     return secret_generator(device)

@@ -88,6 +88,7 @@ from fedlap_privacy.run_lock import LOCK_FILE, RunLock
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
 from fedlap_privacy.threads import follow_load
 from fedlap_privacy.user_data import HELD_OUT_NOTE
+from fedlap_privacy.vocabulary import CanaryKind, NoiseKind, Notion
 
 __all__ = [
     "CHECKPOINT", "METRICS", "AskClients", "TrainResult", "client_parts", "local_clients",
@@ -229,7 +230,7 @@ def local_clients(
     cohort at once where the method and the model allow (``cohort_training``,
     :mod:`~fedlap_privacy.fl.cohort`), else each in turn."""
     if run.vectorised and chosen:
-        if run.cfg.noise != "seeded":
+        if run.cfg.noise != NoiseKind.SEEDED:
             follow_load()
         gens = [dp_generator(run.cfg, run.device, m, k + 1) for k in chosen]
         replies = run.method.cohort_client(run.model, run.x_train, run.y_train,
@@ -240,7 +241,7 @@ def local_clients(
     replies = []
     clock = RoundClock(m, len(chosen))
     for position, k in enumerate(chosen):
-        if run.cfg.noise != "seeded":  # a seeded run keeps its threads: bit-for-bit rounding
+        if run.cfg.noise != NoiseKind.SEEDED:  # a seeded run keeps its threads (bit for bit)
             follow_load()
         x, y = run.client_records(k)
         gen = dp_generator(run.cfg, run.device, m, k + 1)
@@ -324,7 +325,7 @@ class _Run:
     # ---------------------------------------------------------------- canaries
     def canary_context(self, k: int, m: int, n_k: int) -> contextlib.AbstractContextManager:
         """Client k's white-box canaries in its DP steps of round m (a no-op otherwise)."""
-        if self.canaries is None or self.canaries.kind != "white-box":
+        if self.canaries is None or self.canaries.kind != CanaryKind.WHITE_BOX:
             return contextlib.nullcontext()
         rate = self.cfg.batch_size / n_k
         return dirac_canaries(self.canaries.dirac_step(self.cfg, k, rate, m, self.device))
@@ -523,7 +524,7 @@ class _Run:
         info = self.method.round_info(m, self.server_state)
         replies = self.ask_clients(self, m, chosen, info, callback)
         extra: dict[str, Any] = {}
-        canary_clients = self.canaries is not None and self.canaries.kind == "clients"
+        canary_clients = self.canaries is not None and self.canaries.kind == CanaryKind.CLIENTS
         if replies or self.method.aggregate_without_replies:
             server_gen = dp_generator(cfg, self.device, m, SERVER_KEY)
             before = flat_weights(self.model) if canary_clients else None
@@ -700,7 +701,8 @@ def _execute(run: _Run, callback: Callback | None, estimate: bool = False) -> Tr
         m = run.round + 1
         steps = run.method.accounted_steps(run.server_state)
         reason = run.method.stop_reason(run.server_state)
-        if reason is None and cfg.target_eps is not None and run.ledger.notion != "none":
+        if (reason is None and cfg.target_eps is not None
+                and run.ledger.notion != Notion.NONE):
             if run.ledger.projected_epsilon(steps) > cfg.target_eps:
                 reason = f"target epsilon {cfg.target_eps} would be exceeded in round {m}"
         if reason is None and stop_requested():

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
 
-from fedlap_privacy.fl.config import METHODS
+from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.flower.run_config import toml_table
 from fedlap_privacy.fl.flower_app import client_app
 

@@ -39,7 +39,8 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from fedlap_privacy.errors import ConfigError, DataError
-from fedlap_privacy.fl.config import TrainConfig, typed_value
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_resolve import typed_value
 from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
 from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
 from fedlap_privacy.fl.flower.node_model import (

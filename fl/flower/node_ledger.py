@@ -40,7 +40,8 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.policy import PRICING, NodePolicy, PolicyRefusal
-from fedlap_privacy.ledger import Notion, PrivacyLedger, ledger_digest
+from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
+from fedlap_privacy.vocabulary import Notion, ThreatModel
 
 __all__ = ["FORMAT", "NodeLedger", "default_state_dir"]
 
@@ -119,7 +120,7 @@ class NodeLedger:
         if projected + earlier > budget:
             spent = f"this run {projected:.4g}" + (f" + earlier runs {earlier:.4g}"
                                                    if earlier else "")
-            what = "epsilon" if self.ledger.notion == "record-level" else (
+            what = "epsilon" if self.ledger.notion == Notion.RECORD else (
                 f"{self.ledger.notion} epsilon")
             key = PRICING[Notion(self.ledger.notion)].budget
             raise PolicyRefusal(f"round {round_} would spend {what} {projected + earlier:.4g} "
@@ -143,7 +144,7 @@ class NodeLedger:
             saved = _read(other)
             last = saved["entries"][-1] if saved["entries"] else None
             if (saved["content_hash"] == self.content_hash and last
-                    and last["notion"] == self.ledger.notion != "none"):
+                    and last["notion"] == self.ledger.notion != Notion.NONE):
                 eps = last["epsilon"]
                 total += math.inf if eps is None else float(eps)
         return total
@@ -175,15 +176,15 @@ def _new_ledger(cfg: TrainConfig, size: int, policy: NodePolicy,
     """A one-client ledger at the node's N_k, delta and accountant (module docstring;
     ``accountant``: the one a saved run's entries record, which it keeps)."""
     noise = cfg.noise
-    if cfg.notion == "local":
-        return PrivacyLedger("local", round_epsilon=cfg.ldp_epsilon, noise=noise, clients=1)
-    if cfg.notion != "record-level" or cfg.sigma is None:  # admitted by a trusting node
-        return PrivacyLedger("none", noise=noise, clients=1)
+    if cfg.notion == Notion.LOCAL:
+        return PrivacyLedger(Notion.LOCAL, round_epsilon=cfg.ldp_epsilon, noise=noise, clients=1)
+    if cfg.notion != Notion.RECORD or cfg.sigma is None:  # admitted by a trusting node
+        return PrivacyLedger(Notion.NONE, noise=noise, clients=1)
     if cfg.batch_size > size:
         raise PolicyRefusal(f"batch size {cfg.batch_size} is larger than the node's "
                             f"{size} records")
     schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=size,
                               local_steps=cfg.accesses_per_round, client_fraction=1.0)
-    return PrivacyLedger("record-level", schedule, cfg.sigma, policy.delta,
-                         accountant or policy.accountant, threat_model="server", noise=noise,
-                         clients=1)
+    return PrivacyLedger(Notion.RECORD, schedule, cfg.sigma, policy.delta,
+                         accountant or policy.accountant, threat_model=ThreatModel.SERVER,
+                         noise=noise, clients=1)

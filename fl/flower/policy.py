@@ -59,20 +59,21 @@ from typing import Any
 
 from torch import Tensor
 
-from fedlap_privacy.accountant import ACCOUNTANTS
+from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.ldpfl import layer_ranges
 from fedlap_privacy.fl.method_table import METHOD_TABLE
 from fedlap_privacy.fl.methods import RoundInfo
-from fedlap_privacy.ledger import NOTION_THREAT_MODELS, Notion
 from fedlap_privacy.model_factory import DEFAULT_TABULAR
+from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, Notion, ThreatModel
 
 __all__ = ["NODE_THREAT_MODELS", "PRICING", "NodePolicy", "PolicyRefusal", "Pricing",
            "accesses_of", "node_round_info"]
 
-#: the threat models a node ledger can hold for (see the module docstring)
-NODE_THREAT_MODELS = ("server", "trusted-server")
+#: the threat models a node ledger can hold for (see the module docstring): a node sees only
+#: the rounds it answered, so it cannot check that the selection stayed hidden
+NODE_THREAT_MODELS = (ThreatModel.SERVER, ThreatModel.TRUSTED_SERVER)
 #: node config keys that are not policy keys
 NODE_KEYS = ("partition-id", "num-partitions", "device", "data-dir", "data-file", "state-dir",
              "policy-file")
@@ -117,8 +118,8 @@ class NodePolicy:
     delta: float = 1e-5  # the node's delta: the largest a run may use; its ledger's delta
     epsilon: float = 10.0  # the node's record-level budget over every run on its records
     local_epsilon: float = 10.0  # its local-DP budget (per weight), if it admits ldp-fl
-    threat_model: str = "server"
-    accountant: str = "pld"  # the node's own (PLD, the tightest; "rdp": Theorem 5.8's)
+    threat_model: str = ThreatModel.SERVER.value
+    accountant: str = AccountantName.PLD  # the node's own (PLD, the tightest; "rdp": Theorem 5.8's)
     allow_reproducible_noise: bool = False
     allowed_models: tuple[str, ...] = (DEFAULT_TABULAR,)  # factory specs it may import
 
@@ -139,7 +140,8 @@ class NodePolicy:
             (self.threat_model in NODE_THREAT_MODELS,
              f"threat-model {self.threat_model!r} must be server or trusted-server (a node "
              "sees only the rounds it answered: hidden selection cannot be checked)"),
-            (self.accountant in ACCOUNTANTS, f"accountant must be one of {ACCOUNTANTS}"),
+            (self.accountant in accountant_names(),
+             f"accountant must be one of {accountant_names()}"),
             (not malformed, f"allowed-models: {malformed[0] if malformed else ''!r} is not "
              "module:FUNC or FILE.py:FUNC"),
         ]
@@ -234,7 +236,8 @@ class NodePolicy:
             raise PolicyRefusal(f"method {cfg.method} is not allowed by the node's policy "
                                 f"(allowed: {', '.join(self.allowed_methods) or 'none'})"
                                 f"{opt_in}")
-        if self.threat_model == "server" and "server" not in NOTION_THREAT_MODELS[cfg.notion]:
+        if (self.threat_model == ThreatModel.SERVER
+                and ThreatModel.SERVER not in NOTION_THREAT_MODELS[cfg.notion]):
             raise PolicyRefusal(f"{cfg.method} has no guarantee against the server "
                                 f"({cfg.notion} privacy), the node's threat model")
 
@@ -270,15 +273,18 @@ class NodePolicy:
 
 
 def accesses_of(cfg: TrainConfig, info: RoundInfo) -> int:
-    """T of this round: the accesses the client step may make (ALI-DPFL: the broadcast tau)."""
-    if cfg.method != "ali-dpfl":
+    """T of this round: the accesses the client step may make (a method that adapts T per
+    round broadcasts it, ALI-DPFL its tau: at most the T its rounds are accounted for)."""
+    key = cfg.spec.broadcast_steps
+    if key is None:
         return cfg.accesses_per_round
-    tau = info.extras.get("tau")
-    if isinstance(tau, bool) or not isinstance(tau, int) or tau < 1:
-        raise PolicyRefusal(f"ALI-DPFL tau {tau!r} must be an integer >= 1")
-    if tau > cfg.tau_max:
-        raise PolicyRefusal(f"ALI-DPFL tau {tau} above tau_max {cfg.tau_max}")
-    return tau
+    steps = info.extras.get(key)
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise PolicyRefusal(f"{cfg.method} {key} {steps!r} must be an integer >= 1")
+    if steps > cfg.accesses_per_round:
+        raise PolicyRefusal(f"{cfg.method} {key} {steps} above the {cfg.accesses_per_round} "
+                            "accesses its rounds are accounted for")
+    return steps
 
 
 def node_round_info(cfg: TrainConfig, info: RoundInfo, weights: dict[str, Tensor]

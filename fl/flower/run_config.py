@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import TrainConfig, config_value, field_types, typed_value
+from fedlap_privacy.fl.config import TrainConfig, field_types
+from fedlap_privacy.fl.config_resolve import config_value, typed_value
 
 __all__ = [
     "APP_NAME", "DRIVER_DEFAULTS", "config_from_run_config", "config_values", "parse_config",
@@ -55,7 +56,7 @@ def config_values(cfg: TrainConfig) -> dict[str, Value]:
 
 def parse_config(values: dict[str, Any]) -> TrainConfig:
     """The :class:`TrainConfig` of run-config values (strict; see the module docstring):
-    every value through :func:`fedlap_privacy.fl.config.config_value`, the one parser."""
+    every value through :func:`fedlap_privacy.fl.config_resolve.config_value`, the one parser."""
     out = {key.replace("-", "_"): config_value(key.replace("-", "_"), raw, text=False)
            for key, raw in values.items()}
     return TrainConfig.from_dict(out)

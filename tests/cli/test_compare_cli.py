@@ -87,7 +87,7 @@ TINIEST = ["--set", "width=4", "--set", "local_steps=1", "--set", "reinits=1",
 def test_compare_with_the_default_methods_runs_every_method(tmp_path):
     """No --methods: all of them, ALI-DPFL (a fixed sigma and its own budget) and LDP-FL (a
     per-weight epsilon) included; each private one spends at most its target."""
-    from fedlap_privacy.fl.config import METHODS
+    from fedlap_privacy.fl.config_rules import METHODS
 
     ok = CliRunner().invoke(
         app, ["compare", "--eps", "5", "--rounds", "1", *TINIEST, "--out", str(tmp_path)],

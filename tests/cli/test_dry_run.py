@@ -77,7 +77,7 @@ def test_resume_dry_run_continues_the_ledger(tmp_path, constant_timing):
 
 
 def test_compare_dry_run_plans_every_method(tmp_path, constant_timing):
-    from fedlap_privacy.fl.config import METHODS
+    from fedlap_privacy.fl.config_rules import METHODS
 
     ok = _invoke(["compare", "--eps", "3", "--rounds", "1", *TINY, "--set", "max_loops=1",
                   "--set", "real_batches=1", "--set", "server_epochs=1", "--out",

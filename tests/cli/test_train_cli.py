@@ -44,7 +44,7 @@ def test_summary_reports_upload_bytes(tmp_path: Path) -> None:
 
 
 def test_one_resolver_layers_preset_flags_and_settings() -> None:
-    from fedlap_privacy.fl.config import config_value, resolve_config
+    from fedlap_privacy.fl.config_resolve import config_value, resolve_config
 
     cfg = resolve_config("paper-dp", {"rounds": 3, "sigma": None}, ["lr_net=0.01"])
     assert (cfg.method, cfg.rounds, cfg.lr_net, cfg.sigma) == ("fedlap-dp", 3, 0.01, 1.0)

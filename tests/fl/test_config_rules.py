@@ -1,5 +1,5 @@
-"""Every configuration key has a declared rule (``fl.config.FIELD_RULES``: type, finite, range)
-and :meth:`TrainConfig.validate` applies them all, in one place, before any data is read.
+"""Every configuration key has a declared rule (``fl.config_rules.FIELD_RULES``: type, finite,
+range) and :meth:`TrainConfig.validate` applies them all, in one place, before any data is read.
 
 Iterating over the dataclass's fields makes a key added without a rule fail here.
 """
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import FIELD_RULES, MAX_ROUNDS, TrainConfig, field_types
+from fedlap_privacy.fl.config import TrainConfig, field_types
+from fedlap_privacy.fl.config_rules import FIELD_RULES, MAX_ROUNDS
 
 FIELDS = [f.name for f in dataclasses.fields(TrainConfig)]
 #: values of the wrong type (or not finite) for a key of each type
@@ -46,7 +47,8 @@ def test_every_key_has_exactly_one_rule() -> None:
 
 
 def test_the_defaults_and_the_presets_satisfy_their_rules() -> None:
-    from fedlap_privacy.fl.config import PRESETS, resolve_config
+    from fedlap_privacy.fl.config import PRESETS
+    from fedlap_privacy.fl.config_resolve import resolve_config
 
     TrainConfig().validate()
     for preset in PRESETS:

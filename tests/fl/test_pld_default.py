@@ -17,7 +17,8 @@ from helpers import tiny
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.accountant.dp_events import schedule_event
 from fedlap_privacy.fl.compare import _client_sizes
-from fedlap_privacy.fl.config import TrainConfig, resolve_config
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_resolve import resolve_config
 from fedlap_privacy.fl.privacy import build_ledger, privacy_block, with_planned_sigma
 from fedlap_privacy.fl.simulation import train
 

@@ -21,7 +21,8 @@ from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import TRAIN_RECORDS, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.compare import bases_by_rounds, method_bases, plan_jobs
-from fedlap_privacy.fl.config import PRESETS, TrainConfig, fedlap_schedule, resolve_config
+from fedlap_privacy.fl.config import PRESETS, TrainConfig
+from fedlap_privacy.fl.config_resolve import fedlap_schedule, resolve_config
 from fedlap_privacy.fl.schedule import AUTHORS_DP, LARGE_MIN_RECORDS, SCHEDULES, large_reinits
 
 SMALL_T, LARGE_T, AUTHORS_T = 1 * 5 * 2, 1 * 5 * 10, 4 * 5 * 10

@@ -13,7 +13,8 @@ from user_records import CLASSES, FEATURES, blobs, tabular_folder
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.errors import CheckpointError, ConfigError
-from fedlap_privacy.fl.config import METHODS, TrainConfig
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.simulation import resume, train
 from fedlap_privacy.run_state import ModelRelease
 

@@ -104,7 +104,7 @@ ATTACKS = [
     ("no synthetic steps", dict(method="fedlap-dp", syn_steps=0, reinits=1, max_loops=1,
                                 real_batches=1), None, r"syn-steps 0"),
     ("tau above tau_max", dict(method="ali-dpfl", target_eps=5.0, tau_max=100), {"tau": 500},
-     r"ALI-DPFL tau 500 above tau_max 100"),
+     r"ali-dpfl tau 500 above the 100 accesses its rounds are accounted for"),
     ("tau above the node's maximum", dict(method="ali-dpfl", target_eps=5.0, tau_max=1000),
      {"tau": 300}, r"300 accesses per round above the node's maximum 200"),
     ("seeded noise", dict(reproducible_noise=True), None, r"reproducible-noise .* refused"),
