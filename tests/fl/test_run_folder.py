@@ -160,7 +160,7 @@ def test_a_crash_between_the_two_checkpoint_writes_is_resumed(tmp_path, monkeypa
     # round 2 touched the data twice (the crashed attempt, then again): both are counted
     assert [(e.round, e.status) for e in result.ledger.entries] == [
         (1, "completed"), (2, "interrupted"), (2, "completed"), (3, "completed")]
-    assert result.ledger.rounds_spent == 4 and result.summary["rounds_run"] == 3
+    assert result.ledger.rounds_spent == 4 and result.summary.rounds_run == 3
     assert _staged(out) == [] and not (out / PENDING).exists()
 
 
