@@ -60,7 +60,7 @@ def _mapping(data: Any, what: str) -> Mapping[str, Any]:
 @dataclass(frozen=True)
 class PrivacyStatement:
     """The privacy statement of a run (``ckpt.pt``, the summary; built by
-    :func:`fedlap_privacy.fl.privacy.privacy_block`, which documents each field).
+    :func:`fedlap_privacy.fl.privacy.privacy_statement`, which documents each field).
 
     ``epsilon`` holds against ``threat_model`` for the ``notion``; ``public`` lists what
     the run releases without noise; ``client_sampling`` (client level only) says how the

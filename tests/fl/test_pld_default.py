@@ -18,7 +18,8 @@ from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.accountant.dp_events import schedule_event
 from fedlap_privacy.fl.compare_budgets import client_sizes
 from fedlap_privacy.fl.config import TrainConfig, resolve_config
-from fedlap_privacy.fl.privacy import build_ledger, privacy_block, with_planned_sigma
+from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
+from fedlap_privacy.fl.run_records import PrivacyStatement
 from fedlap_privacy.fl.simulation import train
 
 #: our PLD against dp-accounting's pessimistic PLD at its default grid (issue 35)
@@ -31,15 +32,15 @@ def dp_accounting_pld(schedule: FedLAPSchedule, sigma: float, rounds: int, delta
     return float(accountant.get_epsilon(delta))
 
 
-def _priced(cfg: TrainConfig) -> dict:
-    """The privacy block ``train`` would release after every round of ``cfg`` (every client
+def _priced(cfg: TrainConfig) -> PrivacyStatement:
+    """The privacy statement ``train`` would release after every round of ``cfg`` (every client
     selected every round, as the default's client fraction 1 does)."""
     sizes = client_sizes(cfg)
     cfg = with_planned_sigma(cfg, sizes)
     ledger = build_ledger(cfg, sizes)
     for m in range(1, cfg.rounds + 1):
         ledger.record(m, cfg.accesses_per_round, list(range(cfg.clients)))
-    return privacy_block(cfg, ledger)
+    return privacy_statement(cfg, ledger)
 
 
 def test_the_default_run_reports_pld_below_rdp_and_equal_to_dp_accounting() -> None:
@@ -48,9 +49,9 @@ def test_the_default_run_reports_pld_below_rdp_and_equal_to_dp_accounting() -> N
     block = _priced(cfg)
     schedule = FedLAPSchedule(batch_size=64, client_size=281, local_steps=10)
     assert min(client_sizes(cfg)) == 281 and cfg.accesses_per_round == 10
-    by = block["epsilon_by_accountant"]
-    assert block["accountant"] == "pld" and list(by) == ["pld", "rdp"]
-    assert block["epsilon"] == by["pld"]
+    by = block.epsilon_by_accountant
+    assert by is not None and block.accountant == "pld" and list(by) == ["pld", "rdp"]
+    assert block.epsilon == by["pld"]
     assert by["pld"] == pytest.approx(dp_accounting_pld(schedule, 1.5, 10, 1e-5), rel=PLD_RTOL)
     # RDP's figure is Theorem 5.8's, the number the default run quoted before (9.546)
     assert by["rdp"] == pytest.approx(epsilon(schedule, 1.5, 10, 1e-5), rel=1e-12)
@@ -60,8 +61,8 @@ def test_the_default_run_reports_pld_below_rdp_and_equal_to_dp_accounting() -> N
     assert 0.08 < 1 - by["pld"] / by["rdp"] < 0.095
     # an RDP run (--set accountant=rdp): the same two figures, RDP's first and guaranteed
     rdp = _priced(dataclasses.replace(cfg, accountant="rdp"))
-    assert rdp["accountant"] == "rdp" and list(rdp["epsilon_by_accountant"]) == ["rdp", "pld"]
-    assert rdp["epsilon"] == by["rdp"] and rdp["epsilon_by_accountant"] == by
+    assert rdp.accountant == "rdp" and list(rdp.epsilon_by_accountant or {}) == ["rdp", "pld"]
+    assert rdp.epsilon == by["rdp"] and rdp.epsilon_by_accountant == by
 
 
 def test_a_target_is_planned_to_the_same_guarantee_with_less_noise() -> None:
