@@ -2,7 +2,10 @@
 
 One call of :func:`train` runs a whole federated training (or resumes one) with the client
 and server steps of the method (:mod:`fedlap_privacy.fl.methods`), the same ones the Flower
-driver calls.
+driver calls. The run's state, one round and its commit are
+:class:`~fedlap_privacy.fl.training_run.TrainingRun`; the split of the records,
+:mod:`~fedlap_privacy.fl.run_split`; what a run returns and writes as JSON (its summary, its
+rounds, its privacy statement), :mod:`~fedlap_privacy.fl.run_records`.
 Randomness (:mod:`~fedlap_privacy.fl.randomness`): the seed fixes the initial weights; the
 split seed (secret unless ``split_seed`` is set) fixes the split, the validation hold-out
 and the client subsets; the DP randomness (selection, batches, noise) is secret, drawn from

@@ -111,7 +111,7 @@ def test_a_resumed_run_keeps_the_accountant_it_started_with(tmp_path) -> None:
     cfg = tiny(method="dp-fedavg", rounds=1, local_steps=1, accountant="rdp")
     out = tmp_path / "run"
     first = train(cfg, out).summary
-    assert first["accountant"] == "rdp"
+    assert first.privacy.accountant == "rdp"
     edit_config(out, lambda c: {k: v for k, v in c.items() if k != "accountant"})  # an old run
     resumed = resume(out, rounds=2)
     assert resumed.summary.privacy.accountant == "rdp"
