@@ -213,7 +213,7 @@ def test_scaffold_trains_on_digits_with_double_upload():
     scaffold = train(tiny(method="scaffold", **LEARNS), None, device="cpu")
     assert scaffold.history[-1].test_accuracy > 0.4  # chance is 0.1
     for a, b in zip(scaffold.history, fedavg.history, strict=True):
-        assert a["upload_bytes"] == 2 * b["upload_bytes"] > 0
+        assert a.upload_bytes == 2 * b.upload_bytes > 0
     # round 1 (c = c_k = 0, server_lr 1, N_k/N weights) is exactly a FedAvg round
     assert scaffold.history[0].test_accuracy == fedavg.history[0].test_accuracy
     assert scaffold.history[1].extras["control_variate_norm"] > 0
