@@ -98,8 +98,8 @@ def runs(args: argparse.Namespace) -> None:
                 assert one_run is not None
                 cells = [f"{audited:.1f}", f"{one_run['epsilon_lower_bound']:.2f}",
                          f"{one_run['ceiling']:.2f}", one_run["verdict"]]
-            print(f"| {m} canaries | {100 * summary['test_accuracy']:.2f} | "
-                  f"{summary['epsilon']:.2f} | {trained:.1f} | " + " | ".join(cells) + " |")
+            print(f"| {m} canaries | {100 * summary.test_accuracy:.2f} | "
+                  f"{summary.privacy.epsilon:.2f} | {trained:.1f} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:

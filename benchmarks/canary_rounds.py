@@ -66,7 +66,7 @@ def main() -> None:
         model = release.build_model()
         assert state.coordinates is not None and not state.dedicated
         final = (_initial_weights(cfg) - flat_weights(model))[state.coordinates].double()
-        claim, delta = result.summary["epsilon"], cfg.delta
+        claim, delta = result.summary.privacy.epsilon, cfg.delta
         steps = ledger_steps(PrivacyLedger.replay(release.ledger))
         assert steps is not None
         curve = ClaimCurve.from_steps(steps, delta)  # the curve the audit tests

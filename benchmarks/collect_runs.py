@@ -31,18 +31,18 @@ def collect(root: Path) -> list[dict]:
         run = metrics.parent
         rows = load_history(run)
         cfg = load_run_config(run)
-        spent = rows[-1].get("rounds_spent", len(rows)) if rows else 0
+        spent = rows[-1].rounds_spent if rows else 0
         records.append({
             "run": str(run.relative_to(root)),
             **{key: getattr(cfg, key) for key in SETTINGS},
             "finished": spent >= cfg.rounds,
             "rounds_spent": spent,
-            "test_accuracy": [r["test_accuracy"] for r in rows],
+            "test_accuracy": [r.test_accuracy for r in rows],
             # older runs wrote it into metrics.jsonl
             "validation_accuracy": [v.accuracy for v in load_private(run).validation_scores]
-            or [r.get("validation_accuracy") for r in rows],
-            "epsilon": [r["epsilon"] for r in rows],
-            "seconds": [r["seconds"] for r in rows],
+            or [r.extras.get("validation_accuracy") for r in rows],
+            "epsilon": [r.epsilon for r in rows],
+            "seconds": [r.seconds for r in rows],
         })
     return records
 

@@ -39,7 +39,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.simulation import _Run, local_clients
+    from fedlap_privacy.fl.training_run import TrainingRun, local_clients
 
     cfg = TrainConfig(
         method="fedavg", dataset="fashion-mnist", data_dir=spec["data_dir"], split="shards",
@@ -47,7 +47,7 @@ def worker(spec: dict) -> dict:
         local_steps=spec["local_steps"], lr_local=0.05, width=32, depth=2, split_seed=0,
         cohort_training=spec["mode"],
     ).validate()
-    run = _Run(cfg, torch.device("cpu"), None)
+    run = TrainingRun(cfg, torch.device("cpu"), None)
     rng = np.random.default_rng(0)
     seconds, cpu = [], []
     for m in range(1, spec["rounds"] + 1):

@@ -59,7 +59,7 @@ def replay(run: Path, factors: list[float], data_dir: str, validation: int) -> l
     saved.load_state_dict(release.model_state)
     rows = []
     for factor in factors:
-        torch.manual_seed(cfg.seed)  # the run's initial model (fl.simulation._Run)
+        torch.manual_seed(cfg.seed)  # the run's initial model (fl.training_run.TrainingRun)
         model = build_model(release.model_config)
         start = clone_params(model)
         steps = server_optimisation(

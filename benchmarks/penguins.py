@@ -115,7 +115,7 @@ def main() -> None:
                 cfg = TrainConfig(**{**RUNS["DP-FedAvg, epsilon 3"], "clip": 1.0, **values,
                                      "validation_records": VALIDATION_RECORDS, "seed": seed})
                 result = train(cfg, None, "cpu", data=args.out / "data")
-                scores.append(result.summary["validation_accuracy"])
+                scores.append(result.summary.validation_accuracy)
             print(f"| {name} | {statistics.mean(scores):.1%} | "
                   f"{', '.join(f'{a:.1%}' for a in scores)} |")
         return
@@ -126,8 +126,8 @@ def main() -> None:
         for seed in args.seeds:
             cfg = TrainConfig(**{**COMMON, **values, "seed": seed})  # type: ignore[arg-type]
             result = train(cfg, None, "cpu", data=args.out / "data")
-            accs.append(result.summary["test_accuracy"])
-            eps = result.summary["epsilon"]
+            accs.append(result.summary.test_accuracy)
+            eps = result.summary.privacy.epsilon
         spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
         print(f"| {name} | {statistics.mean(accs):.1%} ± {spread:.1%} | "
               f"{', '.join(f'{a:.1%}' for a in accs)} | {'-' if eps is None else f'{eps:.2f}'} |")

@@ -69,7 +69,8 @@ def main() -> None:
             cfg = TrainConfig.from_dict(values)
             t0 = time.perf_counter()
             res = train(cfg, out / f"{method}-eps{target}", device=args.device, callback=_log)
-            row = {**res.summary, "target_eps": target, "seconds": time.perf_counter() - t0,
+            row = {**res.summary.to_json(), "target_eps": target,
+                   "seconds": time.perf_counter() - t0,
                    "accesses_per_round": cfg.accesses_per_round, "batch_size": cfg.batch_size}
             results.append(row)
             print(json.dumps(row), flush=True)

@@ -23,6 +23,7 @@ from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
     from fedlap_privacy.fl.dry_run import DataPlan, RunPlan, TrainPlan
+    from fedlap_privacy.fl.run_records import PrivacyStatement
 
 console = Console()
 err_console = Console(stderr=True)
@@ -147,9 +148,10 @@ def human_bytes(n: float) -> str:
     return f"{n / 1000:.1f} GB"
 
 
-def privacy_sentence(p: dict[str, Any]) -> str:
-    """What a run's epsilon protects, against whom, and what it declares public."""
-    notion, eps = p.get("notion"), p.get("epsilon")
+def privacy_sentence(p: PrivacyStatement, sigma_planned: bool = False) -> str:
+    """What a run's epsilon protects, against whom, and what it declares public
+    (``sigma_planned``: sigma was planned for a target epsilon)."""
+    notion, eps = p.notion, p.epsilon
     if notion in (Notion.RECORD, Notion.CLIENT) and eps is not None:
         unit = "a record" if notion == Notion.RECORD else "a client's whole dataset"
         against = {
@@ -161,32 +163,32 @@ def privacy_sentence(p: dict[str, Any]) -> str:
             ThreatModel.TRUSTED_SERVER:
                 "against those who see the released models; the server, which sees each "
                 "update, is trusted",
-        }.get(p.get("threat_model"), "")
-        planned = " (planned for the target)" if p.get("sigma_planned") else ""
-        text = (f"({eps:.3f}, {p['delta']:g})-DP for {unit} ({notion}) {against}, "
-                f"sigma {p['sigma']:.4g}{planned}")
-        accountant = p.get("accountant")
+        }.get(p.threat_model or "", "")
+        planned = " (planned for the target)" if sigma_planned else ""
+        text = (f"({eps:.3f}, {p.delta:g})-DP for {unit} ({notion}) {against}, "
+                f"sigma {p.sigma:.4g}{planned}")
+        accountant = p.accountant
         if accountant:
             beside = [f"{name.upper()} {value:.3f}" for name, value in
-                      (p.get("epsilon_by_accountant") or {}).items() if name != accountant]
+                      (p.epsilon_by_accountant or {}).items() if name != accountant]
             text += f", accounted with {accountant.upper()}" + (
                 f" ({', '.join(beside)})" if beside else "")
-        others = p.get("epsilon_by_threat_model") or {}
-        other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.get("threat_model")]
+        others = p.epsilon_by_threat_model or {}
+        other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.threat_model]
         if other:
             text += f" (epsilon {', '.join(other)})"
-        if p.get("client_sampling"):
-            text += f"; {p['client_sampling']}"
+        if p.client_sampling:
+            text += f"; {p.client_sampling}"
     elif notion == Notion.LOCAL and eps is not None:
-        text = (f"local DP: each uploaded weight {p['round_epsilon']:g}-LDP per round, "
+        text = (f"local DP: each uploaded weight {p.round_epsilon:g}-LDP per round, "
                 f"{eps:g} per weight over the run (a whole upload: d x that)")
     else:
         return "no formal privacy (non-private method)"
-    if p.get("noise") == NoiseKind.SEEDED:
+    if p.noise == NoiseKind.SEEDED:
         text += (". [bold red]NOT PRIVATE:[/] the noise was derived from the seed "
                  "(--reproducible-noise)")
-    if p.get("public"):
-        text += ". Released as public: " + "; ".join(p["public"])
+    if p.public:
+        text += ". Released as public: " + "; ".join(p.public)
     return text
 
 

@@ -234,14 +234,14 @@ def _print_plan(plan: ComparePlan) -> None:
         table.add_column(column, justify="left" if column in ("method", "against") else "right")
     for method, eps, seed, run, done in plan.runs:
         p = run.privacy
-        spent = p["epsilon"]
+        spent = p.epsilon
         table.add_row(
             method, "-" if eps is None else f"{eps:g}", str(seed),
             f"{run.rounds_run}" + ("" if run.rounds_run == run.config.rounds
                                    else f" of {run.config.rounds}"),
-            str(run.accesses_per_round), "-" if p["sigma"] is None else f"{p['sigma']:.4g}",
-            "-" if spent is None else f"{spent:.3f} ({p['notion']})",
-            p["threat_model"] or "-", "in --out already" if done else human_seconds(run.seconds),
+            str(run.accesses_per_round), "-" if p.sigma is None else f"{p.sigma:.4g}",
+            "-" if spent is None else f"{spent:.3f} ({p.notion})",
+            p.threat_model or "-", "in --out already" if done else human_seconds(run.seconds),
         )
     console.print(table)
     console.print(f"time: about {human_seconds(plan.seconds)} on this machine (each method's "

@@ -32,6 +32,7 @@ from fedlap_privacy.cli.common import (
 )
 from fedlap_privacy.fl.config import PRESETS
 from fedlap_privacy.fl.config_rules import METHODS
+from fedlap_privacy.fl.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
 from fedlap_privacy.vocabulary import ThreatModel
 
@@ -223,10 +224,10 @@ def train(
     with progress, stopping:
         result = guarded(run)
     if json_output:
-        print_json(result.summary)
+        print_json(result.summary.to_json())
     else:
         _print_summary(result.summary, result.history)
-    if result.summary["stopped"] == STOPPED:
+    if result.summary.stopped == STOPPED:
         raise typer.Exit(STOP_EXIT_CODE)
 
 
@@ -262,26 +263,27 @@ def _require_flower() -> None:
         fail("--engine flower needs Flower: pip install 'fedlap-privacy\\[flower]'")
 
 
-def _print_summary(summary: dict[str, Any], history: list[dict[str, Any]]) -> None:
-    table = Table(title=f"{summary['method']} on {summary['dataset']}")
+def _print_summary(summary: RunSummary, history: list[RoundRecord]) -> None:
+    table = Table(title=f"{summary.method} on {summary.dataset}")
     for col in ("round", "test acc", "epsilon", "accesses", "clients", "upload", "seconds"):
         table.add_column(col, justify="right")
     for h in history:
         table.add_row(
-            str(h["round"]), f"{h['test_accuracy']:.2%}",
-            "-" if h["epsilon"] is None else f"{h['epsilon']:.3f}",
-            str(h.get("accesses", "-")), str(h.get("clients", "-")),
-            human_bytes(h.get("upload_bytes", 0)),
-            "-" if h.get("seconds") is None else f"{h['seconds']:.1f}",
+            str(h.round), f"{h.test_accuracy:.2%}",
+            "-" if h.epsilon is None else f"{h.epsilon:.3f}",
+            "-" if h.accesses is None else str(h.accesses),
+            "-" if h.clients is None else str(h.clients),
+            human_bytes(h.upload_bytes or 0),
+            "-" if h.seconds is None else f"{h.seconds:.1f}",
         )
     console.print(table)
-    console.print(privacy_sentence(summary))
-    if summary.get("upload_bytes_mean") is not None:
-        console.print(f"Upload per client-round {human_bytes(summary['upload_bytes_mean'])}, "
-                      f"{human_bytes(summary['upload_bytes_total'])} in all.")
-    acc = summary["test_accuracy"]
+    console.print(privacy_sentence(summary.privacy, summary.sigma_planned))
+    if summary.upload_bytes_mean is not None:
+        console.print(f"Upload per client-round {human_bytes(summary.upload_bytes_mean)}, "
+                      f"{human_bytes(summary.upload_bytes_total)} in all.")
+    acc = summary.test_accuracy
     console.print(
-        f"[bold]{summary['rounds_run']} rounds[/], test accuracy "
+        f"[bold]{summary.rounds_run} rounds[/], test accuracy "
         f"[bold]{'-' if acc is None else f'{acc:.2%}'}[/]. "
-        f"Stopped: {summary['stopped']}. Output: {summary['out']}"
+        f"Stopped: {summary.stopped}. Output: {summary.out}"
     )

@@ -59,12 +59,23 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.atomic import write_figure, write_text_atomic
+from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.compare_budgets import (
+    NO_DP,
+    Bases,
+    base_for,
+    bases_by_rounds,
+    budget_config,
+    check_methods,
+    check_overrides,
+    method_bases,
+    round_counts,
+)
+from fedlap_privacy.fl.compare_plots import plot_comparison, plot_round_counts, plot_rounds
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.config_resolve import parse_overrides, resolve_config
 from fedlap_privacy.fl.config_rules import METHODS
-from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget, method_spec
+from fedlap_privacy.fl.method_table import METHOD_TABLE, Budget
 from fedlap_privacy.fl.run_files import (
     holds_run,
     load_history,
@@ -72,12 +83,13 @@ from fedlap_privacy.fl.run_files import (
     load_run_config,
     lock_run,
 )
-from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
+from fedlap_privacy.fl.run_records import RunSummary
 from fedlap_privacy.fl.stop import STOPPED, StopRequested
 from fedlap_privacy.jsonsafe import json_safe
 
 __all__ = [
     "COMPARISON",
+    "NO_DP",
     "Job",
     "RoundsResult",
     "bases_by_rounds",
@@ -95,25 +107,8 @@ __all__ = [
 ]
 
 COMPARISON = "comparison.json"
-#: the column of the non-private methods
-NO_DP = "non-private"
 
 Callback = Callable[[str, dict[str, Any]], None]
-#: the base configuration of a comparison: one for every method, or one per method
-Bases = TrainConfig | Mapping[str, TrainConfig]
-
-
-def _client_sizes(cfg: TrainConfig, split_seed: int | None = None) -> list[int]:
-    from fedlap_privacy.data import load_dataset
-    from fedlap_privacy.fl.randomness import run_split_seed
-    from fedlap_privacy.fl.simulation import client_parts
-    from fedlap_privacy.fl.user_runs import prepare_data
-
-    if cfg.data is not None:  # a user's records: their natural partition, if any
-        cfg, data = prepare_data(cfg, run_split_seed(cfg, split_seed))
-    else:
-        data = load_dataset(cfg.dataset, cfg.data_dir)
-    return [len(p) for p in client_parts(cfg, data, split_seed)]
 
 
 def comparison_split_seed(base: Bases, out_dir: str | Path) -> int:
@@ -146,117 +141,6 @@ def comparison_split_seed(base: Bases, out_dir: str | Path) -> int:
     return next(iter(found)) if found else secret_seed()
 
 
-def budget_config(base: TrainConfig, method: str, eps: float | None,
-                  split_seed: int | None = None) -> TrainConfig:
-    """The configuration of ``method`` that spends ``eps`` (None: the non-private run) in
-    ``base.rounds`` rounds, by the method table's
-    :class:`~fedlap_privacy.fl.method_table.Budget` rule (the module docstring).
-    ``split_seed``: the comparison's secret split seed (ALI-DPFL's sigma depends on the
-    client sizes)."""
-    budget = method_spec(method).budget
-    cfg = dataclasses.replace(base, method=method, target_eps=None, ldp_epsilon=None)
-    if budget == Budget.NONE:
-        if eps is not None:
-            raise ConfigError(f"{method} is not private: it has no epsilon to match")
-        return cfg.validate()
-    if eps is None:
-        raise ConfigError(f"{method} is private: give it a target epsilon")
-    if budget == Budget.LDP:
-        cfg = dataclasses.replace(cfg, ldp_epsilon=eps / cfg.rounds)
-    elif budget == Budget.ALI:
-        from fedlap_privacy.fl.privacy import with_planned_sigma
-
-        reference = dataclasses.replace(cfg, method="dp-fedavg", sigma=None, target_eps=eps)
-        sigma = with_planned_sigma(reference, _client_sizes(reference, split_seed)).sigma
-        cfg = dataclasses.replace(cfg, sigma=sigma, target_eps=eps)
-    else:
-        cfg = dataclasses.replace(cfg, sigma=None, target_eps=eps)  # planned by the driver
-    return cfg.validate()
-
-
-#: the keys each cell's budget sets (budget_config): a --set of one would be overwritten
-BUDGET_KEYS = ("sigma", "target_eps", "ldp_epsilon")
-
-
-def check_overrides(settings: Sequence[str], several_counts: bool) -> None:
-    """Refuse ``--set`` values that compare would overwrite rather than silently drop: the
-    budget keys (each cell plans its own from its target epsilon), ``method`` and, with
-    several round counts, ``rounds``."""
-    keys = set(parse_overrides(settings))
-    if "method" in keys:
-        raise ConfigError("--set method=...: compare runs the methods given by --methods")
-    budget = sorted(keys.intersection(BUDGET_KEYS))
-    if budget:
-        raise ConfigError(
-            f"--set {budget[0]}: compare sets the noise of every run from its target epsilon "
-            "(--eps); for a fixed sigma use train --sigma"
-        )
-    if several_counts and "rounds" in keys:
-        raise ConfigError(
-            "--set rounds=... with several --rounds: give the round counts with --rounds only"
-        )
-
-
-def method_bases(flags: dict[str, Any], settings: Sequence[str], methods: Sequence[str],
-                 schedule: str = "auto") -> dict[str, TrainConfig]:
-    """Each method's base configuration, resolved as ``train`` resolves it
-    (:func:`~fedlap_privacy.fl.config_resolve.resolve_config`): FedLAP-DP gets its ``schedule``
-    (by default picked from the client size), and no other method gets its keys."""
-    _check_methods(methods)
-    if schedule != "auto" and SCHEDULED_METHOD not in methods:
-        raise ConfigError(f"--schedule {schedule} is FedLAP-DP's, which --methods leaves out")
-    bases = {}
-    for m in dict.fromkeys(methods):
-        stand_in = _BUDGET_STAND_INS.get(METHOD_TABLE[m].budget, {})
-        cfg = resolve_config(None, {**stand_in, **flags, "method": m}, settings,
-                             plan_sigma_for_target=False,
-                             schedule=schedule if m == SCHEDULED_METHOD else "auto")
-        bases[m] = dataclasses.replace(cfg, **{k: getattr(_DEFAULTS, k) for k in stand_in})
-    return bases
-
-
-#: the budget keys a method's own check asks for before :func:`budget_config` gives them
-#: (ALI-DPFL: a target and a fixed sigma; LDP-FL: a per-weight epsilon): stand-ins, so the
-#: base passes every other check up front, reset to the defaults in the base (a template
-#: that every job's budget overwrites, never trained as it is)
-_BUDGET_STAND_INS: dict[Budget, dict[str, float]] = {
-    Budget.ALI: {"target_eps": 1.0, "sigma": 1.0},
-    Budget.LDP: {"ldp_epsilon": 1.0},
-}
-_DEFAULTS = TrainConfig()
-
-
-def bases_by_rounds(
-    flags: dict[str, Any], settings: Sequence[str], methods: Sequence[str], schedule: str,
-    counts: Sequence[int | None],
-) -> dict[int | None, dict[str, TrainConfig]]:
-    """:func:`method_bases` for each round count in ``counts`` (``flags["rounds"]`` = it;
-    None: the default or ``--set rounds``), so a schedule key that depends on the run's
-    length (the large schedule's ``reinits``) is the one ``train --rounds R`` would use."""
-    return {r: method_bases({**flags, "rounds": r}, settings, methods, schedule) for r in counts}
-
-
-def _check_methods(methods: Sequence[str]) -> None:
-    unknown = [m for m in methods if m not in METHOD_TABLE]
-    if unknown:
-        raise ConfigError(f"unknown method(s) {', '.join(unknown)}: choose from {METHODS}")
-
-
-def _base_for(base: Bases, method: str) -> TrainConfig:
-    return base[method] if isinstance(base, Mapping) else base
-
-
-def round_counts(rounds: Sequence[int]) -> list[int]:
-    """The distinct round counts of ``rounds``, ascending (duplicates are dropped); each must
-    be an integer >= 1 and there must be at least one."""
-    if not rounds:
-        raise ConfigError("give one or more round counts, e.g. --rounds 1,3,10")
-    bad = [r for r in rounds if isinstance(r, bool) or not isinstance(r, int) or r < 1]
-    if bad:
-        raise ConfigError(f"round counts {bad} must be integers >= 1, e.g. --rounds 1,3,10")
-    return sorted(set(rounds))
-
-
 @dataclass(frozen=True)
 class Job:
     """One run of a comparison: ``method`` at target ``eps`` (None: non-private) planned for
@@ -278,7 +162,7 @@ def run_dir(out: Path, job: Job, several_counts: bool) -> Path:
 
 
 def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str, split_seed: int
-                     ) -> dict[str, Any]:
+                     ) -> RunSummary:
     """Train into ``run_dir`` on the comparison's split; if it holds this very
     configuration already, resume it (on its own split: :func:`comparison_split_seed`
     checked that it is the comparison's). The run folder's lock is held from before the
@@ -315,18 +199,18 @@ def plan_jobs(
     for R rounds by :func:`budget_config`. ``split_seed``: the comparison's
     (:func:`comparison_split_seed`; needed where a budget depends on the client sizes).
     """
-    _check_methods(methods)
+    check_methods(methods)
     if not eps_values or any(not (math.isfinite(e) and e > 0) for e in eps_values):
         raise ConfigError("give one or more positive target epsilons, e.g. --eps 3,10")
     if seeds < 1:
         raise ConfigError(f"seeds {seeds} must be >= 1")
     jobs = []
     for method in methods:
-        own = _base_for(base, method)
+        own = base_for(base, method)
         counts = round_counts([own.rounds] if rounds is None else list(rounds))
         for eps in [None] if METHOD_TABLE[method].budget == Budget.NONE else eps_values:
             for r in counts:
-                at_r = _base_for(by_rounds[r], method) if by_rounds and r in by_rounds else own
+                at_r = base_for(by_rounds[r], method) if by_rounds and r in by_rounds else own
                 for seed in range(own.seed, own.seed + seeds):
                     cfg = budget_config(dataclasses.replace(at_r, seed=seed, rounds=r), method,
                                         eps, split_seed)
@@ -413,7 +297,7 @@ def run_comparison(
         split_seed = comparison_split_seed(base, out_dir)
     if jobs is None:
         jobs = plan_jobs(base, eps_values, methods, seeds, rounds, split_seed=split_seed)
-    first = _base_for(base, methods[0])
+    first = base_for(base, methods[0])
     counts = sorted({job.rounds for job in jobs}) or [first.rounds]
     out = Path(out_dir)
     callback = callback or (lambda event, info: None)
@@ -429,37 +313,38 @@ def run_comparison(
         started = time.perf_counter()
         folder = run_dir(out, job, len(counts) > 1)
         summary = _train_or_resume(job.config, folder, device, split_seed)
-        if summary["stopped"] == STOPPED:
+        if summary.stopped == STOPPED:
             raise StopRequested(
-                f"stopped on request after round {summary['rounds_run']} of {job.rounds} of "
+                f"stopped on request after round {summary.rounds_run} of {job.rounds} of "
                 f"{folder}; the same command resumes the comparison")
         history = load_history(folder)
+        privacy = summary.privacy
         run = {
             "seed": seed,
             "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
-            "test_accuracy": summary["test_accuracy"],
+            "test_accuracy": summary.test_accuracy,
             # with --set validation_records=N: accuracy on the held-out training records
             # (private data: from the run's private.pt, never in its ckpt.pt)
-            "validation_accuracy": summary.get("validation_accuracy"),
-            "epsilon": summary["epsilon"],
+            "validation_accuracy": summary.validation_accuracy,
+            "epsilon": privacy.epsilon,
             # the accountant that planned sigma and reports epsilon (PLD by default), and
             # the run's epsilon by every accountant (RDP's Theorem 5.8 figure beside it)
-            "accountant": summary.get("accountant"),
-            "epsilon_by_accountant": summary.get("epsilon_by_accountant"),
-            "delta": summary["delta"],
-            "sigma": summary["sigma"],
-            "round_epsilon": summary.get("round_epsilon"),
-            "rounds_run": summary["rounds_run"],
-            "stopped": summary["stopped"],
+            "accountant": privacy.accountant,
+            "epsilon_by_accountant": privacy.epsilon_by_accountant,
+            "delta": privacy.delta,
+            "sigma": privacy.sigma,
+            "round_epsilon": privacy.round_epsilon,
+            "rounds_run": summary.rounds_run,
+            "stopped": summary.stopped,
             "seconds": time.perf_counter() - started,
-            "out": summary["out"],
+            "out": summary.out,
             # per round: how accuracy grows while the run spends its budget (a run planned
             # for R rounds spends less than its target before round R)
-            "accuracy_by_round": [h["test_accuracy"] for h in history],
-            "epsilon_by_round": [h["epsilon"] for h in history],
+            "accuracy_by_round": [h.test_accuracy for h in history],
+            "epsilon_by_round": [h.epsilon for h in history],
         }
         row = rows[method]
-        uploads = [h["upload_bytes"] for h in history if h.get("clients")]
+        uploads = [h.upload_bytes for h in history if h.clients]
         if uploads:
             row["upload_bytes"] = float(np.mean(uploads))
         cell = row["results"].setdefault(NO_DP if eps is None else f"{eps:g}", {"runs": []})
@@ -476,7 +361,7 @@ def run_comparison(
         "eps": [float(e) for e in eps_values],
         "seeds": seeds,
         # each method's base (FedLAP-DP's schedule keys are its own); a run's is in its folder
-        "configs": {m: dataclasses.replace(_base_for(base, m), rounds=counts[-1]).to_dict()
+        "configs": {m: dataclasses.replace(base_for(base, m), rounds=counts[-1]).to_dict()
                     for m in methods},
         "methods": rows,
         "seconds": time.perf_counter() - t0,
@@ -493,124 +378,3 @@ def _mean_by_round(curves: list[list[float]]) -> list[float]:
     """Mean accuracy after each round over the runs that reached it."""
     longest = max((len(c) for c in curves), default=0)
     return [float(np.mean([c[i] for c in curves if len(c) > i])) for i in range(longest)]
-
-
-def plot_rounds(report: dict[str, Any], path: Path) -> Path:
-    """Accuracy after each round (mean over seeds), one panel per target epsilon; with
-    several round counts a curve per count (one colour per method, each curve reaching the
-    target at its own last round)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    columns = [f"{e:g}" for e in report["eps"]]
-    fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.6), squeeze=False)
-    for ax, column in zip(axes[0], columns, strict=True):
-        for method, row in report["methods"].items():
-            cell = row["results"].get(column) or row["results"].get(NO_DP)
-            if not cell or not cell.get("mean_by_round"):
-                continue
-            style = "--" if column not in row["results"] else "-"
-            color = None
-            for result in cell.get("by_rounds") or [cell]:
-                curve = [100 * a for a in result["mean_by_round"]]
-                (line,) = ax.plot(range(1, len(curve) + 1), curve, style, marker=".",
-                                  color=color, label=None if color else
-                                  f"{method}" + (" (no DP)" if style == "--" else ""))
-                color = line.get_color()
-        ax.set_title(f"target epsilon {column} (each curve reaches it at its last round)",
-                     fontsize=9)
-        ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy (%)")
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    write_figure(fig, path)
-    plt.close(fig)
-    return path
-
-
-def plot_comparison(report: dict[str, Any], path: Path) -> Path:
-    """Accuracy (mean +- std over seeds) versus target epsilon; non-private rows as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.0, 4.2))
-    eps = report["eps"]
-    colours = plt.get_cmap("tab20").colors
-    for i, (method, row) in enumerate(report["methods"].items()):
-        results, colour = row["results"], colours[(2 * i) % 20 + (2 * i) // 20]
-        if NO_DP in results:
-            ax.axhline(100 * results[NO_DP]["mean"], ls="--", lw=1, color=colour,
-                       label=f"{method} (no DP)")
-            continue
-        xs = [e for e in eps if f"{e:g}" in results]
-        means = [100 * results[f"{e:g}"]["mean"] for e in xs]
-        stds = [100 * results[f"{e:g}"]["std"] for e in xs]
-        ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, color=colour,
-                    label=f"{method} ({row['notion']})")
-    ax.set_xscale("log")
-    ax.set_xticks(eps, [f"{e:g}" for e in eps])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel(f"target epsilon (delta {report['delta']:g}; notion in the legend)")
-    ax.set_ylabel("test accuracy (%)")
-    counts = report.get("round_counts") or [report["rounds"]]
-    several = f" (the largest of {', '.join(map(str, counts))})" if len(counts) > 1 else ""
-    ax.set_title(f"{report['dataset']}, {report['rounds']} rounds{several}")
-    return _finish(fig, ax, path)
-
-
-def _finish(fig: Any, ax: Any, path: Path) -> Path:
-    """Grid, legend beside the axes, written atomically to ``path``; the figure is closed."""
-    import matplotlib.pyplot as plt
-
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    write_figure(fig, path)
-    plt.close(fig)
-    return path
-
-
-def plot_round_counts(report: dict[str, Any], path: Path) -> Path:
-    """Final test accuracy (mean +- std over seeds) against the round count the runs were
-    planned for, one line per method and target epsilon (each point its own budget: the
-    target spent after that many rounds); non-private methods dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8.0, 4.2))
-    counts = report.get("round_counts") or [report["rounds"]]
-    colours = plt.get_cmap("tab20").colors
-    markers, lines = "os^Dvp*h", ["-", "-.", ":", (0, (5, 1))]
-    column_style = {f"{e:g}": (markers[j % len(markers)], lines[j % len(lines)])
-                    for j, e in enumerate(report["eps"])}
-    for i, (method, row) in enumerate(report["methods"].items()):
-        colour = colours[(2 * i) % 20 + (2 * i) // 20]
-        for column, cell in row["results"].items():
-            points = cell.get("by_rounds") or []
-            if not points:
-                continue
-            xs = [p["rounds"] for p in points]
-            means = [100 * p["mean"] for p in points]
-            stds = [100 * p["std"] for p in points]
-            private = column != NO_DP
-            label = (f"{method} ({row['notion']}), eps {column}" if private
-                     else f"{method} (no DP)")
-            marker, line = column_style.get(column, (".", "--"))
-            ax.errorbar(xs, means, yerr=stds, capsize=3, color=colour, ls=line,
-                        lw=1.5 if private else 1, marker=marker, label=label)
-    if max(counts) > 3 * min(counts):
-        ax.set_xscale("log")
-    ax.set_xticks(counts, [str(c) for c in counts])
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("rounds R (each run's budget planned to spend its target epsilon in R)")
-    ax.set_ylabel("test accuracy (%) after the last round")
-    ax.set_title(f"{report['dataset']}, delta {report['delta']:g}, "
-                 f"{report['seeds']} seed(s)")
-    return _finish(fig, ax, path)

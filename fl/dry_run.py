@@ -35,7 +35,7 @@ from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.data import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.privacy import build_ledger, privacy_block, with_planned_sigma
+from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
 from fedlap_privacy.fl.run_files import (
     check_new_run_dir,
     holds_run,
@@ -43,6 +43,7 @@ from fedlap_privacy.fl.run_files import (
     load_private,
     load_release,
 )
+from fedlap_privacy.fl.run_records import PrivacyStatement
 from fedlap_privacy.vocabulary import Notion
 
 __all__ = [
@@ -107,7 +108,7 @@ class RunPlan:
     sigma_planned: bool
     accesses_per_round: int  # T accounted per client-round (ALI-DPFL: its first tau)
     rounds_run: int  # rounds the run will train (fewer than configured: a target stops it)
-    privacy: dict[str, Any]  # the privacy block after those rounds (fl.privacy.privacy_block)
+    privacy: PrivacyStatement  # the statement after those rounds (fl.privacy.privacy_statement)
     stop: str | None  # why it stops before its rounds, when it does
     seconds: float | None  # estimated time on this machine (None: not timed)
     start_round: int = 1  # > 1: a resumed run
@@ -115,6 +116,7 @@ class RunPlan:
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["config"] = self.config.to_dict()
+        out["privacy"] = self.privacy.to_json()
         return out
 
 
@@ -235,7 +237,7 @@ def time_rounds(cfg: TrainConfig, data: Dataset, device: str = "auto") -> RoundT
         result = train(timed.validate(), None, device, mark, data=fake)
         if "round_end" not in marks:
             raise ConfigError(f"{cfg.method}: a timing round did not run "
-                              f"({result.summary['stopped']})")
+                              f"({result.summary.stopped})")
         measured.append((marks["round_start"] - marks["begin"],
                          marks["client_done"] - marks["round_start"],
                          marks["round_end"] - marks["client_done"]))
@@ -280,7 +282,7 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
         config=planned,
         sigma_planned=(planned.sigma != cfg.sigma) if sigma_planned is None else sigma_planned,
         accesses_per_round=steps, rounds_run=rounds_run,
-        privacy=privacy_block(planned, ledger), stop=stop, seconds=seconds,
+        privacy=privacy_statement(planned, ledger), stop=stop, seconds=seconds,
         start_round=start_round,
     )
 

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from fedlap_privacy.atomic import write_figure
+from fedlap_privacy.fl.run_records import RoundRecord
 
 
-def plot_history(history: list[dict[str, Any]], out: Path) -> list[Path]:
+def plot_history(history: list[RoundRecord], out: Path) -> list[Path]:
     """Write ``accuracy.png`` and ``epsilon.png`` into ``out``; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rounds = [h["round"] for h in history]
+    rounds = [h.round for h in history]
     paths = []
-    for key, name, label in (
-        ("test_accuracy", "accuracy.png", "test accuracy"),
-        ("epsilon", "epsilon.png", "epsilon spent"),
+    for values, name, label in (
+        ([h.test_accuracy for h in history], "accuracy.png", "test accuracy"),
+        ([h.epsilon for h in history], "epsilon.png", "epsilon spent"),
     ):
-        values = [h[key] for h in history]
         if not values or any(v is None for v in values):
             continue
         fig, ax = plt.subplots(figsize=(5, 3.5))

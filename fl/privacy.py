@@ -8,17 +8,17 @@ this module decides what a NEW run is accounted with.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from fedlap_privacy.accountant import AccountantName, FedLAPSchedule, epsilon, plan_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.run_records import PrivacyStatement
 from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, NoiseKind, Notion, ThreatModel
 
 __all__ = [
-    "build_ledger", "check_accountable", "privacy_block", "privacy_warnings", "run_schedule",
-    "with_planned_sigma",
+    "build_ledger", "check_accountable", "privacy_statement", "privacy_warnings",
+    "run_schedule", "with_planned_sigma",
 ]
 
 
@@ -105,7 +105,7 @@ def _finite(eps: float) -> float | None:
     return None if eps == float("inf") else eps
 
 
-def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
+def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger) -> PrivacyStatement:
     """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
 
     ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces), composed by
@@ -125,24 +125,23 @@ def privacy_block(cfg: TrainConfig, ledger: PrivacyLedger) -> dict[str, Any]:
     shown = ledger.released() if withheld else ledger
     by_threat = {t.value: shown.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
     eps = by_threat[ledger.threat_model] if by_threat and ledger.threat_model else ledger.epsilon
-    return {
-        "notion": ledger.notion,
-        "epsilon": _finite(eps),
-        "threat_model": ledger.threat_model,
-        "epsilon_by_threat_model": by_threat,
-        "delta": cfg.delta if gaussian else None,
-        "sigma": cfg.sigma if gaussian else None,
-        "accountant": cfg.accountant if gaussian else None,
-        "epsilon_by_accountant": shown.epsilon_by_accountant() if gaussian else None,
-        "round_epsilon": ledger.round_epsilon,
-        "noise": ledger.noise,
-        "private": ledger.notion != Notion.NONE and ledger.noise == NoiseKind.SECRET,
-        "public": list(cfg.public_metadata),
-        "selection": "withheld" if withheld else "released",
+    return PrivacyStatement(
+        notion=ledger.notion,
+        epsilon=_finite(eps),
+        threat_model=ledger.threat_model,
+        epsilon_by_threat_model=by_threat,
+        delta=cfg.delta if gaussian else None,
+        sigma=cfg.sigma if gaussian else None,
+        accountant=cfg.accountant if gaussian else None,
+        epsilon_by_accountant=shown.epsilon_by_accountant() if gaussian else None,
+        round_epsilon=ledger.round_epsilon,
+        noise=ledger.noise,
+        private=ledger.notion != Notion.NONE and ledger.noise == NoiseKind.SECRET,
+        public=tuple(cfg.public_metadata),
+        selection="withheld" if withheld else "released",
         # client level: who takes part each round and how that is accounted
-        **({"client_sampling": cfg.sampling.describe()} if cfg.notion == Notion.CLIENT
-           else {}),
-    }
+        client_sampling=cfg.sampling.describe() if cfg.notion == Notion.CLIENT else None,
+    )
 
 
 def privacy_warnings(cfg: TrainConfig, sizes: list[int]) -> list[str]:

@@ -16,29 +16,29 @@ released. The full metrics stay in the run's private state.
 
 from __future__ import annotations
 
-from typing import Any
-
+from fedlap_privacy.fl.run_records import RoundRecord
 from fedlap_privacy.ledger import selection_withheld
 
 __all__ = ["RELEASED_UNDER_HIDDEN_SELECTION", "released_history", "released_round"]
 
-#: what a round's metrics release where the selection is hidden (module docstring)
+#: what a round's metrics release where the selection is hidden (module docstring): the
+#: fields of :class:`~fedlap_privacy.fl.run_records.RoundRecord` but those of
+#: ``SELECTION_FIELDS``, and none of its ``extras`` but the method's public ones
 RELEASED_UNDER_HIDDEN_SELECTION = (
     "round", "test_accuracy", "test_loss", "epsilon", "delta", "rounds_spent", "local_steps",
     "lr",
 )
 
 
-def released_round(metrics: dict[str, Any], threat_model: str | None,
-                   public_extras: tuple[str, ...] = ()) -> dict[str, Any]:
+def released_round(metrics: RoundRecord, threat_model: str | None,
+                   public_extras: tuple[str, ...] = ()) -> RoundRecord:
     """One round's metrics as released under ``threat_model`` (module docstring)."""
     if not selection_withheld(threat_model):
-        return dict(metrics)
-    keep = (*RELEASED_UNDER_HIDDEN_SELECTION, *public_extras)
-    return {k: v for k, v in metrics.items() if k in keep}
+        return metrics
+    return metrics.withholding_selection(public_extras)
 
 
-def released_history(history: list[dict[str, Any]], threat_model: str | None,
-                     public_extras: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def released_history(history: list[RoundRecord], threat_model: str | None,
+                     public_extras: tuple[str, ...] = ()) -> list[RoundRecord]:
     """Every round of ``history`` as :func:`released_round` releases it."""
     return [released_round(h, threat_model, public_extras) for h in history]

@@ -61,6 +61,7 @@ from fedlap_privacy.checkpoint import (
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.run_records import RoundRecord
 from fedlap_privacy.run_lock import RunLock, lock_run_folder
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
@@ -165,9 +166,20 @@ def load_run_config(out: Path) -> TrainConfig:
     return TrainConfig.from_recorded(load_private(out).config)
 
 
-def load_history(out: Path) -> list[dict[str, Any]]:
-    """The per-round records of the run in ``out`` (``metrics.jsonl``; empty before round 1)."""
+def load_history(out: Path) -> list[RoundRecord]:
+    """The per-round records of the run in ``out`` (``metrics.jsonl``; empty before round 1);
+    a line that is not a round's metrics is one :class:`CheckpointError` naming it."""
     path = out / METRICS
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            data = json.loads(line)
+        except ValueError:
+            raise CheckpointError(f"{where} is not JSON") from None
+        records.append(RoundRecord.from_json(data, where))
+    return records

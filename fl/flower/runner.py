@@ -36,6 +36,7 @@ from fedlap_privacy.fl.run_files import (
     load_run_config,
     lock_run,
 )
+from fedlap_privacy.fl.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.simulation import Callback
 from fedlap_privacy.fl.user_runs import prepare_data
 from fedlap_privacy.run_lock import RunLock
@@ -47,8 +48,8 @@ __all__ = ["FlowerResult", "run_flower", "run_on"]
 class FlowerResult:
     """What ``train --engine flower`` prints: the run's summary and per-round metrics."""
 
-    summary: dict[str, Any]
-    history: list[dict[str, Any]]
+    summary: RunSummary
+    history: list[RoundRecord]
 
 
 def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
@@ -130,13 +131,13 @@ def run_on(
                 on_poll(deployment)
             history = load_history(out)
             for metrics in history[seen:]:
-                callback("round_end", metrics)
+                callback("round_end", metrics.to_json())
             seen = max(seen, len(history))
             time.sleep(0.5)
     finally:
         stop(runner)
     for metrics in load_history(out)[seen:]:
-        callback("round_end", metrics)
+        callback("round_end", metrics.to_json())
     status_path = out / STATUS
     if not status_path.exists():
         log = deployment.workdir / "flwr-run.log"
@@ -146,7 +147,8 @@ def run_on(
     status = json.loads(status_path.read_text())
     if status["status"] != "completed":
         raise FlowerError(status["error"])
-    return FlowerResult(status["summary"], load_history(out))
+    summary = RunSummary.from_json(status.get("summary"), f"the summary in {status_path}")
+    return FlowerResult(summary, load_history(out))
 
 
 def run_flower(

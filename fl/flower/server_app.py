@@ -103,5 +103,6 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         _write_status(out, {"status": "failed", "error": message,
                             "pending": (out / PENDING).exists()})
         raise
-    _write_status(out, {"status": "completed", "summary": result.summary})
-    _log(f"done: {json.dumps(result.summary)}")
+    summary = result.summary.to_json()
+    _write_status(out, {"status": "completed", "summary": summary})
+    _log(f"done: {json.dumps(summary)}")

@@ -146,7 +146,7 @@ def test_black_box_canaries_in_a_non_private_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = train(TrainConfig(method="fedavg", rounds=3, local_steps=20, width=8,
                                canaries=100, split="iid"), run)
-    assert result.summary["notion"] == "none"
+    assert result.summary.privacy.notion == "none"
     code, report = _audit_json(run)
     one_run = report["one_run"]
     assert code == 0 and one_run["kind"] == "black-box" and one_run["audit"] == "black-box/loss"

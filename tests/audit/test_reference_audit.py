@@ -68,7 +68,7 @@ def _mtimes(run: Path) -> list[int]:
 def test_rmia_beats_the_loss_attack_on_an_overfit_model(tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = train(TrainConfig(**OVERFIT), run)
-    assert result.summary["notion"] == "none"
+    assert result.summary.privacy.notion == "none"
     audited = audited_records(run / CHECKPOINT)
     paths = train_reference_models(run, 2, audited, device="cpu")
     assert paths == [run / "reference" / "0", run / "reference" / "1"]

@@ -77,7 +77,7 @@ def _refusal(args: list[str]) -> str:
 def data_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every dataset read of the command (none may happen before the configuration is valid)."""
     import fedlap_privacy.data
-    import fedlap_privacy.fl.simulation
+    import fedlap_privacy.fl.training_run
 
     reads: list[str] = []
     real = fedlap_privacy.data.load_dataset
@@ -87,7 +87,7 @@ def data_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(fedlap_privacy.data, "load_dataset", spy)
-    monkeypatch.setattr(fedlap_privacy.fl.simulation, "load_dataset", spy)
+    monkeypatch.setattr(fedlap_privacy.fl.training_run, "load_dataset", spy)
     return reads
 
 

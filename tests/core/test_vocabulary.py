@@ -17,7 +17,7 @@ import torch
 from helpers import tiny
 
 from fedlap_privacy.accountant import accountant_names
-from fedlap_privacy.fl.privacy import build_ledger, privacy_block, with_planned_sigma
+from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
 from fedlap_privacy.vocabulary import (
     NOTION_THREAT_MODELS,
     CanaryKind,
@@ -97,7 +97,7 @@ def test_the_privacy_statement_is_plain_json_and_plain_text() -> None:
                sigma=1.0)
     cfg = with_planned_sigma(cfg, [300] * cfg.clients)
     ledger = build_ledger(cfg, [300] * cfg.clients)
-    block = privacy_block(cfg, ledger)
+    block = privacy_statement(cfg, ledger).to_json()
     skeleton, _ = _masked(json.dumps(block).replace("1e-05", "0.00001"))
     assert skeleton == PRIVACY_JSON
     # what the run files store is plain text: checkpoints load with weights_only

@@ -110,10 +110,10 @@ def test_a_run_trains_the_same_vectorised_or_looped() -> None:
     for a, b in zip(loop.model.state_dict().values(), auto.model.state_dict().values(),
                     strict=True):
         torch.testing.assert_close(b, a, atol=5e-5, rtol=1e-4)
-    assert auto.history[-1]["test_accuracy"] == pytest.approx(
-        loop.history[-1]["test_accuracy"], abs=0.01)
-    assert auto.history[-1]["test_accuracy"] > 0.3  # chance is 0.1
-    assert [h["accesses"] for h in auto.history] == [h["accesses"] for h in loop.history]
+    assert auto.history[-1].test_accuracy == pytest.approx(
+        loop.history[-1].test_accuracy, abs=0.01)
+    assert auto.history[-1].test_accuracy > 0.3  # chance is 0.1
+    assert [h.accesses for h in auto.history] == [h.accesses for h in loop.history]
 
 
 @pytest.mark.parametrize(("kw", "why"), [
@@ -127,9 +127,9 @@ def test_forcing_vectorised_where_it_cannot_is_one_line(kw, why) -> None:
 
 
 def test_index_views_hold_no_copy_of_the_records() -> None:
-    from fedlap_privacy.fl.simulation import _Run
+    from fedlap_privacy.fl.training_run import TrainingRun
 
-    run = _Run(tiny(method="fedavg", split="iid", clients=50, split_seed=0), CPU, None)
+    run = TrainingRun(tiny(method="fedavg", split="iid", clients=50, split_seed=0), CPU, None)
     assert run.x_train.data_ptr() == run.data.x_train.ctypes.data  # the dataset's memory
     assert sum(int(i.numel()) for i in run.client_index) == len(run.data.y_train)
     x, y = run.client_records(3)
@@ -148,14 +148,14 @@ def test_private_state_stores_the_split_as_one_array(tmp_path) -> None:
     assert len({t.untyped_storage().data_ptr() for t in private.client_indices}) == 1
     joined = np.sort(np.concatenate([t.numpy() for t in private.client_indices]))
     assert np.array_equal(joined, np.arange(1438))
-    assert run.summary["rounds_run"] == 1
+    assert run.summary.rounds_run == 1
 
 
 def test_auto_trains_the_loop_on_the_cpu() -> None:
-    from fedlap_privacy.fl.simulation import _Run
+    from fedlap_privacy.fl.training_run import TrainingRun
 
     def vectorised(mode: str) -> bool:
-        return _Run(tiny(method="fedavg", cohort_training=mode, split_seed=0), CPU,
+        return TrainingRun(tiny(method="fedavg", cohort_training=mode, split_seed=0), CPU,
                     None).vectorised
 
     assert not vectorised("auto") and not vectorised("loop") and vectorised("vectorised")

@@ -14,12 +14,12 @@ from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.compare import (
     COMPARISON,
-    _client_sizes,
     budget_config,
     comparison_split_seed,
     plan_jobs,
     run_comparison,
 )
+from fedlap_privacy.fl.compare_budgets import client_sizes
 from fedlap_privacy.fl.privacy import with_planned_sigma
 from fedlap_privacy.fl.simulation import CHECKPOINT, train
 
@@ -38,14 +38,14 @@ def test_record_and_client_level_budgets_are_planned_to_the_target(tmp_path):
     from fedlap_privacy.fl.simulation import train
 
     result = train(budget_config(base, "dp-normfedavg", 3.0), None, "cpu")
-    summary = result.summary
-    assert summary["accountant"] == "pld"  # the default: planned and reported with PLD
+    privacy = result.summary.privacy
+    assert privacy.accountant == "pld"  # the default: planned and reported with PLD
     schedule = FedLAPSchedule.client_level(base.clients, base.client_fraction)
-    spent = epsilon(schedule, summary["sigma"], 2, base.delta, accountant="pld")
-    assert spent == pytest.approx(summary["epsilon"]) and 3.0 - BELOW < spent <= 3.0
+    spent = epsilon(schedule, privacy.sigma, 2, base.delta, accountant="pld")
+    assert spent == pytest.approx(privacy.epsilon) and 3.0 - BELOW < spent <= 3.0
     # RDP's figure of the same run, kept beside it: looser, so above the target PLD meets
-    rdp = epsilon(schedule, summary["sigma"], 2, base.delta, accountant="rdp")
-    assert summary["epsilon_by_accountant"] == pytest.approx({"pld": spent, "rdp": rdp})
+    rdp = epsilon(schedule, privacy.sigma, 2, base.delta, accountant="rdp")
+    assert privacy.epsilon_by_accountant == pytest.approx({"pld": spent, "rdp": rdp})
     assert rdp > 3.0
 
 
@@ -56,8 +56,8 @@ def test_planned_sigma_with_pld_is_below_rdps_for_the_same_guarantee():
     sigma = {}
     for acc in ("pld", "rdp"):
         cfg = budget_config(dataclasses.replace(base, accountant=acc), "dp-fedavg", 3.0)
-        planned = with_planned_sigma(cfg, _client_sizes(cfg))
-        schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=min(_client_sizes(cfg)),
+        planned = with_planned_sigma(cfg, client_sizes(cfg))
+        schedule = FedLAPSchedule(batch_size=cfg.batch_size, client_size=min(client_sizes(cfg)),
                                   local_steps=cfg.accesses_per_round)
         spent = epsilon(schedule, planned.sigma, cfg.rounds, cfg.delta, accountant=acc)
         assert 3.0 - BELOW < spent <= 3.0
@@ -149,7 +149,7 @@ def test_each_round_count_is_planned_for_its_own_budget():
         assert job.eps == (None if method == "fedavg" else 3.0)
     # record level: sigma planned by the driver for R rounds; fewer rounds, less noise
     sigma = {r: with_planned_sigma(by["dp-fedavg", r].config,
-                                   _client_sizes(by["dp-fedavg", r].config)).sigma
+                                   client_sizes(by["dp-fedavg", r].config)).sigma
              for r in (1, 3)}
     assert by["dp-fedavg", 1].config.sigma is None and by["dp-fedavg", 1].config.target_eps == 3
     assert 0 < sigma[1] < sigma[3]

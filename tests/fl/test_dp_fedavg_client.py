@@ -194,18 +194,18 @@ def test_run_epsilon_equals_dp_accountings_for_the_sampled_schedule(sampling, ac
         dpa.PoissonSampledDpEvent(rate, dpa.GaussianDpEvent(sigma)), 3)
     if accountant == "rdp":
         theirs = RdpAccountant(orders=list(DEFAULT_ORDERS)).compose(event).get_epsilon(cfg.delta)
-        assert result.summary["epsilon"] == pytest.approx(float(theirs), rel=1e-3)
+        assert result.summary.privacy.epsilon == pytest.approx(float(theirs), rel=1e-3)
     else:
         theirs = PLDAccountant().compose(event).get_epsilon(cfg.delta)
-        assert result.summary["epsilon"] == pytest.approx(float(theirs), rel=2e-3)
+        assert result.summary.privacy.epsilon == pytest.approx(float(theirs), rel=2e-3)
     from fedlap_privacy.accountant.dp_events import client_level_event
 
     ours = client_level_event(cfg.sampling, 1.2, 3)
     again = RdpAccountant(orders=list(DEFAULT_ORDERS)).compose(ours).get_epsilon(cfg.delta)
     theirs_rdp = RdpAccountant(orders=list(DEFAULT_ORDERS)).compose(event).get_epsilon(cfg.delta)
     assert float(again) == pytest.approx(float(theirs_rdp), rel=1e-12)
-    assert "trusted-server" == result.summary["threat_model"]
-    assert ("without replacement" in result.summary["client_sampling"]) == (
+    assert "trusted-server" == result.summary.privacy.threat_model
+    assert ("without replacement" in result.summary.privacy.client_sampling) == (
         "clients_per_round" in sampling)
 
 
@@ -228,9 +228,9 @@ def test_dp_fedavg_client_learns_digits_with_20_clients_at_epsilon_8():
                       target_eps=8.0, sigma=None, clip=1.0, local_steps=5, batch_size=32,
                       lr_local=0.5, width=16, seed=0, split_seed=0)
     result = train(cfg, None, device="cpu")
-    assert result.summary["epsilon"] == pytest.approx(8.0, rel=1e-3)
-    assert result.summary["sigma_planned"] and result.summary["sigma"] > 1.5
-    assert result.summary["test_accuracy"] > 0.5
+    assert result.summary.privacy.epsilon == pytest.approx(8.0, rel=1e-3)
+    assert result.summary.sigma_planned and result.summary.privacy.sigma > 1.5
+    assert result.summary.test_accuracy > 0.5
 
 
 def test_compare_plans_its_sigma_for_each_target_and_refuses_adaptive_canaries():

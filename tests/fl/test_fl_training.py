@@ -211,13 +211,13 @@ def test_target_epsilon_stops_before_exceeding(tmp_path):
     cfg.target_eps = first * 1.5  # one round fits, two may not
     result = train(cfg, tmp_path, device="cpu")
     assert result.ledger.epsilon <= cfg.target_eps
-    assert result.summary["rounds_run"] < 50 and "would be exceeded" in result.summary["stopped"]
+    assert result.summary.rounds_run < 50 and "would be exceeded" in result.summary.stopped
 
 
 def test_sigma_is_planned_for_target_and_rounds():
     cfg = tiny(method="dp-fedavg", sigma=None, target_eps=5.0, rounds=2)
     result = train(cfg, None, device="cpu")
-    assert result.summary["rounds_run"] == 2
+    assert result.summary.rounds_run == 2
     assert result.ledger.epsilon <= 5.0
     assert result.ledger.epsilon == pytest.approx(5.0, rel=2e-3)  # the smallest such sigma
 
@@ -246,7 +246,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, method):
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values(),
                     strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-    assert resumed.history[-1]["test_accuracy"] == full.history[-1]["test_accuracy"]
+    assert resumed.history[-1].test_accuracy == full.history[-1].test_accuracy
 
 
 def test_crash_mid_round_is_counted_not_lost(tmp_path):
@@ -275,8 +275,8 @@ def test_non_private_fedlap_suggests_radii(tmp_path):
                sigma=None, lr_net=0.1, rounds=1)
     result = train(cfg, tmp_path, device="cpu")
     h = result.history[0]
-    assert h["epsilon"] is None and result.ledger.notion == "none"
-    assert 0 < h["radius"] <= 10.0
+    assert h.epsilon is None and result.ledger.notion == "none"
+    assert 0 < h.extras["radius"] <= 10.0
 
 
 def test_client_records_caps_clients_and_sets_the_rate():
@@ -304,14 +304,15 @@ def test_validation_split_is_held_out_of_every_client():
     assert len(np.concatenate(parts)) + len(held) == len(data.y_train)
     assert len(validation_indices(plain, data)) == 0  # nothing held out by default
     result = train(cfg, None, device="cpu")
-    val = result.summary["validation_accuracy"]
-    assert not any("validation_accuracy" in h for h in result.history)  # released: public only
+    val = result.summary.validation_accuracy
+    # released: public only
+    assert not any("validation_accuracy" in h.to_json() for h in result.history)
     x, y = torch.from_numpy(data.x_train[held]), torch.from_numpy(data.y_train[held])
     assert evaluate(result.model, x, y)[0] == pytest.approx(val)
     assert val > 0.4  # FedAvg learns: well above chance (0.1) on records it never saw
     # held-out training records measure what the test set measures (300 records: sd ~0.03)
-    assert val == pytest.approx(result.summary["test_accuracy"], abs=0.12)
-    assert "validation_accuracy" not in train(plain, None, device="cpu").summary
+    assert val == pytest.approx(result.summary.test_accuracy, abs=0.12)
+    assert "validation_accuracy" not in train(plain, None, device="cpu").summary.to_json()
 
 
 def test_resume_restores_the_secret_split_and_refuses_another(tmp_path):
@@ -346,4 +347,4 @@ def test_a_run_saved_before_split_seeds_resumes_with_its_split_declared_public(t
     save_checkpoint(path, {**old, "config": {k: v for k, v in old["config"].items()
                                              if k != "split_seed"}}, PRIVATE_FORMAT)
     result = resume(tmp_path / "run", rounds=2, device="cpu")
-    assert any("split_seed 3" in item for item in result.summary["public"])
+    assert any("split_seed 3" in item for item in result.summary.privacy.public)

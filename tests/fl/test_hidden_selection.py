@@ -92,12 +92,12 @@ def test_release_withholds_the_selection_where_the_epsilon_assumes_it_hidden(tmp
     # the stated epsilon needs nothing withheld: the released ledger alone composes to it
     replayed = PrivacyLedger.replay(release.ledger)
     assert replayed.epsilon == pytest.approx(result.ledger.epsilon, rel=1e-12)
-    assert release.privacy["epsilon"] == pytest.approx(result.summary["epsilon"], rel=1e-12)
+    assert release.privacy["epsilon"] == pytest.approx(result.summary.privacy.epsilon, rel=1e-12)
     # the private state keeps the selection (for --resume), the same one the run drew
     private = PrivateRunState.load(out / PRIVATE)
     assert [e["participants"] for e in private.ledger] == [
         list(e.participants or ()) for e in result.ledger.entries]
-    assert [h["clients"] for h in private.history] == [h["clients"] for h in result.history]
+    assert [h["clients"] for h in private.history] == [h.clients for h in result.history]
 
 
 def test_server_threat_release_keeps_the_selection_and_its_epsilon(tmp_path):
@@ -112,8 +112,8 @@ def test_server_threat_release_keeps_the_selection_and_its_epsilon(tmp_path):
     assert any("selected" in p for p in release.privacy["public"])
     # the max-over-clients epsilon is recomputed from the released participants
     assert PrivacyLedger.replay(release.ledger).epsilon == pytest.approx(
-        result.summary["epsilon"], rel=1e-12)
-    assert result.summary["epsilon"] > result.summary["epsilon_by_threat_model"][
+        result.summary.privacy.epsilon, rel=1e-12)
+    assert result.summary.privacy.epsilon > result.summary.privacy.epsilon_by_threat_model[
         "hidden-selection"]
 
 
@@ -178,7 +178,7 @@ def test_audit_states_the_same_claim_from_a_withheld_release(tmp_path):
     release = ModelRelease.load(out / CHECKPOINT)
     private = PrivateRunState.load(out / PRIVATE)
     claim = privacy_claim(release.privacy, release.ledger, private.ledger_digest)
-    assert claim.epsilon == pytest.approx(result.summary["epsilon"], rel=1e-12)
+    assert claim.epsilon == pytest.approx(result.summary.privacy.epsilon, rel=1e-12)
     assert claim.threat_model == "hidden-selection" and claim.rounds == 3
     assert claim.stored_matches
     report = run_audit(out / CHECKPOINT, seed=0).to_json()

@@ -329,7 +329,7 @@ def eps10_run():
 def test_train_on_digits_learns_at_eps_10_and_the_ledger_is_local(eps10_run):
     result = eps10_run
     hist = result.history
-    accs = [h["test_accuracy"] for h in hist]
+    accs = [h.test_accuracy for h in hist]
     # 5 non-IID clients (2 classes each), 4 rounds: measured 0.34, 0.59, 0.62, 0.60
     assert accs[-1] > 0.45, accs  # chance is 0.10
     d = sum(p.numel() for p in result.model.state_dict().values())
@@ -340,12 +340,12 @@ def test_train_on_digits_learns_at_eps_10_and_the_ledger_is_local(eps10_run):
         assert e.notion == "local" and e.round_epsilon == 10.0 and e.delta is None
         assert e.epsilon == pytest.approx(e.rounds_spent * 10.0)
         assert e.accesses == 1 and e.clients == 5
-    assert result.summary["epsilon"] == pytest.approx(40.0)
-    assert result.summary["notion"] == "local" and result.summary["delta"] is None
+    assert result.summary.privacy.epsilon == pytest.approx(40.0)
+    assert result.summary.privacy.notion == "local" and result.summary.privacy.delta is None
     for h in hist:
-        assert h["upload_bytes"] == 8 * d
-        assert h["ldp_round_epsilon"] == 10.0 and h["ldp_upload_epsilon"] == 10.0 * d
-        assert 0 < h["ldp_mean_radius"] < 0.2  # the range rule stays stable (measured ~0.08)
+        assert h.upload_bytes == 8 * d
+        assert h.extras["ldp_round_epsilon"] == 10.0 and h.extras["ldp_upload_epsilon"] == 10.0 * d
+        assert 0 < h.extras["ldp_mean_radius"] < 0.2  # the range rule stays stable (measured ~0.08)
 
 
 def test_small_epsilon_does_not_learn_with_five_clients(eps10_run):
@@ -354,10 +354,10 @@ def test_small_epsilon_does_not_learn_with_five_clients(eps10_run):
     4 rounds (chance 0.10), and the ranges widen every round. Recorded, not hidden."""
     torch.set_num_threads(1)
     hist = train(_cfg(1.0), device="cpu").history
-    accs = [h["test_accuracy"] for h in hist]
+    accs = [h.test_accuracy for h in hist]
     assert sum(accs) / len(accs) < 0.2, accs
-    assert eps10_run.history[-1]["test_accuracy"] > max(accs) + 0.2
-    radii = [h["ldp_mean_radius"] for h in hist]
+    assert eps10_run.history[-1].test_accuracy > max(accs) + 0.2
+    radii = [h.extras["ldp_mean_radius"] for h in hist]
     assert radii == sorted(radii) and radii[-1] > 1.3 * radii[0]
 
 

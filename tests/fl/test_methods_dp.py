@@ -134,14 +134,15 @@ def test_normfedavg_run_is_accounted_at_client_level():
                local_steps=2)
     result = train(cfg, None, device="cpu")
     schedule = FedLAPSchedule.client_level(5, 0.6)
-    assert result.ledger.notion == "client-level" and result.summary["notion"] == "client-level"
+    assert result.ledger.notion == "client-level"
+    assert result.summary.privacy.notion == "client-level"
     assert len(result.ledger.entries) == 3
     for m, entry in enumerate(result.ledger.entries, start=1):
         assert entry.q1 == pytest.approx(0.6) and entry.local_steps == 1
         assert entry.accesses <= 1
         assert entry.epsilon == pytest.approx(epsilon(schedule, 1.5, m, cfg.delta, cfg.accountant),
                                               rel=1e-12)
-    assert result.summary["epsilon"] == pytest.approx(epsilon(schedule, 1.5, 3, cfg.delta,
+    assert result.summary.privacy.epsilon == pytest.approx(epsilon(schedule, 1.5, 3, cfg.delta,
                                                               cfg.accountant))
 
 
@@ -272,22 +273,23 @@ def test_ali_dpfl_run_accounts_each_rounds_tau(tmp_path):
     step = FedLAPSchedule(batch_size=32, client_size=n_min, local_steps=1)
     assert state["rc"] == plan_rounds(step, 1.0, 8.0, cfg.delta, cfg.accountant) > 0
     assert state["rc"] > plan_rounds(step, 1.0, 8.0, cfg.delta, "rdp")  # PLD: more iterations
-    taus = [h["tau"] for h in result.history]
+    taus = [h.extras["tau"] for h in result.history]
     assert len(result.ledger.entries) == len(taus) == 3 and taus[0] == 3
     assert state["taus"] == taus and state["total"] == sum(taus)
     assert all(1 <= t <= 6 for t in taus)
     for m, (entry, h) in enumerate(zip(result.ledger.entries, result.history, strict=True)):
-        assert entry.local_steps == h["tau"] == entry.accesses == h["local_steps"]
+        assert entry.local_steps == h.extras["tau"] == entry.accesses == h.local_steps
         rounds = [FedLAPSchedule(batch_size=32, client_size=n_min, local_steps=t)
                   for t in taus[: m + 1]]
         assert entry.epsilon == pytest.approx(
             composed_epsilon(rounds, 1.0, cfg.delta, cfg.accountant), rel=1e-12)
         assert entry.epsilon <= 8.0
         # the server's rule, from the public values it reported
-        T = min(cfg.rounds * h["tau"], state["rc"])
-        assert h["next_tau"] == ali_tau(h["mu"], h["gamma"], T, 1.0, 1.0, state["d"], 32, 6)
+        T = min(cfg.rounds * h.extras["tau"], state["rc"])
+        assert h.extras["next_tau"] == ali_tau(h.extras["mu"], h.extras["gamma"], T, 1.0, 1.0,
+                                             state["d"], 32, 6)
         if m + 1 < len(taus):
-            assert taus[m + 1] == h["next_tau"]
+            assert taus[m + 1] == h.extras["next_tau"]
 
 
 def test_ali_dpfl_stops_at_its_iteration_budget():
@@ -296,11 +298,12 @@ def test_ali_dpfl_stops_at_its_iteration_budget():
     cfg.target_eps = epsilon(step, 1.0, 4, cfg.delta, cfg.accountant) * (1 + 1e-9)  # Rc = 4
     assert plan_rounds(step, 1.0, cfg.target_eps, cfg.delta, cfg.accountant) == 4
     result = train(cfg, None, device="cpu")
-    taus = [h["tau"] for h in result.history]
-    assert 1 <= result.summary["rounds_run"] < 10 and sum(taus) <= 4
-    assert "Rc = 4" in result.summary["stopped"]
+    taus = [h.extras["tau"] for h in result.history]
+    assert 1 <= result.summary.rounds_run < 10 and sum(taus) <= 4
+    assert "Rc = 4" in result.summary.stopped
     assert result.ledger.epsilon <= cfg.target_eps
-    assert sum(taus) + result.history[-1]["next_tau"] > 4  # stopped because tau would not fit
+    # stopped because tau would not fit
+    assert sum(taus) + result.history[-1].extras["next_tau"] > 4
 
 
 def test_ali_stop_rule_counts_every_accounted_round():

@@ -211,12 +211,12 @@ LEARNS = dict(local_steps=10, lr_local=0.1, rounds=3)
 def test_scaffold_trains_on_digits_with_double_upload():
     fedavg = train(tiny(method="fedavg", **LEARNS), None, device="cpu")
     scaffold = train(tiny(method="scaffold", **LEARNS), None, device="cpu")
-    assert scaffold.history[-1]["test_accuracy"] > 0.4  # chance is 0.1
+    assert scaffold.history[-1].test_accuracy > 0.4  # chance is 0.1
     for a, b in zip(scaffold.history, fedavg.history, strict=True):
-        assert a["upload_bytes"] == 2 * b["upload_bytes"] > 0
+        assert a.upload_bytes == 2 * b.upload_bytes > 0
     # round 1 (c = c_k = 0, server_lr 1, N_k/N weights) is exactly a FedAvg round
-    assert scaffold.history[0]["test_accuracy"] == fedavg.history[0]["test_accuracy"]
-    assert scaffold.history[1]["control_variate_norm"] > 0
+    assert scaffold.history[0].test_accuracy == fedavg.history[0].test_accuracy
+    assert scaffold.history[1].extras["control_variate_norm"] > 0
 
 
 class _Stop(Exception):
@@ -327,9 +327,9 @@ def test_fedprox_large_mu_keeps_client_near_global():
 )
 def test_end_to_end_beats_chance(method, extra, floor):
     result = train(tiny(method=method, **{**LEARNS, **extra}), None, device="cpu")
-    assert result.history[-1]["test_accuracy"] > floor  # chance is 0.1
-    assert result.summary["epsilon"] is None and result.ledger.notion == "none"
+    assert result.history[-1].test_accuracy > floor  # chance is 0.1
+    assert result.summary.privacy.epsilon is None and result.ledger.notion == "none"
     model_bytes = _param_bytes(result.model)
-    assert all(h["upload_bytes"] == model_bytes for h in result.history)
+    assert all(h.upload_bytes == model_bytes for h in result.history)
     if method == "fedsgd":
-        assert all(h["accesses"] == 1 for h in result.history)
+        assert all(h.accesses == 1 for h in result.history)

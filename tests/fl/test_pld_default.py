@@ -16,10 +16,11 @@ from helpers import tiny
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.accountant.dp_events import schedule_event
-from fedlap_privacy.fl.compare import _client_sizes
+from fedlap_privacy.fl.compare_budgets import client_sizes
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import resolve_config
-from fedlap_privacy.fl.privacy import build_ledger, privacy_block, with_planned_sigma
+from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
+from fedlap_privacy.fl.run_records import PrivacyStatement
 from fedlap_privacy.fl.simulation import train
 
 #: our PLD against dp-accounting's pessimistic PLD at its default grid (issue 35)
@@ -32,15 +33,15 @@ def dp_accounting_pld(schedule: FedLAPSchedule, sigma: float, rounds: int, delta
     return float(accountant.get_epsilon(delta))
 
 
-def _priced(cfg: TrainConfig) -> dict:
-    """The privacy block ``train`` would release after every round of ``cfg`` (every client
+def _priced(cfg: TrainConfig) -> PrivacyStatement:
+    """The privacy statement ``train`` would release after every round of ``cfg`` (every client
     selected every round, as the default's client fraction 1 does)."""
-    sizes = _client_sizes(cfg)
+    sizes = client_sizes(cfg)
     cfg = with_planned_sigma(cfg, sizes)
     ledger = build_ledger(cfg, sizes)
     for m in range(1, cfg.rounds + 1):
         ledger.record(m, cfg.accesses_per_round, list(range(cfg.clients)))
-    return privacy_block(cfg, ledger)
+    return privacy_statement(cfg, ledger)
 
 
 def test_the_default_run_reports_pld_below_rdp_and_equal_to_dp_accounting() -> None:
@@ -48,10 +49,10 @@ def test_the_default_run_reports_pld_below_rdp_and_equal_to_dp_accounting() -> N
     assert cfg.accountant == "pld" and cfg.sigma == 1.5 and cfg.rounds == 10
     block = _priced(cfg)
     schedule = FedLAPSchedule(batch_size=64, client_size=281, local_steps=10)
-    assert min(_client_sizes(cfg)) == 281 and cfg.accesses_per_round == 10
-    by = block["epsilon_by_accountant"]
-    assert block["accountant"] == "pld" and list(by) == ["pld", "rdp"]
-    assert block["epsilon"] == by["pld"]
+    assert min(client_sizes(cfg)) == 281 and cfg.accesses_per_round == 10
+    by = block.epsilon_by_accountant
+    assert by is not None and block.accountant == "pld" and list(by) == ["pld", "rdp"]
+    assert block.epsilon == by["pld"]
     assert by["pld"] == pytest.approx(dp_accounting_pld(schedule, 1.5, 10, 1e-5), rel=PLD_RTOL)
     # RDP's figure is Theorem 5.8's, the number the default run quoted before (9.546)
     assert by["rdp"] == pytest.approx(epsilon(schedule, 1.5, 10, 1e-5), rel=1e-12)
@@ -61,8 +62,8 @@ def test_the_default_run_reports_pld_below_rdp_and_equal_to_dp_accounting() -> N
     assert 0.08 < 1 - by["pld"] / by["rdp"] < 0.095
     # an RDP run (--set accountant=rdp): the same two figures, RDP's first and guaranteed
     rdp = _priced(dataclasses.replace(cfg, accountant="rdp"))
-    assert rdp["accountant"] == "rdp" and list(rdp["epsilon_by_accountant"]) == ["rdp", "pld"]
-    assert rdp["epsilon"] == by["rdp"] and rdp["epsilon_by_accountant"] == by
+    assert rdp.accountant == "rdp" and list(rdp.epsilon_by_accountant or {}) == ["rdp", "pld"]
+    assert rdp.epsilon == by["rdp"] and rdp.epsilon_by_accountant == by
 
 
 def test_a_target_is_planned_to_the_same_guarantee_with_less_noise() -> None:
@@ -82,11 +83,11 @@ def test_a_target_is_planned_to_the_same_guarantee_with_less_noise() -> None:
 def test_train_summary_names_the_accountant_and_keeps_rdp_beside_it() -> None:
     cfg = tiny(method="dp-fedavg", rounds=2, split="iid", split_seed=0)
     result = train(cfg)
-    summary = result.summary
+    privacy = result.summary.privacy
     schedule = result.ledger.schedule
-    assert schedule is not None and summary["accountant"] == "pld"
-    by = summary["epsilon_by_accountant"]
-    assert summary["epsilon"] == by["pld"] <= by["rdp"]
+    assert schedule is not None and privacy.accountant == "pld"
+    by = privacy.epsilon_by_accountant
+    assert privacy.epsilon == by["pld"] <= by["rdp"]
     assert by["pld"] == pytest.approx(dp_accounting_pld(schedule, cfg.sigma, 2, cfg.delta),
                                       rel=PLD_RTOL)
     assert by["rdp"] == pytest.approx(epsilon(schedule, cfg.sigma, 2, cfg.delta), rel=1e-12)
@@ -111,13 +112,14 @@ def test_a_resumed_run_keeps_the_accountant_it_started_with(tmp_path) -> None:
     cfg = tiny(method="dp-fedavg", rounds=1, local_steps=1, accountant="rdp")
     out = tmp_path / "run"
     first = train(cfg, out).summary
-    assert first["accountant"] == "rdp"
+    assert first.privacy.accountant == "rdp"
     edit_config(out, lambda c: {k: v for k, v in c.items() if k != "accountant"})  # an old run
     resumed = resume(out, rounds=2)
-    assert resumed.summary["accountant"] == "rdp"
+    assert resumed.summary.privacy.accountant == "rdp"
     assert {e.accountant for e in resumed.ledger.entries} == {"rdp"}
     schedule = resumed.ledger.schedule
-    assert resumed.summary["epsilon"] == pytest.approx(epsilon(schedule, cfg.sigma, 2, cfg.delta))
+    assert resumed.summary.privacy.epsilon == pytest.approx(
+        epsilon(schedule, cfg.sigma, 2, cfg.delta))
     edit_config(out, lambda c: {**c, "accountant": "pld"})
     with pytest.raises(CheckpointError, match="has accountant 'rdp', the run 'pld'"):
         resume(out, rounds=3)

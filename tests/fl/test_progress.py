@@ -44,7 +44,7 @@ def test_the_timing_before_round_1_changes_nothing_in_the_run() -> None:
     timed, a = _events(cfg, estimate=True)
     untimed, b = _events(cfg)
     assert "estimate" in dict(timed) and "estimate" not in dict(untimed)
-    assert [h["test_accuracy"] for h in a.history] == [h["test_accuracy"] for h in b.history]
+    assert [h.test_accuracy for h in a.history] == [h.test_accuracy for h in b.history]
     steps = [(i["position"], i["step"]) for e, i in timed if e == "client_step" and
              i["round"] == 1]
     assert steps == [(p, t) for p in range(3) for t in (1, 2, 3)]  # local_steps 3

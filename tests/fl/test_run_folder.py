@@ -160,7 +160,7 @@ def test_a_crash_between_the_two_checkpoint_writes_is_resumed(tmp_path, monkeypa
     # round 2 touched the data twice (the crashed attempt, then again): both are counted
     assert [(e.round, e.status) for e in result.ledger.entries] == [
         (1, "completed"), (2, "interrupted"), (2, "completed"), (3, "completed")]
-    assert result.ledger.rounds_spent == 4 and result.summary["rounds_run"] == 3
+    assert result.ledger.rounds_spent == 4 and result.summary.rounds_run == 3
     assert _staged(out) == [] and not (out / PENDING).exists()
 
 
@@ -198,9 +198,9 @@ def test_a_crash_just_after_the_commit_is_not_counted_twice(tmp_path, monkeypatc
     """The pair of round 2 is committed, its marker is not yet removed: today's code
     resumes (the round is in the ledger once); earlier, ``--resume`` refused forever."""
     out = tmp_path / "run"
-    from fedlap_privacy.fl import simulation
+    from fedlap_privacy.fl import training_run
 
-    write = simulation.write_text_atomic
+    write = training_run.write_text_atomic
 
     def crash_after_commit(path, text: str) -> None:
         if Path(path).name == METRICS and text.count("\n") == 2:
@@ -208,7 +208,7 @@ def test_a_crash_just_after_the_commit_is_not_counted_twice(tmp_path, monkeypatc
         write(path, text)
 
     with monkeypatch.context() as patch:
-        patch.setattr(simulation, "write_text_atomic", crash_after_commit)
+        patch.setattr(training_run, "write_text_atomic", crash_after_commit)
         with pytest.raises(OSError, match="killed"):
             train(tiny(method="dp-fedavg", rounds=3, local_steps=2), out, "cpu")
     assert json.loads((out / PENDING).read_text())["round"] == 2 == load_private(out).round

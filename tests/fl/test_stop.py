@@ -41,7 +41,7 @@ def test_sigterm_stops_after_the_round_and_resume_equals_the_uninterrupted_run(t
     full = train(dataclasses.replace(cfg), tmp_path / "full", device="cpu")
     with stop_between_rounds():
         cut = train(cfg, tmp_path / "cut", device="cpu", callback=_sigterm_after_round(1))
-    assert cut.summary["stopped"] == STOPPED and cut.summary["rounds_run"] == 1
+    assert cut.summary.stopped == STOPPED and cut.summary.rounds_run == 1
     assert not stop_requested()  # cleared on leaving the block
     assert not (tmp_path / "cut" / PENDING).exists()
     assert [(e.round, e.status) for e in cut.ledger.entries] == [(1, "completed")]

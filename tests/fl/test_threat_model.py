@@ -72,9 +72,9 @@ def _noise_recovery_error(reproducible: bool, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(fedavg, "dp_gradient", spy)
     result = train(cfg)
     # the attacker: knows w_g (the seed fixes it), lr, B, the seed; sees the upload
-    from fedlap_privacy.fl.simulation import _Run
+    from fedlap_privacy.fl.training_run import TrainingRun
 
-    w_g = _weights(_Run(cfg, torch.device("cpu"), None).model)
+    w_g = _weights(TrainingRun(cfg, torch.device("cpu"), None).model)
     upload = _weights(result.model)
     n = len(load_dataset("digits").y_train)
     gen = seeded_generator(torch.device("cpu"), cfg.seed, 1, 1)
@@ -120,13 +120,15 @@ def test_client_sampling_does_not_amplify_against_the_server() -> None:
 def test_train_enforces_the_server_epsilon_and_reports_both() -> None:
     cfg = tiny(method="dp-fedavg", client_fraction=0.5, rounds=3, local_steps=1, sigma=1.0,
                split="iid")
-    summary = train(cfg).summary
-    assert summary["threat_model"] == "server"
-    by = summary["epsilon_by_threat_model"]
-    assert summary["epsilon"] == by["server"] > by["hidden-selection"]
-    hidden = train(dataclasses.replace(cfg, threat_model="hidden-selection")).summary
-    assert hidden["epsilon"] == hidden["epsilon_by_threat_model"]["hidden-selection"]
-    full = train(dataclasses.replace(cfg, client_fraction=1.0)).summary["epsilon_by_threat_model"]
+    privacy = train(cfg).summary.privacy
+    assert privacy.threat_model == "server"
+    by = privacy.epsilon_by_threat_model
+    assert privacy.epsilon == by["server"] > by["hidden-selection"]
+    hidden = train(dataclasses.replace(cfg, threat_model="hidden-selection")).summary.privacy
+    assert hidden.epsilon == hidden.epsilon_by_threat_model["hidden-selection"]
+    full = train(dataclasses.replace(cfg, client_fraction=1.0)).summary.privacy
+    assert full.epsilon_by_threat_model is not None
+    full = full.epsilon_by_threat_model
     assert full["server"] == pytest.approx(full["hidden-selection"])  # C = 1: they agree
 
 
@@ -172,7 +174,7 @@ def test_resume_refuses_replaced_data_files(tmp_path: Path, mini_mnist) -> None:
     cfg = tiny(method="dp-fedavg", dataset="mnist", data_dir=str(data), rounds=1,
                local_steps=1, width=8, split="iid", clients=2)
     out = tmp_path / "run"
-    first = train(cfg, out).summary["epsilon"]
+    first = train(cfg, out).summary.privacy.epsilon
     mini_mnist(n_train=100)  # fewer records per client: a larger q, a smaller re-priced epsilon
     with pytest.raises(CheckpointError, match="training data changed"):
         resume(out, rounds=2)
@@ -223,8 +225,8 @@ def test_checkpoint_releases_no_validation_score(tmp_path: Path) -> None:
     # the owner keeps them in private.pt; the summary (tuning, compare) reads them from there
     scores = PrivateRunState.load(out / PRIVATE).validation_scores
     assert [v.round for v in scores] == [1, 2]
-    assert summary["validation_accuracy"] == scores[-1].accuracy
-    assert resume(out).summary["validation_accuracy"] == scores[-1].accuracy
+    assert summary.validation_accuracy == scores[-1].accuracy
+    assert resume(out).summary.validation_accuracy == scores[-1].accuracy
 
 
 def _seed_by_brute_force(release: ModelRelease, seeds: range) -> int:
@@ -362,7 +364,7 @@ def test_a_crash_in_round_one_can_be_resumed(tmp_path: Path, monkeypatch) -> Non
     result = resume(out)
     statuses = [(e.round, e.status) for e in result.ledger.entries]
     assert statuses == [(1, "interrupted"), (1, "completed"), (2, "completed")]
-    assert result.summary["rounds_run"] == 2
+    assert result.summary.rounds_run == 2
 
 
 def test_delta_not_below_one_over_n_warns(tmp_path: Path) -> None:

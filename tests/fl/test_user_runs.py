@@ -70,9 +70,9 @@ def test_every_method_trains_a_custom_model_on_tabular_data(tmp_path: Path,
     extra, floor = SETTINGS[method]
     data = tabular_folder(tmp_path / "d")
     result = train(_cfg(method=method, **extra), tmp_path / "run", "cpu", data=data)
-    assert result.summary["dataset"] == "custom" and result.summary["rounds_run"] >= 1
-    assert result.summary["test_accuracy"] >= floor
-    assert np.isfinite(result.history[-1]["test_loss"])
+    assert result.summary.dataset == "custom" and result.summary.rounds_run >= 1
+    assert result.summary.test_accuracy >= floor
+    assert np.isfinite(result.history[-1].test_loss)
     release = ModelRelease.load(tmp_path / "run" / "ckpt.pt")
     assert release.model_factory == {"factory": FACTORY, "input_shape": [FEATURES],
                                      "num_classes": CLASSES}
@@ -83,19 +83,19 @@ def test_dp_epsilon_is_the_accountants_on_the_natural_partition(tmp_path: Path) 
     data = tabular_folder(tmp_path / "d", sizes=(90, 80, 70), test=60)
     result = train(_cfg(method="dp-fedavg", sigma=1.0, model=None), None, "cpu", data=data)
     step = FedLAPSchedule(batch_size=32, client_size=70, local_steps=6)
-    assert result.summary["accountant"] == "pld"
-    assert result.summary["epsilon"] == pytest.approx(epsilon(step, 1.0, 3, 1e-5, "pld"),
+    assert result.summary.privacy.accountant == "pld"
+    assert result.summary.privacy.epsilon == pytest.approx(epsilon(step, 1.0, 3, 1e-5, "pld"),
                                                       rel=1e-9)
-    assert result.summary["test_accuracy"] > 0.8  # the default MLP
+    assert result.summary.test_accuracy > 0.8  # the default MLP
 
 
 def test_held_out_evaluation_is_declared_public(tmp_path: Path) -> None:
     data = tabular_folder(tmp_path / "d", test=0)
     result = train(_cfg(method="dp-fedavg", sigma=1.0, rounds=1), None, "cpu", data=data)
-    assert any("held out of the clients' own data" in p for p in result.summary["public"])
+    assert any("held out of the clients' own data" in p for p in result.summary.privacy.public)
     with_test = train(_cfg(method="dp-fedavg", sigma=1.0, rounds=1), None, "cpu",
                       data=tabular_folder(tmp_path / "t"))
-    assert not any("held out" in p for p in with_test.summary["public"])
+    assert not any("held out" in p for p in with_test.summary.privacy.public)
 
 
 @pytest.mark.parametrize(("factory", "words"), [
@@ -146,6 +146,6 @@ def test_resume_continues_on_the_same_files(tmp_path: Path) -> None:
     data = tabular_folder(tmp_path / "d")
     train(_cfg(method="dp-fedavg", sigma=1.0, rounds=1), tmp_path / "run", "cpu", data=data)
     result = resume(tmp_path / "run", rounds=2, device="cpu")
-    assert result.summary["rounds_run"] == 2 and len(result.ledger.entries) == 2
+    assert result.summary.rounds_run == 2 and len(result.ledger.entries) == 2
 
 

@@ -41,6 +41,7 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     write_app,
 )
 from fedlap_privacy.fl.method_table import METHOD_TABLE  # noqa: E402
+from fedlap_privacy.fl.run_records import RoundRecord  # noqa: E402
 from fedlap_privacy.fl.simulation import CHECKPOINT, PENDING, train  # noqa: E402
 
 #: the shared tiny configuration runs here on two clients, with seeded noise: the driver's
@@ -60,7 +61,7 @@ def _same_model(a: dict, b: dict) -> bool:
 
 
 def _moved(cfg: TrainConfig, state: dict) -> float:
-    """||w - w_0|| from the initial weights of a run with ``cfg`` (seeded as _Run does)."""
+    """||w - w_0|| from the initial weights of a run with ``cfg`` (seeded as TrainingRun does)."""
     from fedlap_privacy.data import load_dataset
     from fedlap_privacy.fl.simulation import default_model_config
     from fedlap_privacy.models import build_model
@@ -70,8 +71,9 @@ def _moved(cfg: TrainConfig, state: dict) -> float:
     return float(sum((state[k] - init[k]).pow(2).sum() for k in init) ** 0.5)
 
 
-def _strip(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in h.items() if k != "seconds"} for h in history]
+def _strip(history: list[RoundRecord]) -> list[dict]:
+    """The rounds' metrics as written, without their timings."""
+    return [{k: v for k, v in h.to_json().items() if k != "seconds"} for h in history]
 
 
 # --------------------------------------------------------------------------- codec, config
@@ -129,7 +131,7 @@ def test_flower_driver_equals_simulator(tmp_path, method):
     assert a["ledger"] == b["ledger"] and len(a["ledger"]) == 2
     assert _same_model(a["model_state"], b["model_state"])
     assert _strip(flower.history) == _strip(local.history)
-    assert [h["replies"] for h in flower.history] == [2, 2]
+    assert [h.replies for h in flower.history] == [2, 2]
     train_msgs = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert len(train_msgs) == 4  # 2 rounds x 2 clients
     if method.startswith("fedlap") or method == "scaffold":  # node-local state: on the node
@@ -180,7 +182,7 @@ def test_client_that_does_not_answer_fails_round_and_round_is_counted(tmp_path, 
     assert interrupted["participants"] == [0, 1] and ckpt["round"] == 1
     # privacy spent is that of two full rounds: the simulator's after 2 rounds
     local = train(tiny(rounds=2), None, "cpu")
-    assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
+    assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary.privacy.epsilon, rel=1e-12)
 
 
 def test_allow_client_failures_continues_and_counts_every_round(tmp_path):
@@ -192,9 +194,9 @@ def test_allow_client_failures_continues_and_counts_every_round(tmp_path):
     ledger = load_checkpoint(tmp_path / CHECKPOINT)["ledger"]
     assert [e["status"] for e in ledger] == ["completed"] * 3
     assert [e["participants"] for e in ledger] == [[0, 1]] * 3
-    assert [h["replies"] for h in result.history] == [2, 1, 1]
+    assert [h.replies for h in result.history] == [2, 1, 1]
     local = train(tiny(rounds=3), None, "cpu")
-    assert result.summary["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
+    assert result.summary.privacy.epsilon == pytest.approx(local.summary.privacy.epsilon, rel=1e-12)
     assert not _same_model(result.model.state_dict(), local.model.state_dict())
 
 
@@ -295,9 +297,9 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     assert set(a) == set(b) and a["format"] == b["format"]  # audit reads it like train's
     pa, pb = (load_checkpoint(tmp_path / d / PRIVATE, PRIVATE_FORMAT) for d in ("flower", "local"))
     assert pa["client_indices"][1].tolist() == pb["client_indices"][1].tolist()
-    assert summary["epsilon"] == local.summary["epsilon"] > 0
+    assert summary["epsilon"] == local.summary.privacy.epsilon > 0
     assert summary["rounds_run"] == 2 and summary["stopped"] == "completed"
-    assert _strip(a["history"]) == _strip(local.history)
+    assert _strip([RoundRecord.from_json(h) for h in a["history"]]) == _strip(local.history)
     # the equality is not that of an untrained model: the weights moved from their init
     assert _moved(tiny(), a["model_state"]) > 0.1
     assert _flower_processes() <= before  # SuperLink, SuperNodes and apps are gone
@@ -344,8 +346,8 @@ def test_killed_supernode(deployment, tmp_path, allow):
     kwargs = dict(round_timeout=20.0, allow_client_failures=allow, on_poll=hook)
     if allow:
         result = run_on(deployment, cfg, out, "cpu", **kwargs)
-        assert [h["replies"] for h in result.history] == [1]
-        assert result.summary["stopped"] == "completed"
+        assert [h.replies for h in result.history] == [1]
+        assert result.summary.stopped == "completed"
     else:
         with pytest.raises(FlowerError) as err:
             run_on(deployment, cfg, out, "cpu", **kwargs)
@@ -360,7 +362,7 @@ def test_killed_supernode(deployment, tmp_path, allow):
     status = "completed" if allow else "interrupted"
     assert entries == [(1, status, 2, cfg.accesses_per_round)]
     local = train(tiny(rounds=1), None, "cpu")
-    assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary["epsilon"], rel=1e-12)
+    assert ckpt["privacy"]["epsilon"] == pytest.approx(local.summary.privacy.epsilon, rel=1e-12)
     assert json.loads((out / STATUS).read_text())["status"] == ("completed" if allow else "failed")
 
 
@@ -386,13 +388,13 @@ def test_each_node_prices_its_answers_with_pld_as_the_in_process_engine(tmp_path
     cfg = tiny(method="dp-fedavg")
     grid = FakeGrid(2)
     result = train(cfg, tmp_path / "flower", "cpu", ask_clients=_driver(grid, cfg))
-    summary = result.summary
-    assert summary["accountant"] == "pld" and summary["threat_model"] == "server"
+    privacy = result.summary.privacy
+    assert privacy.accountant == "pld" and privacy.threat_model == "server"
     nodes = [json.loads((grid.state_root / f"node-{i}" / "run-1.json").read_text())
              for i in range(2)]
     assert {e["accountant"] for n in nodes for e in n["entries"]} == {"pld"}
     spent = {n["size"]: n["entries"][-1]["epsilon"] for n in nodes}
     assert len(spent) == 2  # the two partitions differ in size
-    assert spent[min(spent)] == pytest.approx(summary["epsilon"], rel=1e-9)
-    assert spent[max(spent)] < summary["epsilon"]
-    assert summary["epsilon"] < summary["epsilon_by_accountant"]["rdp"]
+    assert spent[min(spent)] == pytest.approx(privacy.epsilon, rel=1e-9)
+    assert spent[max(spent)] < privacy.epsilon
+    assert privacy.epsilon < privacy.epsilon_by_accountant["rdp"]

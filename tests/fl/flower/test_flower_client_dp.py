@@ -39,6 +39,6 @@ def test_adaptive_fixed_cohort_run_on_flower_equals_the_simulator(tmp_path):
     private = load_checkpoint(tmp_path / "flower" / PRIVATE, PRIVATE_FORMAT)
     assert [len(e["participants"]) for e in private["ledger"]] == [2] * 3
     assert all(torch.equal(a["model_state"][k], b["model_state"][k]) for k in a["model_state"])
-    clips = [h["clip"] for h in flower.history]
-    assert clips == [h["clip"] for h in local.history] and len(set(clips)) == 3  # it adapts
-    assert [h["replies"] for h in flower.history] == [2, 2, 2]
+    clips = [h.extras["clip"] for h in flower.history]
+    assert clips == [h.extras["clip"] for h in local.history] and len(set(clips)) == 3  # it adapts
+    assert [h.replies for h in flower.history] == [2, 2, 2]

@@ -503,7 +503,7 @@ def test_round_over_tls_with_authenticated_supernodes(tmp_path):
                          secure=secure) as dep:
         intruder = dep.start_node(0, key=rogue, log_name="rogue.log")
         result = run_on(dep, cfg_of(rounds=1), tmp_path / "run", "cpu")
-        assert result.summary["rounds_run"] == 1 and result.history[0]["replies"] == 2
+        assert result.summary.rounds_run == 1 and result.history[0].replies == 2
         end = time.monotonic() + 30
         while intruder.poll() is None and time.monotonic() < end:
             time.sleep(0.5)
