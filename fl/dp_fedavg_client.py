@@ -19,7 +19,10 @@ Contract — the mechanism :mod:`fedlap_privacy.accountant.client_level` prices:
   :func:`~fedlap_privacy.fl.fedavg.local_training`), then its update
   ``Delta_k = w_k - w_g`` over ALL parameters flattened into one vector, clipped to the
   round's norm ``C_t`` (``Delta_k * min(1, C_t / ||Delta_k||)``). With adaptive clipping it
-  also reports ``b_k = 1[||Delta_k|| <= C_t]``. One client-level access per round.
+  also reports ``b_k = 1[||Delta_k|| <= C_t]``. One client-level access per round. The
+  in-process driver may train a cohort's local steps at once (:meth:`DPFedAvgClient.cohort_client`,
+  :mod:`fedlap_privacy.fl.cohort`: each client's batches from its own generator, as in the
+  loop) and then clips each update as above; the same uploads up to rounding.
 * Server: re-clips every upload to ``C_t`` (so the bound holds whatever arrives), adds ONE
   draw of ``N(0, sigma_u^2 C_t^2 I)`` to the SUM, divides by the EXPECTED cohort (q n, or K: a
   public constant, never the realised count) and steps

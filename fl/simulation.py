@@ -377,10 +377,11 @@ class _Run:
         ``packed``. ``auto`` packs on the CPU where the model packs (there the packed cohort
         keeps the loop's fused kernels and measured faster than the loop; the vmap cohort
         slower: docs/train.md, "Cross-device scale"), else trains the loop; on an
-        accelerator it vectorises where the model allows. ``vectorised`` or ``packed`` where
-        it cannot is refused (one line)."""
+        accelerator it vectorises where the model allows. Under ``reproducible_noise``,
+        ``auto`` trains the loop: the one-by-one clients of the Flower engine, bit for bit.
+        ``vectorised`` or ``packed`` where it cannot is refused (one line)."""
         mode = self.cfg.cohort_training
-        if mode == "loop":
+        if mode == "loop" or (mode == "auto" and self.cfg.reproducible_noise):
             return "loop"
         why = None
         if not self.method.vectorises():
