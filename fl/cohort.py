@@ -16,6 +16,12 @@ mixes the records of a batch, dropout draws randomness the loop would draw other
 anything else, or a module with hooks, falls back
 to the loop (:func:`vectorise_refusal` says why).
 
+For the ConvNet, ``packed=True`` forms each group's gradients by one forward and backward of
+the clients' networks packed into one (:mod:`~fedlap_privacy.fl.packed_cohort`: grouped
+convolutions and the loop's fused normalisation kernels), with the same batches, padding,
+masks and steps. The cohort reports step t of T after each step
+(:func:`~fedlap_privacy.fl.progress.report_step`).
+
 The result equals the loop's up to floating-point rounding (the summation order differs);
 ``tests/fl/test_cohort.py`` checks the aggregated update of both.
 """

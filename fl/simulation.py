@@ -375,8 +375,8 @@ class _Run:
     def cohort_mode(self) -> str:
         """How the cohort trains (``cohort_training``): ``loop``, ``vectorised`` (vmap) or
         ``packed``. ``auto`` packs on the CPU where the model packs (there the packed cohort
-        keeps the loop's fused kernels and measured faster than the loop; the vmap cohort
-        slower: docs/train.md, "Cross-device scale"), else trains the loop; on an
+        keeps the loop's fused kernels and measured fastest of the three: docs/train.md,
+        "Cross-device scale"), else trains the loop; on an
         accelerator it vectorises where the model allows. Under ``reproducible_noise``,
         ``auto`` trains the loop: the one-by-one clients of the Flower engine, bit for bit.
         ``vectorised`` or ``packed`` where it cannot is refused (one line)."""
