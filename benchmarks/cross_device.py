@@ -1,6 +1,6 @@
-"""Cross-device scale: seconds per round and peak memory of a FedAvg cohort, vectorised
-(``cohort_training=vectorised``, fl/cohort.py) against the one-by-one loop
-(``cohort_training=loop``), in the same run.
+"""Cross-device scale: seconds per round and peak memory of a FedAvg cohort trained one by
+one (``cohort_training=loop``), vectorised with ``vmap`` (``vectorised``, fl/cohort.py) and
+packed into one network (``packed``, fl/packed_cohort.py), in the same run.
 
 Each configuration (clients x cohort x mode) runs in a fresh subprocess: it loads
 FashionMNIST, splits it into ``clients`` clients with McMahan et al.'s shards (60,000 /
@@ -10,7 +10,8 @@ cohort's client steps and the server's aggregation for a cohort of ``cohort`` cl
 drawn at random (evaluation on the test set excluded: it does not grow with the clients).
 Peak memory is the subprocess's maximum resident set size (``resource.getrusage``), the
 dataset included. Prints one row per configuration (wall and CPU seconds per round: on a
-shared machine the CPU time is the steadier of the two) and the loop / vectorised ratios.
+shared machine the CPU time is the steadier of the two) and the loop / vectorised and
+loop / packed ratios (above 1: faster than the loop).
 
 The model is the small CNN: the ConvNet of docs/algorithms.md#convnet at width 32, depth 2
 (the 8x8 default's size) on 28x28 inputs. Local training: ``--local-steps`` SGD steps on
@@ -18,6 +19,7 @@ Poisson batches at rate ``--batch-size`` / N_k.
 
     python benchmarks/cross_device.py [--data-dir /path/to/fashion-mnist] [--rounds 2]
         [--clients 1000,10000] [--cohorts 100,1000] [--local-steps 5] [--batch-size 5]
+        [--modes loop,vectorised,packed]
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import subprocess
 import sys
 import time
 
-MODES = ("vectorised", "loop")
+MODES = ("loop", "vectorised", "packed")
 
 
 def worker(spec: dict) -> dict:
@@ -71,17 +73,21 @@ def main() -> None:
     parser.add_argument("--cohorts", default="100,1000")
     parser.add_argument("--local-steps", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
+    modes = args.modes.split(",")
+    if "loop" not in modes or not set(modes) <= set(MODES):
+        parser.error(f"--modes: loop and any of {', '.join(MODES[1:])}")
     rows = []
     print(f"{'clients':>8} {'cohort':>7} {'mode':>11} {'s/round':>9} {'CPU s':>7} "
           f"{'peak MiB':>9}")
     for clients in (int(c) for c in args.clients.split(",")):
         for cohort in (int(c) for c in args.cohorts.split(",")):
-            for mode in MODES:  # interleaved: both modes see the same machine load
+            for mode in modes:  # interleaved: the modes see the same machine load
                 spec = dict(data_dir=args.data_dir, clients=clients, cohort=cohort, mode=mode,
                             rounds=args.rounds, local_steps=args.local_steps,
                             batch_size=args.batch_size)
@@ -93,17 +99,21 @@ def main() -> None:
                       f"{statistics.median(row['seconds']):>9.2f} "
                       f"{statistics.median(row['cpu_seconds']):>7.2f} {row['peak_mib']:>9.0f}",
                       flush=True)
-    print("\nloop / vectorised (seconds per round, CPU seconds per round; peak memory)")
+    print("\nloop / mode (seconds per round, CPU seconds per round; peak memory): above 1, "
+          "the mode is faster than the loop")
     for clients in sorted({r["clients"] for r in rows}):
         for cohort in sorted({r["cohort"] for r in rows}):
             pair = {r["mode"]: r for r in rows if r["clients"] == clients and
                     r["cohort"] == cohort}
-            loop, vec = pair["loop"], pair["vectorised"]
-            ratio = statistics.median(loop["seconds"]) / statistics.median(vec["seconds"])
-            cpu = (statistics.median(loop["cpu_seconds"])
-                   / statistics.median(vec["cpu_seconds"]))
-            print(f"{clients:>8} clients, cohort {cohort:>5}: time x{ratio:.2f}, CPU "
-                  f"x{cpu:.2f}, memory x{loop['peak_mib'] / vec['peak_mib']:.2f}")
+            loop = pair["loop"]
+            for mode in (m for m in modes if m != "loop"):
+                row = pair[mode]
+                ratio = statistics.median(loop["seconds"]) / statistics.median(row["seconds"])
+                cpu = (statistics.median(loop["cpu_seconds"])
+                       / statistics.median(row["cpu_seconds"]))
+                print(f"{clients:>8} clients, cohort {cohort:>5}, {mode:>10}: time "
+                      f"x{ratio:.2f}, CPU x{cpu:.2f}, "
+                      f"memory x{loop['peak_mib'] / row['peak_mib']:.2f}")
 
 
 if __name__ == "__main__":

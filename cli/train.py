@@ -193,8 +193,10 @@ def train(
                 f"clients) will take about {_duration(info['round_s'])}, the run about "
                 f"{_duration(info['run_s'])}", highlight=False)
         elif event == "client_step":
+            who = (f"cohort of {info['clients']} clients" if info.get("cohort") else
+                   f"client {info['position'] + 1}/{info['clients']}")
             progress.update(task, info=(
-                f"round {info['round']}: client {info['position'] + 1}/{info['clients']} "
+                f"round {info['round']}: {who} "
                 f"step {info['step']}/{info['steps']}, round ~"
                 f"{_duration(info['round_estimate_s'])} ({_duration(info['elapsed_s'])} "
                 "so far)"))

@@ -27,5 +27,8 @@ def select_clients(cfg: TrainConfig, round_: int) -> list[int]:
     if cfg.clients_per_round is not None:
         chosen = torch.randperm(cfg.clients, generator=select)[: cfg.clients_per_round]
         return sorted(int(k) for k in chosen)
-    return [k for k in range(cfg.clients)
-            if float(torch.rand((), generator=select)) < cfg.client_fraction]
+    # one uniform per client, in client order: the same draws as one scalar torch.rand per
+    # client (a float32 draw consumes one 32-bit word either way), compared in float64 as
+    # Python's float(u) < q compares them
+    draws = torch.rand(cfg.clients, generator=select).double()
+    return torch.nonzero(draws < cfg.client_fraction).flatten().tolist()

@@ -16,6 +16,12 @@ mixes the records of a batch, dropout draws randomness the loop would draw other
 anything else, or a module with hooks, falls back
 to the loop (:func:`vectorise_refusal` says why).
 
+For the ConvNet, ``packed=True`` forms each group's gradients by one forward and backward of
+the clients' networks packed into one (:mod:`~fedlap_privacy.fl.packed_cohort`: grouped
+convolutions and the loop's fused normalisation kernels), with the same batches, padding,
+masks and steps. The cohort reports step t of T after each step
+(:func:`~fedlap_privacy.fl.progress.report_step`).
+
 The result equals the loop's up to floating-point rounding (the summation order differs);
 ``tests/fl/test_cohort.py`` checks the aggregated update of both.
 """
@@ -31,6 +37,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from fedlap_privacy.fl.dp import poisson_sample
+from fedlap_privacy.fl.packed_cohort import PackedConvNet
+from fedlap_privacy.fl.progress import report_step
 
 __all__ = [
     "PER_RECORD_LAYERS", "ClientBatches", "cohort_local_sgd", "size_groups",
@@ -109,6 +117,7 @@ def cohort_local_sgd(
     *,
     lr: float,
     mu: float = 0.0,
+    packed: bool = False,
 ) -> list[dict[str, Tensor]]:
     """Each client's weights after its local SGD steps from w_g, trained together.
 
@@ -116,7 +125,11 @@ def cohort_local_sgd(
     of client k: ``w_k -= lr (g_k + mu (w_k - w_g))`` with g_k the mean cross-entropy
     gradient on its batch t (FedProx's proximal term when ``mu``), skipped when the batch
     is empty: :func:`fedlap_privacy.fl.fedavg.local_training` without DP, vectorised.
-    Returns one state dict per client (parameters trained, buffers as w_g's).
+    ``packed``: each group's gradients come from one forward and backward of the clients'
+    ConvNets packed into one network (:mod:`~fedlap_privacy.fl.packed_cohort`, the model
+    must pack), else from ``vmap``. Reports step t of T after each step
+    (:func:`~fedlap_privacy.fl.progress.report_step`). Returns one state dict per client
+    (parameters trained, buffers as w_g's).
     """
     names = [n for n, _ in global_model.named_parameters()]
     anchor = {n: p.detach() for n, p in global_model.named_parameters()}
@@ -129,6 +142,17 @@ def cohort_local_sgd(
         return (per_record * mask).sum() / count.clamp(min=1)
 
     step_grad = vmap(grad(loss))
+    packed_net = PackedConvNet(global_model) if packed else None
+
+    def packed_grad(mine: dict[str, Tensor], rows: Tensor, mask: Tensor,
+                    count: Tensor) -> dict[str, Tensor]:
+        assert packed_net is not None
+        leaves = {n: mine[n].detach().requires_grad_() for n in names}
+        with torch.enable_grad():
+            total = packed_net.loss(leaves, x[rows.T], y[rows], mask, count)
+            grads = torch.autograd.grad(total, [leaves[n] for n in names])
+        return dict(zip(names, grads, strict=True))
+
     params = {n: anchor[n].unsqueeze(0).repeat(len(clients), *[1] * anchor[n].dim())
               for n in names}
     steps = len(clients[0].batches) if clients else 0
@@ -144,11 +168,15 @@ def cohort_local_sgd(
             at = torch.tensor(group, device=x.device)
             mine = {n: params[n][at] for n in names}
             count = torch.tensor([sizes[i] for i in group], dtype=x.dtype, device=x.device)
-            grads = step_grad(mine, x[rows], y[rows], mask, count)
+            if packed_net is not None:
+                grads = packed_grad(mine, rows, mask, count)
+            else:
+                grads = step_grad(mine, x[rows], y[rows], mask, count)
             with torch.no_grad():
                 for n in names:
                     d = grads[n] + mu * (mine[n] - anchor[n]) if mu else grads[n]
                     params[n][at] = mine[n] - lr * d
+        report_step(t + 1, steps)
     states: list[dict[str, Tensor]] = []
     for j in range(len(clients)):
         state = {n: params[n][j].clone() for n in names}

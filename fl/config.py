@@ -115,9 +115,11 @@ class TrainConfig:
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
     canary_coordinates: str | None = None  # white box: None = dedicated for FedLAP-DP
     # the in-process driver's cohort (fl/cohort.py): "vectorised" trains the selected clients
-    # of FedAvg and FedProx in lockstep (refused where the model does not allow it), "loop"
-    # one by one, "auto" vectorised on an accelerator where the model allows, the loop on
-    # the CPU (faster there: docs/train.md, "Cross-device scale"); the same result up to rounding
+    # of FedAvg, FedProx and dp-fedavg-client in lockstep with vmap (refused where the model
+    # does not allow it), "packed" packs their ConvNets into one network (fl/packed_cohort.py;
+    # ConvNet only), "loop" one by one; "auto": packed on the CPU where the model packs (the
+    # fastest there: docs/train.md, "Cross-device scale"), else the loop; vectorised on an
+    # accelerator where the model allows. The same result up to rounding
     cohort_training: str = "auto"
 
     @property

@@ -28,8 +28,9 @@ INITS = ("noise", "real")  # FedLAP's synthetic images start as noise or as real
 #: FedLAP's rate over rounds (``fl.fedlap.cosine_lr``): the authors' cosine, which reaches its
 #: 1e-6 floor in the last round, or the cosine that stops one round short of zero
 LR_SCHEDULES = ("cosine", "cosine-open")
-#: how the in-process driver trains a round's cohort (``cohort_training``, fl/cohort.py)
-COHORT_TRAINING = ("auto", "vectorised", "loop")
+#: how the in-process driver trains a round's cohort (``cohort_training``, fl/cohort.py;
+#: ``packed``: fl/packed_cohort.py)
+COHORT_TRAINING = ("auto", "packed", "vectorised", "loop")
 #: the most rounds a run may have (the accountant's epsilon curve of a plan goes as far).
 #: PLD composes any number of rounds in one FFT (100,000 rounds in about a second); a run
 #: whose privacy loss it cannot discretise within its memory budget is refused when its

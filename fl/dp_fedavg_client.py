@@ -19,7 +19,10 @@ Contract — the mechanism :mod:`fedlap_privacy.accountant.client_level` prices:
   :func:`~fedlap_privacy.fl.fedavg.local_training`), then its update
   ``Delta_k = w_k - w_g`` over ALL parameters flattened into one vector, clipped to the
   round's norm ``C_t`` (``Delta_k * min(1, C_t / ||Delta_k||)``). With adaptive clipping it
-  also reports ``b_k = 1[||Delta_k|| <= C_t]``. One client-level access per round.
+  also reports ``b_k = 1[||Delta_k|| <= C_t]``. One client-level access per round. The
+  in-process driver may train a cohort's local steps at once (:meth:`DPFedAvgClient.cohort_client`,
+  :mod:`fedlap_privacy.fl.cohort`: each client's batches from its own generator, as in the
+  loop) and then clips each update as above; the same uploads up to rounding.
 * Server: re-clips every upload to ``C_t`` (so the bound holds whatever arrives), adds ONE
   draw of ``N(0, sigma_u^2 C_t^2 I)`` to the SUM, divides by the EXPECTED cohort (q n, or K: a
   public constant, never the realised count) and steps
@@ -52,6 +55,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy.accountant.client_level import update_sigma
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.cohort import ClientBatches, cohort_local_sgd
 from fedlap_privacy.fl.fedavg import local_training
 from fedlap_privacy.fl.methods import Method, Reply, RoundInfo, State
 from fedlap_privacy.ledger import PrivacyLedger
@@ -125,10 +129,38 @@ class DPFedAvgClient(Method):
         )
         start = dict(model.named_parameters())
         update = {k: p.detach() - start[k].detach() for k, p in trained.named_parameters()}
+        return self._clipped_reply(update, clip, len(y))
+
+    def vectorises(self) -> bool:
+        """The local steps are FedAvg's, without record-level noise: the cohort trains at once
+        (:meth:`cohort_client`)."""
+        return True
+
+    def cohort_client(
+        self, model: nn.Module, x: Tensor, y: Tensor, indices: list[Tensor], info: RoundInfo,
+        generators: list[torch.Generator], *, packed: bool = False,
+    ) -> list[Reply]:
+        """:meth:`client` for a whole cohort: the local steps of all its clients together
+        (:func:`~fedlap_privacy.fl.cohort.cohort_local_sgd`, each client's batches from its
+        own generator at its own rate min(B, N_k) / N_k), then each update clipped as
+        :meth:`client` clips it."""
+        cfg, clip = self.cfg, _round_clip(info)
+        clients = [ClientBatches.draw(index, cfg.local_steps,
+                                      min(float(cfg.batch_size), float(index.numel())), gen)
+                   for index, gen in zip(indices, generators, strict=True)]
+        states = cohort_local_sgd(model, x, y, clients, lr=info.lr, packed=packed)
+        start = {k: p.detach() for k, p in model.named_parameters()}
+        return [self._clipped_reply({k: state[k] - w for k, w in start.items()}, clip,
+                                    int(index.numel()))
+                for state, index in zip(states, indices, strict=True)]
+
+    def _clipped_reply(self, update: dict[str, Tensor], clip: float, records: int) -> Reply:
+        """The client's upload: its update clipped to the round's norm, with adaptive
+        clipping's b_k = 1[||Delta_k|| <= C_t]; one client-level access."""
         payload, norm = clip_update(update, clip)
         if self.adaptive:
             payload[BELOW_CLIP] = torch.tensor(1.0 if norm <= clip else 0.0)
-        return Reply(payload, 1, len(y))
+        return Reply(payload, 1, records)
 
     def aggregate(
         self, model: nn.Module, replies: list[Reply], server_state: State, info: RoundInfo,

@@ -123,6 +123,8 @@ class LocalSGD(Method):
     def cohort_client(
         self, model: nn.Module, x: Tensor, y: Tensor, indices: list[Tensor], info: RoundInfo,
         generators: list[torch.Generator],
+        *,
+        packed: bool = False,
     ) -> list[Reply]:
         """FedAvg's and FedProx's local SGD vectorised over the cohort
         (:func:`~fedlap_privacy.fl.cohort.cohort_local_sgd`)."""
@@ -130,7 +132,7 @@ class LocalSGD(Method):
         clients = [ClientBatches.draw(index, cfg.local_steps, cfg.batch_size, generator)
                    for index, generator in zip(indices, generators, strict=True)]
         states = cohort_local_sgd(model, x, y, clients, lr=info.lr,
-                                  mu=cfg.prox_mu if cfg.spec.proximal else 0.0)
+                                  mu=cfg.prox_mu if cfg.spec.proximal else 0.0, packed=packed)
         return [Reply(state, cfg.local_steps, int(index.numel()))
                 for state, index in zip(states, indices, strict=True)]
 

@@ -134,12 +134,15 @@ class Method(ABC):
         indices: list[Tensor],
         info: RoundInfo,
         generators: list[torch.Generator],
+        *,
+        packed: bool = False,
     ) -> list[Reply]:
         """The client steps of a whole cohort at once, where the method can vectorise them
         (:mod:`fedlap_privacy.fl.cohort`): client j holds records ``indices[j]`` of the
         training set ``x, y`` and draws from ``generators[j]``; the replies must equal
-        :meth:`client`'s one by one up to rounding. Called only when :meth:`vectorises`;
-        only for methods without node-local state."""
+        :meth:`client`'s one by one up to rounding. ``packed``: the clients' ConvNets packed
+        into one network (:mod:`fedlap_privacy.fl.packed_cohort`), else ``vmap``. Called
+        only when :meth:`vectorises`; only for methods without node-local state."""
         raise NotImplementedError(f"{self.cfg.method} trains its clients one by one")
 
     @abstractmethod

@@ -66,3 +66,13 @@ class RoundClock:
         return {"round": self.round, "client": client, "position": position,
                 "clients": self.clients, "step": step, "steps": steps,
                 "elapsed_s": elapsed, "round_estimate_s": elapsed / done if done else 0.0}
+
+    def cohort_step(self, step: int, steps: int) -> dict[str, float | bool | None]:
+        """The ``client_step`` event of a cohort trained at once (:mod:`~fedlap_privacy.fl.cohort`):
+        all ``clients`` clients did step t of T (``cohort`` True, ``client`` None, position
+        0); the estimate is the elapsed time over t / T."""
+        elapsed = time.perf_counter() - self.start
+        done = step / max(steps, 1)
+        return {"round": self.round, "client": None, "position": 0, "clients": self.clients,
+                "step": step, "steps": steps, "cohort": True, "elapsed_s": elapsed,
+                "round_estimate_s": elapsed / done if done else 0.0}

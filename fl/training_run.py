@@ -29,6 +29,7 @@ from fedlap_privacy.fl.cohort import vectorise_refusal
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.dp import dirac_canaries
 from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
+from fedlap_privacy.fl.packed_cohort import pack_refusal
 from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
 from fedlap_privacy.fl.progress import RoundClock, reporting
 from fedlap_privacy.fl.randomness import (
@@ -116,8 +117,15 @@ def local_clients(
         if run.cfg.noise != NoiseKind.SEEDED:
             follow_load()
         gens = [dp_generator(run.cfg, run.device, m, k + 1) for k in chosen]
-        replies = run.method.cohort_client(run.model, run.x_train, run.y_train,
-                                           [run.client_index[k] for k in chosen], info, gens)
+        clock = RoundClock(m, len(chosen))
+
+        def cohort_step(t: int, total: int) -> None:
+            callback("client_step", clock.cohort_step(t, total))
+
+        with reporting(cohort_step):
+            replies = run.method.cohort_client(
+                run.model, run.x_train, run.y_train, [run.client_index[k] for k in chosen],
+                info, gens, packed=run.cohort_mode == "packed")
         for k in chosen:
             callback("client_done", {"round": m, "client": k})
         return replies
@@ -181,7 +189,7 @@ class TrainingRun:
             [torch.from_numpy(self.data.y_train[p]) for p in self.parts],
         )
         if ask_clients is local_clients:
-            _ = self.vectorised  # cohort_training vectorised where it cannot: refused now
+            _ = self.cohort_mode  # vectorised or packed where it cannot: refused now
 
     def time_one_access(self) -> float | None:
         """Seconds one access of a client step takes on this machine: the method's short step
@@ -242,14 +250,17 @@ class TrainingRun:
         return self.x_train[index], self.y_train[index]
 
     @cached_property
-    def vectorised(self) -> bool:
-        """Whether the cohort trains at once (``cohort_training``): ``auto`` vectorises on an
-        accelerator only (on an idle 2-core CPU the loop, whose ConvNet forward runs the fused
-        kernels, measured 2.5x faster); ``vectorised`` where it cannot is refused (one
-        line)."""
+    def cohort_mode(self) -> str:
+        """How the cohort trains (``cohort_training``): ``loop``, ``vectorised`` (vmap) or
+        ``packed``. ``auto`` packs on the CPU where the model packs (there the packed cohort
+        keeps the loop's fused kernels and measured fastest of the three: docs/train.md,
+        "Cross-device scale"), else trains the loop; on an
+        accelerator it vectorises where the model allows. Under ``reproducible_noise``,
+        ``auto`` trains the loop: the one-by-one clients of the Flower engine, bit for bit.
+        ``vectorised`` or ``packed`` where it cannot is refused (one line)."""
         mode = self.cfg.cohort_training
-        if mode == "loop" or (mode == "auto" and self.device.type == "cpu"):
-            return False  # auto on the CPU: the loop (benchmarks/cross_device.py, README)
+        if mode == "loop" or (mode == "auto" and self.cfg.reproducible_noise):
+            return "loop"
         why = None
         if not self.method.vectorises():
             why = f"{self.cfg.method} trains its clients one by one"
@@ -257,9 +268,19 @@ class TrainingRun:
             why = "canaries are inserted client by client"
         else:
             why = vectorise_refusal(self.model)
-        if why is not None and mode == "vectorised":
-            raise ConfigError(f"cohort_training vectorised: {why}; use auto or loop")
-        return why is None
+        on_cpu = self.device.type == "cpu"
+        if why is None and (mode == "packed" or (mode == "auto" and on_cpu)):
+            why = pack_refusal(self.model)
+        if why is not None and mode != "auto":
+            raise ConfigError(f"cohort_training {mode}: {why}; use auto or loop")
+        if why is not None:
+            return "loop"
+        return ("packed" if on_cpu else "vectorised") if mode == "auto" else mode
+
+    @property
+    def vectorised(self) -> bool:
+        """Whether the cohort trains at once (:attr:`cohort_mode` is not the loop)."""
+        return self.cohort_mode != "loop"
 
     @cached_property
     def saved_indices(self) -> list[Tensor]:

@@ -172,6 +172,19 @@ def test_fixed_cohorts_have_k_distinct_clients_and_poisson_cohorts_vary():
     assert select_clients(secret, 1) != select_clients(secret, 1)
 
 
+def test_poisson_selection_keeps_the_random_stream_of_one_draw_per_client():
+    """One vector of uniforms selects exactly the clients that one scalar draw per client,
+    in client order, selected (the stream of runs seeded before the vector draw)."""
+    from fedlap_privacy.fl.randomness import dp_generator
+
+    cfg = tiny(method=METHOD, clients=3000, client_fraction=0.0333333, reproducible_noise=True)
+    for m in (1, 2, 7):
+        select = dp_generator(cfg, torch.device("cpu"), m, 0)
+        scalar = [k for k in range(cfg.clients)
+                  if float(torch.rand((), generator=select)) < cfg.client_fraction]
+        assert select_clients(cfg, m) == scalar and 60 < len(scalar) < 140
+
+
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 @pytest.mark.parametrize("sampling", [dict(client_fraction=0.25), dict(clients_per_round=5)])
 def test_run_epsilon_equals_dp_accountings_for_the_sampled_schedule(sampling, accountant):
