@@ -218,7 +218,8 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     for row in rows:
         means = row["mean_by_round"]
         ax.plot(range(1, len(means) + 1), means,
-                label=f"{row['method']} ({len(row['seeds'])} seeds)")
+                label=f"{row['method']} ({len(row['seeds'])} seed"
+                f"{'s' if len(row['seeds']) > 1 else ''})")
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%), mean over seeds")
     ax.set_title("FashionMNIST, 3,000 clients, ~100 per round, epsilon 2")
