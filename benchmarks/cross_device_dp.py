@@ -89,6 +89,11 @@ class RunResult:
     round_epsilon: float | None  # LDP-FL: per weight per round
     client_sampling: str | None  # how the accountant prices the client selection
     command: list[str] = field(default_factory=list)
+    stopped: bool = False  # stopped (SIGTERM, between rounds) before its rounds: partial
+
+    @property
+    def complete(self) -> bool:
+        return not self.stopped and len(self.accuracy) == self.rounds
 
 
 def _common_flags(args: argparse.Namespace, seed: int, out: Path) -> list[str]:
@@ -112,8 +117,31 @@ def command(method: MethodRun, args: argparse.Namespace, seed: int, out: Path) -
     return cmd
 
 
+def collect(method: MethodRun, args: argparse.Namespace, seed: int, run_dir: Path,
+            wall: float, cmd: list[str]) -> RunResult:
+    """A run's record from its folder: the accuracy of every round (``metrics.jsonl``) and
+    the privacy statement of its committed checkpoint (loaded as plain data only)."""
+    from fedlap_privacy.checkpoint import committed_file, load_checkpoint
+
+    privacy = load_checkpoint(committed_file(run_dir, "ckpt.pt"))["privacy"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
+    accuracy = [float(r["test_accuracy"]) for r in rows if "test_accuracy" in r]
+    return RunResult(
+        method=method.name, seed=seed, rounds=args.rounds, wall_s=wall, accuracy=accuracy,
+        epsilon=privacy.get("epsilon"),
+        epsilon_by_accountant=privacy.get("epsilon_by_accountant"),
+        sigma=privacy.get("sigma"), round_epsilon=privacy.get("round_epsilon"),
+        client_sampling=privacy.get("client_sampling"),
+        command=["python", *cmd[1:]], stopped=len(accuracy) < args.rounds,
+    )
+
+
 def run_one(method: MethodRun, args: argparse.Namespace, seed: int) -> RunResult:
-    """Train one run (its folder emptied first) and read back its summary and metrics."""
+    """Train one run (its folder emptied first) and read back its record. A run stopped by
+    SIGTERM (``train`` stops between rounds) is recorded as stopped, with its rounds."""
+    from fedlap_privacy.fl.stop import STOP_EXIT_CODE
+
     run_dir = args.out / "runs" / f"{method.name}-seed{seed}"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a stopped run of ours: train it again from the start
@@ -121,21 +149,10 @@ def run_one(method: MethodRun, args: argparse.Namespace, seed: int) -> RunResult
     start = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
-    if proc.returncode != 0:
+    if proc.returncode not in (0, STOP_EXIT_CODE):
         raise RuntimeError(f"{method.name} seed {seed} exited {proc.returncode}: "
                            f"{(proc.stderr or proc.stdout).strip().splitlines()[-1:]}")
-    summary = json.loads(proc.stdout[proc.stdout.index("{"):])
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if line.strip()]
-    accuracy = [float(r["test_accuracy"]) for r in rows if "test_accuracy" in r]
-    return RunResult(
-        method=method.name, seed=seed, rounds=args.rounds, wall_s=wall, accuracy=accuracy,
-        epsilon=summary.get("epsilon"),
-        epsilon_by_accountant=summary.get("epsilon_by_accountant"),
-        sigma=summary.get("sigma"), round_epsilon=summary.get("round_epsilon"),
-        client_sampling=summary.get("client_sampling"),
-        command=[c if i else "python" for i, c in enumerate(cmd)],
-    )
+    return collect(method, args, seed, run_dir, wall, cmd)
 
 
 def _cell(mean: float, sd: float, seeds: int) -> str:
@@ -147,9 +164,11 @@ def summarise(results: list[RunResult], rounds: int) -> list[dict[str, object]]:
     """Per method: seeds, epsilon, accuracy after the report rounds (mean, population sd)."""
     rows = []
     for name, method in METHODS.items():
-        runs = [r for r in results if r.method == name and r.rounds == rounds]
-        if not runs:
+        every = [r for r in results if r.method == name and r.rounds == rounds]
+        if not every:
             continue
+        # the complete runs; a method whose every run was stopped shows what they reached
+        runs = [r for r in every if r.complete] or every
         at = {k: [100 * r.accuracy[k - 1] for r in runs if len(r.accuracy) >= k]
               for k in REPORT_ROUNDS if k <= rounds}
         final = [100 * r.accuracy[-1] for r in runs]
@@ -174,6 +193,8 @@ def summarise(results: list[RunResult], rounds: int) -> list[dict[str, object]]:
             "mean_by_round": [statistics.fmean(100 * r.accuracy[i] for r in runs)
                               for i in range(min(len(r.accuracy) for r in runs))],
             "wall_s_mean": statistics.fmean(r.wall_s for r in runs),
+            "stopped": {r.seed: len(r.accuracy) for r in every if not r.complete},
+            "partial": not any(r.complete for r in every),
         })
     return rows
 
@@ -201,9 +222,15 @@ def markdown(rows: list[dict[str, object]], rounds: int) -> str:
         acc = row["accuracy_at"]
         cells = " / ".join(_cell(*acc[k], n) for k in shown if k in acc)
         sigma = "-" if row["sigma_mean"] is None else f"{row['sigma_mean']:.3f}"
-        lines.append(f"| {row['label']} | {n} | {_epsilon_cell(row)} | {sigma} | {cells} | "
-                     f"**{_cell(row['final_mean'], row['final_sd'], n)}** | "
-                     f"{row['wall_s_mean']:.0f} s |")
+        final = f"**{_cell(row['final_mean'], row['final_sd'], n)}**"
+        label, wall = row["label"], f"{row['wall_s_mean']:.0f} s"
+        if row["partial"]:
+            reached = min(row["stopped"].values())
+            label += f", STOPPED after round {reached} of {rounds}"
+            final = f"{_cell(row['final_mean'], row['final_sd'], n)} (round {reached})"
+            wall += f" for {reached} rounds"
+        lines.append(f"| {label} | {n} | {_epsilon_cell(row)} | {sigma} | {cells} | {final} | "
+                     f"{wall} |")
     return "\n".join(lines)
 
 
@@ -229,6 +256,22 @@ def plot(rows: list[dict[str, object]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _stopped_run(method: MethodRun, args: argparse.Namespace, seed: int) -> RunResult | None:
+    """The record of a run folder left without a result (its run was stopped), or None.
+    Its wall time is the sum of its rounds' times (startup not included), or, where the
+    release withholds them, the span of its files' modification times."""
+    run_dir = args.out / "runs" / f"{method.name}-seed{seed}"
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file() or not metrics.read_text().strip():
+        return None
+    seconds = sum(json.loads(line).get("seconds", 0.0)
+                  for line in metrics.read_text().splitlines() if line.strip())
+    if not seconds:
+        times = [f.stat().st_mtime for f in run_dir.iterdir() if f.is_file()]
+        seconds = max(times) - min(times)
+    return collect(method, args, seed, run_dir, seconds, command(method, args, seed, run_dir))
 
 
 def _load(path: Path) -> RunResult:
@@ -261,10 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         for name in methods:
             path = results_dir / f"{name}-seed{seed}-r{args.rounds}.json"
-            if path.exists():
+            late = args.stop_at is not None and time.time() > args.stop_at
+            if path.exists() and (late or _load(path).complete):
                 continue
-            if args.stop_at is not None and time.time() > args.stop_at:
+            if late:
                 print(f"stop time reached: {name} seed {seed} not started", flush=True)
+                stopped = _stopped_run(METHODS[name], args, seed)
+                if stopped is not None:  # stopped before its rounds (e.g. by an older driver)
+                    path.write_text(json.dumps(asdict(stopped), indent=1))
                 continue
             print(f"{time.strftime('%H:%M:%S')} {name} seed {seed} ...", end=" ", flush=True)
             try:
@@ -274,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"refused/failed: {exc}", flush=True)
                 continue
             path.write_text(json.dumps(asdict(result), indent=1))
-            print(f"{result.wall_s:.0f} s, final {100 * result.accuracy[-1]:.1f}%, "
-                  f"eps {result.epsilon}, sigma {result.sigma}", flush=True)
+            print(f"{result.wall_s:.0f} s, {len(result.accuracy)} rounds, final "
+                  f"{100 * result.accuracy[-1]:.1f}%, eps {result.epsilon}, sigma {result.sigma}"
+                  + (" (STOPPED)" if result.stopped else ""), flush=True)
 
     results = [_load(p) for p in sorted(results_dir.glob(f"*-r{args.rounds}.json"))]
     rows = summarise(results, args.rounds)
