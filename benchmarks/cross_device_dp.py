@@ -262,10 +262,16 @@ def _stopped_run(method: MethodRun, args: argparse.Namespace, seed: int) -> RunR
     """The record of a run folder left without a result (its run was stopped), or None.
     Its wall time is the sum of its rounds' times (startup not included), or, where the
     release withholds them, the span of its files' modification times."""
+    from fedlap_privacy.run_lock import RunBusyError, lock_run_folder
+
     run_dir = args.out / "runs" / f"{method.name}-seed{seed}"
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file() or not metrics.read_text().strip():
         return None
+    try:
+        lock_run_folder(run_dir).release()
+    except RunBusyError:
+        return None  # still training (another driver's run): not stopped
     seconds = sum(json.loads(line).get("seconds", 0.0)
                   for line in metrics.read_text().splitlines() if line.strip())
     if not seconds:
