@@ -1,8 +1,9 @@
 """Reference-model membership scores of a checkpoint: offline RMIA and LiRA.
 
-The audit is given reference models already trained (by ``fedlap_privacy.fl.reference_models``;
-the audit never trains) with the ids of the records each trained on, and turns them into two
-membership scores, "higher = more likely a member", for any records:
+The audit is given reference models already trained (by
+``fedlap_privacy.fl.auditing.reference_models``; the audit never trains) with the ids of the records
+each trained on, and turns them into two membership scores, "higher = more likely a member", for any
+records:
 
 * ``rmia`` -- offline RMIA (S. Zarifzadeh, P. Liu, R. Shokri, "Low-cost high-power
   membership inference attacks", ICML 2024): ``score(x) = |{z : LR(x, z) > gamma}| / |Z|``

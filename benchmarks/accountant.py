@@ -386,14 +386,14 @@ def opacus_report(repeats: int) -> None:
 
 
 def ali_report() -> None:
-    """ALI-DPFL's accounting with each accountant (fl/alidpfl.py): its budget Rc (iterations
+    """ALI-DPFL's accounting with each accountant (fl/methods/alidpfl.py): its budget Rc (iterations
     within epsilon 10, planned once per run, per-step cache cleared) and, per round, the
     driver's target check plus the ledger's record of a round with its own tau (30 rounds,
     tau drawn in 1..100, 5 clients all selected: the ledger composes every distinct tau)."""
     import random
 
     from fedlap_privacy.accountant.pld_sgm import sgm_pld
-    from fedlap_privacy.fl.alidpfl import privacy_iterations
+    from fedlap_privacy.fl.methods.alidpfl import privacy_iterations
     from fedlap_privacy.ledger import PrivacyLedger
 
     print(f"\nALI-DPFL accounting (sigma {SIGMA:g}, target epsilon {TARGET_EPS:g}, delta "

@@ -45,8 +45,8 @@ def deficit(factors: list[float]) -> None:
     from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
     from fedlap_privacy.audit.canary_audit import run_canary_audits
     from fedlap_privacy.audit.claim_curve import ClaimCurve
-    from fedlap_privacy.fl import dp
-    from fedlap_privacy.fl.canaries import audit_dp_steps
+    from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
+    from fedlap_privacy.fl.methods import dp
     from fedlap_privacy.ledger import PrivacyLedger
 
     n, b, t, m = 32, 8, 40, 1000

@@ -1,6 +1,6 @@
 """What the canary audits detect, what they cost, and how long they take.
 
-Part 1, faults (``--faults``): the real DP step (:func:`fedlap_privacy.fl.dp.dp_gradient`)
+Part 1, faults (``--faults``): the real DP step (:func:`fedlap_privacy.fl.methods.dp.dp_gradient`)
 run 40 times on a 32-record client (Poisson rate 1/4) with 1000 white-box Dirac canaries,
 its ledger claiming epsilon 1 at delta 1e-5; then the same step with its noise removed,
 its noise 10x too small, and its clipping disabled. Prints, over 20 seeds, how often the
@@ -29,10 +29,10 @@ import torch
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.report import run_audit
-from fedlap_privacy.fl import dp
-from fedlap_privacy.fl.canaries import audit_dp_steps
+from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.methods import dp
 from fedlap_privacy.ledger import PrivacyLedger
 
 N, B, T, M, DELTA = 32, 8, 40, 1000, 1e-5

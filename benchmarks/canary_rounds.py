@@ -3,8 +3,8 @@
 In federated training the server receives every round's update, and a DP-FedAvg client's
 update is minus the local learning rate times the sum of its released noisy gradients, so
 the white-box score of a Dirac canary (the sum, over every release of its client, of the
-released noisy sum on its weight: ``fedlap_privacy.fl.canaries``) is the sum of the per-round
-alignments of that client's updates with the canary's direction: the optimal statistic for
+released noisy sum on its weight: ``fedlap_privacy.fl.auditing.canaries``) is the sum of the
+per-round alignments of that client's updates with the canary's direction: the optimal statistic for
 Gaussian noise. An auditor holding only the final model sees less: the change of the weight
 from its (public, seeded) initial value to its final one, which also carries every other
 client's noise. This trains one multi-round DP-FedAvg run with white-box canaries on its
@@ -30,12 +30,12 @@ from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.fl import dp
-from fedlap_privacy.fl.canaries import flat_weights
+from fedlap_privacy.fl.auditing.canaries import flat_weights
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.run_files import load_private, load_release
-from fedlap_privacy.fl.simulation import train
-from fedlap_privacy.fl.user_runs import run_model
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.methods import dp
+from fedlap_privacy.fl.run.run_files import load_private, load_release
+from fedlap_privacy.fl.run.user_runs import run_model
 from fedlap_privacy.ledger import PrivacyLedger
 
 

@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedlap_privacy.fl.run_files import METRICS, load_history, load_private, load_run_config
+from fedlap_privacy.fl.run.run_files import METRICS, load_history, load_private, load_run_config
 
 SETTINGS = ("method", "rounds", "seed", "sigma", "batch_size", "accesses_per_round",
             "server_lr", "lr_schedule", "local_steps", "lr_local", "prox_mu",

@@ -1,11 +1,11 @@
 """Cross-device scale: seconds per round and peak memory of a FedAvg cohort trained one by
-one (``cohort_training=loop``), vectorised with ``vmap`` (``vectorised``, fl/cohort.py) and
-packed into one network (``packed``, fl/packed_cohort.py), in the same run.
+one (``cohort_training=loop``), vectorised with ``vmap`` (``vectorised``, fl/engine/cohort.py) and
+packed into one network (``packed``, fl/engine/packed_cohort.py), in the same run.
 
 Each configuration (clients x cohort x mode) runs in a fresh subprocess: it loads
 FashionMNIST, splits it into ``clients`` clients with McMahan et al.'s shards (60,000 /
 clients records each: 60 for 1,000 clients, 6 for 10,000), builds the in-process run of
-``fedlap_privacy.fl.simulation`` (no files written) and times ``--rounds`` rounds of the
+``fedlap_privacy.fl.engine.simulation`` (no files written) and times ``--rounds`` rounds of the
 cohort's client steps and the server's aggregation for a cohort of ``cohort`` clients
 drawn at random (evaluation on the test set excluded: it does not grow with the clients).
 Peak memory is the subprocess's maximum resident set size (``resource.getrusage``), the
@@ -41,7 +41,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.training_run import TrainingRun, local_clients
+    from fedlap_privacy.fl.engine.training_run import TrainingRun, local_clients
 
     cfg = TrainConfig(
         method="fedavg", dataset="fashion-mnist", data_dir=spec["data_dir"], split="shards",

@@ -140,7 +140,7 @@ def collect(method: MethodRun, args: argparse.Namespace, seed: int, run_dir: Pat
 def run_one(method: MethodRun, args: argparse.Namespace, seed: int) -> RunResult:
     """Train one run (its folder emptied first) and read back its record. A run stopped by
     SIGTERM (``train`` stops between rounds) is recorded as stopped, with its rounds."""
-    from fedlap_privacy.fl.stop import STOP_EXIT_CODE
+    from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE
 
     run_dir = args.out / "runs" / f"{method.name}-seed{seed}"
     if run_dir.exists():

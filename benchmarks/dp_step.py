@@ -1,11 +1,11 @@
 """Time one DP real-gradient step (per-record grads + clip + noise) three ways
 (docs/accounting.md#sampled-gaussian-mechanism).
 
-(a) ours: :func:`fedlap_privacy.fl.dp.dp_gradient` (per-record gradients from
+(a) ours: :func:`fedlap_privacy.fl.methods.dp.dp_gradient` (per-record gradients from
     :mod:`fedlap_privacy.per_sample`, clipped and summed ``DP_CHUNK`` records at a time);
     also the whole batch as one chunk, and its two per-sample methods, ``hooks`` and ``vmap``;
 (b) Opacus ``GradSampleModule`` (per-record gradients through its hooks), then the same
-    :func:`~fedlap_privacy.fl.dp.clip_and_noise`;
+    :func:`~fedlap_privacy.fl.methods.dp.clip_and_noise`;
 (c) a naive loop: one forward/backward per record, then the same clipping.
 
 All run on the ConvNet of docs/algorithms.md#convnet (width 128), interleaved within one run
@@ -37,7 +37,7 @@ from opacus import GradSampleModule
 from torch import Tensor, nn
 
 from fedlap_privacy.allocator import tune_allocator
-from fedlap_privacy.fl.dp import DP_CHUNK, clip_and_noise, dp_gradient
+from fedlap_privacy.fl.methods.dp import DP_CHUNK, clip_and_noise, dp_gradient
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.per_sample import per_sample_grads
 

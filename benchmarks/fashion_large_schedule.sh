@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How the large schedule (fl/schedule.py) was chosen, and what it gives, on FashionMNIST cut
+# How the large schedule (fl/methods/schedule.py) was chosen, and what it gives, on FashionMNIST cut
 # to 1,600 records per client (non-IID, 5 clients x 2 classes) at epsilon 3 (docs/results.md:
 # "FashionMNIST by client size"). Every run holds out 5,000 training records that no client
 # holds (--set validation_records=5000): the choices below were made on their accuracy, never

@@ -3,7 +3,7 @@
 One client round of FedLAP-DP (paper Algorithm 3; Wang et al., PoPETs 2024) split into
 
 * DP gradients: the real-gradient targets, one sampled Gaussian mechanism release per real
-  batch (``fl.dp.dp_gradient``);
+  batch (``fl.methods.dp.dp_gradient``);
 * matching: the R_s synthetic-image updates per real batch (second-order gradients of the
   matching distance of Eq. 9-10 through differentiable siamese augmentation);
 * local steps: the R_l model steps on the synthetic set;
@@ -27,8 +27,8 @@ same machine load, with the same seeds:
   kernels the written-out matching step and the fused per-record gradients are off too
   (they run on them). These split the speed-up between the paths.
 
-The phases are the ones :func:`fedlap_privacy.fl.fedlap.client_approximation` marks for
-:mod:`fedlap_privacy.fl.phase_timer`; the server optimisation is timed around its call.
+The phases are the ones :func:`fedlap_privacy.fl.methods.fedlap.client_approximation` marks for
+:mod:`fedlap_privacy.fl.engine.phase_timer`; the server optimisation is timed around its call.
 
 The script prints how far the before/after synthetic sets end apart: floating-point
 rounding, amplified by lr_img = 100 with momentum over the round (moving the initial images
@@ -73,19 +73,19 @@ from torch import Tensor, nn
 from fedlap_privacy import fast_paths
 from fedlap_privacy.allocator import AllocatorState, tune_allocator
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.fl.augment import DSA
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
-from fedlap_privacy.fl.fedlap import (
+from fedlap_privacy.fl.engine.phase_timer import timing
+from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
+from fedlap_privacy.fl.methods.augment import DSA
+from fedlap_privacy.fl.methods.fedlap import (
     SyntheticSet,
     client_approximation,
     init_synthetic,
     server_optimisation,
 )
-from fedlap_privacy.fl.phase_timer import timing
-from fedlap_privacy.fl.simulation import client_parts, default_model_config
 from fedlap_privacy.models import ModelConfig, build_model
 
-#: the client round's phases as fl.fedlap marks them, then the server optimisation
+#: the client round's phases as fl.methods.fedlap marks them, then the server optimisation
 PHASES = ("real gradients", "matching", "local steps", "server")
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 _CLOCK = ["cpu"]

@@ -30,11 +30,11 @@ import torch
 
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.fl.augment import DSA
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.fedlap import SyntheticSet, server_optimisation
-from fedlap_privacy.fl.simulation import evaluate
-from fedlap_privacy.fl.trust_region import clone_params, distance
+from fedlap_privacy.fl.engine.simulation import evaluate
+from fedlap_privacy.fl.methods.augment import DSA
+from fedlap_privacy.fl.methods.fedlap import SyntheticSet, server_optimisation
+from fedlap_privacy.fl.methods.trust_region import clone_params, distance
 from fedlap_privacy.models import build_model
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
@@ -59,7 +59,7 @@ def replay(run: Path, factors: list[float], data_dir: str, validation: int) -> l
     saved.load_state_dict(release.model_state)
     rows = []
     for factor in factors:
-        torch.manual_seed(cfg.seed)  # the run's initial model (fl.training_run.TrainingRun)
+        torch.manual_seed(cfg.seed)  # the run's initial model (fl.engine.training_run.TrainingRun)
         model = build_model(release.model_config)
         start = clone_params(model)
         steps = server_optimisation(

@@ -101,7 +101,7 @@ def main() -> None:
                         help="score DP-FedAvg's candidates on the validation split instead")
     args = parser.parse_args()
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.simulation import train
+    from fedlap_privacy.fl.engine.simulation import train
 
     sizes = write_clients(args.out / "data")
     print(f"clients (records per island, before the held-out fifth): {sizes}")

@@ -26,7 +26,7 @@ from typing import Any
 
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.config_resolve import parse_overrides
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.simulation import train
 
 #: Table 2 of the paper, sigma = 1: {dataset: {eps: {method: accuracy}}}
 PAPER = {

@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.fl.augment import DSA
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.fedlap import client_approximation, init_synthetic
-from fedlap_privacy.fl.simulation import client_parts, default_model_config
+from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
+from fedlap_privacy.fl.methods.augment import DSA
+from fedlap_privacy.fl.methods.fedlap import client_approximation, init_synthetic
 from fedlap_privacy.models import build_model
 from fedlap_privacy.threads import threads_for, usable_cpus
 

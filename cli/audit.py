@@ -2,7 +2,7 @@
 
 Thin: parse flags, call :func:`fedlap_privacy.audit.report.run_audit`, print. torch (and the
 audit package) is imported inside the command, so other sub-commands start without it. With
-``--reference-models N`` it first has :mod:`fedlap_privacy.fl.reference_models` train (or
+``--reference-models N`` it first has :mod:`fedlap_privacy.fl.auditing.reference_models` train (or
 reuse) N reference models beside the run, without the records the audit scores, and hands
 them to the audit (RMIA and LiRA scores).
 """
@@ -247,7 +247,7 @@ def audit(
         names = parse_attacks(attacks)  # fail on a bad name before any heavy work
         references = []
         if reference_models:
-            from fedlap_privacy.fl.reference_models import (
+            from fedlap_privacy.fl.auditing.reference_models import (
                 load_reference_models,
                 train_reference_models,
             )
@@ -295,7 +295,7 @@ def _dry_run(model: Path, data_dir: Path | None, attacks: str, seed: int,
              json_output: bool) -> None:
     """``audit --dry-run``: the plan (fedlap_privacy.audit.dry_run), printed."""
     from fedlap_privacy.audit.dry_run import plan_audit, plan_external_audit
-    from fedlap_privacy.fl.dry_run import cached_reference_models
+    from fedlap_privacy.fl.engine.dry_run import cached_reference_models
 
     if members is not None or nonmembers is not None:
         if members is None or nonmembers is None or reference_models:

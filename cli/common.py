@@ -15,15 +15,15 @@ import typer
 from rich.console import Console
 
 from fedlap_privacy.errors import ConfigError, FedlapError
-from fedlap_privacy.fl.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
-from fedlap_privacy.fl.stop import STOP_EXIT_CODE, StopRequested
+from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, StopRequested
+from fedlap_privacy.fl.methods.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
 from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.dry_run import DataPlan, RunPlan, TrainPlan
-    from fedlap_privacy.fl.run_records import PrivacyStatement
+    from fedlap_privacy.fl.engine.dry_run import DataPlan, RunPlan, TrainPlan
+    from fedlap_privacy.fl.run.run_records import PrivacyStatement
 
 console = Console()
 err_console = Console(stderr=True)

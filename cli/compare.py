@@ -1,6 +1,6 @@
 """``fedlap-privacy compare``: every method at matched privacy budgets, as a table and plots;
 with several ``--rounds``, accuracy against the round count at matched epsilon
-(:mod:`fedlap_privacy.fl.compare`)."""
+(:mod:`fedlap_privacy.fl.engine.compare`)."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from fedlap_privacy.cli.common import (
     print_json,
     print_schedule,
 )
-from fedlap_privacy.fl.stop import stop_between_rounds
+from fedlap_privacy.fl.engine.stop import stop_between_rounds
 
 if TYPE_CHECKING:
-    from fedlap_privacy.fl.dry_run import ComparePlan
+    from fedlap_privacy.fl.engine.dry_run import ComparePlan
 
 
 def _floats(text: str) -> list[float]:
@@ -43,8 +43,8 @@ def _floats(text: str) -> list[float]:
 
 def _round_counts(text: str) -> list[int]:
     """``--rounds``: comma-separated whole numbers >= 1 (empty items are skipped), checked by
-    :func:`fedlap_privacy.fl.compare.round_counts`; anything else: one line and exit 2."""
-    from fedlap_privacy.fl.compare import round_counts
+    :func:`fedlap_privacy.fl.engine.compare.round_counts`; anything else: one line and exit 2."""
+    from fedlap_privacy.fl.engine.compare import round_counts
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -87,15 +87,15 @@ def compare(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
-    from fedlap_privacy.fl.compare import (
+    from fedlap_privacy.fl.config_rules import METHODS
+    from fedlap_privacy.fl.engine.compare import (
         bases_by_rounds,
         check_overrides,
         comparison_split_seed,
         plan_jobs,
         run_comparison,
     )
-    from fedlap_privacy.fl.config_rules import METHODS
-    from fedlap_privacy.fl.schedule import SCHEDULED_METHOD
+    from fedlap_privacy.fl.methods.schedule import SCHEDULED_METHOD
 
     targets = _floats(eps)
     counts = None if rounds is None else _round_counts(rounds)
@@ -116,7 +116,7 @@ def compare(
     if SCHEDULED_METHOD in base and not json_output:  # after every check: errors stay one line
         print_schedule(schedule.value, *(b[SCHEDULED_METHOD] for b in by_rounds.values()))
     if dry_run:
-        from fedlap_privacy.fl.dry_run import plan_compare
+        from fedlap_privacy.fl.engine.dry_run import plan_compare
 
         plan = guarded(lambda: plan_compare(jobs, out, device, split_seed=split_seed))
         if json_output:
@@ -164,7 +164,7 @@ def compare(
 
 def _print_by_epsilon(report: dict[str, Any]) -> None:
     """One round count: a row per method, a column per target epsilon (the paper's Table 2)."""
-    from fedlap_privacy.fl.compare import NO_DP
+    from fedlap_privacy.fl.engine.compare import NO_DP
 
     columns = [f"{e:g}" for e in report["eps"]] + [NO_DP]
     table = Table(title=f"Test accuracy (%) on {report['dataset']}, {report['rounds']} rounds, "
@@ -188,7 +188,7 @@ def _print_by_epsilon(report: dict[str, Any]) -> None:
 def _print_by_rounds(report: dict[str, Any]) -> None:
     """Several round counts: a row per method and budget, a column per round count with the
     final accuracy and the epsilon the run reports (each count planned for its own budget)."""
-    from fedlap_privacy.fl.compare import NO_DP
+    from fedlap_privacy.fl.engine.compare import NO_DP
 
     counts: list[int] = report["round_counts"]
     table = Table(title=f"Test accuracy (%) and epsilon spent after R rounds at matched "

@@ -32,8 +32,8 @@ from fedlap_privacy.cli.common import (
 )
 from fedlap_privacy.fl.config import PRESETS
 from fedlap_privacy.fl.config_rules import METHODS
-from fedlap_privacy.fl.run_records import RoundRecord, RunSummary
-from fedlap_privacy.fl.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
+from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
+from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.vocabulary import ThreatModel
 
 Method = choice_enum("Method", METHODS)
@@ -124,8 +124,8 @@ def train(
 
     guarded(lambda: apply_cpu_policy(threads))
     from fedlap_privacy.fl.config_resolve import resolve_config, resumed_config
-    from fedlap_privacy.fl.simulation import resume as resume_training
-    from fedlap_privacy.fl.simulation import train as start_training
+    from fedlap_privacy.fl.engine.simulation import resume as resume_training
+    from fedlap_privacy.fl.engine.simulation import train as start_training
 
     flags = {
         "method": None if method is None else method.value,
@@ -157,7 +157,7 @@ def train(
     elif allow_client_failures or node_policy is not None:
         fail("--allow-client-failures and --node-policy apply to --engine flower only")
     if dry_run:
-        from fedlap_privacy.fl.dry_run import plan_train
+        from fedlap_privacy.fl.engine.dry_run import plan_train
 
         if node_policy is not None and not node_policy.is_file():
             fail(f"--node-policy {node_policy}: no such file")
@@ -210,7 +210,7 @@ def train(
 
     def run() -> Any:
         if engine is Engine.flower:
-            from fedlap_privacy.fl.flower_app import run_flower
+            from fedlap_privacy.fl.engine.flower_app import run_flower
 
             return run_flower(
                 None if resume else cfg, out, None, device, on_event,

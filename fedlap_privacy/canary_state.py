@@ -1,14 +1,14 @@
 """What a run with canaries keeps in its private state, read by training and by the audit.
 
 Plain tensors only (so ``private.pt`` stays loadable with ``weights_only``). The meaning of
-each field, per kind of canary (``fedlap_privacy.fl.canaries`` inserts them, the audit in
+each field, per kind of canary (``fedlap_privacy.fl.auditing.canaries`` inserts them, the audit in
 ``fedlap_privacy.audit.canary_audit`` scores them):
 
 * every kind: ``included`` — the secret coins S_i (each canary in with probability 1/2);
   ``client`` — the client each canary belongs to (public);
 * ``white-box``: ``coordinates`` — each Dirac canary's flat weight index, or, when
   ``dedicated``, its index in the dedicated canary block appended to every release (a block
-  of ``size`` coordinates no real record's gradient reaches, ``fedlap_privacy.fl.dp``);
+  of ``size`` coordinates no real record's gradient reaches, ``fedlap_privacy.fl.methods.dp``);
   ``scores`` — the sum, over every release of its client, of the released noisy sum on that
   coordinate, in units of the clipping bound C;
 * ``black-box``: ``images`` / ``labels`` — the canary records;

@@ -31,7 +31,7 @@ PRIVATE_FORMAT = "fedlap-privacy-private/1"
 #: a run folder's releasable checkpoint and its private state beside it
 CHECKPOINT = "ckpt.pt"
 PRIVATE = "private.pt"
-#: names the committed generation of a run folder's pair (``fl.run_files``)
+#: names the committed generation of a run folder's pair (``fl.run.run_files``)
 COMMIT = "commit.json"
 
 
@@ -116,7 +116,7 @@ def load_checkpoint_data(path: str | Path) -> Any:
 
 
 # ---------------------------------------------------------------- the run folder's pair
-# ckpt.pt and private.pt are committed as a pair (fedlap_privacy.fl.run_files writes them):
+# ckpt.pt and private.pt are committed as a pair (fedlap_privacy.fl.run.run_files writes them):
 # both staged under their generation's names, then commit.json names the generation, then
 # both are renamed into place. Every reader reads through the pointer.
 

@@ -1,6 +1,6 @@
 """Per-record gradients, gradient norms and losses (docs/accounting.md, docs/audit.md).
 
-Shared by DP training (``fl.dp``: per-record gradients to clip) and the membership-inference
+Shared by DP training (``fl.methods.dp``: per-record gradients to clip) and the membership-inference
 audit (per-record losses and gradient norms). The loss of a record is the cross-entropy of
 that record alone, so the per-record gradient is ``grad_w CE(model(x_i), y_i)``.
 

@@ -17,7 +17,7 @@ __all__ = ["METHODS", "PRESETS", "TrainConfig", "TrainResult", "resume", "train"
 
 def __getattr__(name: str) -> Any:
     if name in ("TrainResult", "resume", "train"):
-        from fedlap_privacy.fl import simulation
+        from fedlap_privacy.fl.engine import simulation
 
         return getattr(simulation, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,8 +17,8 @@ from fedlap_privacy.accountant import AccountantName
 from fedlap_privacy.accountant.client_level import ClientSampling
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config_rules import FIELD_RULES
-from fedlap_privacy.fl.method_table import METHOD_TABLE, MethodSpec, method_spec
-from fedlap_privacy.fl.schedule import AUTHORS_DP
+from fedlap_privacy.fl.methods.method_table import METHOD_TABLE, MethodSpec, method_spec
+from fedlap_privacy.fl.methods.schedule import AUTHORS_DP
 from fedlap_privacy.ledger import selection_withheld
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, CanaryKind, NoiseKind, Notion
 
@@ -34,7 +34,7 @@ class TrainConfig:
     default accountant; RDP's Theorem 5.8 bound: 9.55). They are
     FedLAP-DP's ``small`` schedule:
     :func:`~fedlap_privacy.fl.config_resolve.resolve_config` lays the ``large`` one over them
-    for clients of 1,024 records or more (:mod:`~fedlap_privacy.fl.schedule`). 8x8 inputs
+    for clients of 1,024 records or more (:mod:`~fedlap_privacy.fl.methods.schedule`). 8x8 inputs
     get a narrower, shallower ConvNet (32 channels, 2 blocks): with 3 blocks the last
     GroupNorm sees 2x2 maps and training stalls, and fewer weights mean less DP noise.
 
@@ -110,21 +110,21 @@ class TrainConfig:
     # threat model and randomness (docs/threat-model.md)
     threat_model: str | None = None  # None: the strongest the notion supports
     reproducible_noise: bool = False  # derive DP randomness from the seed: NOT private
-    # canary audits (fl/canaries.py)
+    # canary audits (fl/auditing/canaries.py)
     canaries: int = 0  # M canaries, each included with a secret coin
     canary_kind: str | None = None  # None: white-box / clients / black-box by method
     canary_coordinates: str | None = None  # white box: None = dedicated for FedLAP-DP
-    # the in-process driver's cohort (fl/cohort.py): "vectorised" trains the selected clients
+    # the in-process driver's cohort (fl/engine/cohort.py): "vectorised" trains the selected clients
     # of FedAvg, FedProx and dp-fedavg-client in lockstep with vmap (refused where the model
-    # does not allow it), "packed" packs their ConvNets into one network (fl/packed_cohort.py;
-    # ConvNet only), "loop" one by one; "auto": packed on the CPU where the model packs (the
-    # fastest there: docs/train.md, "Cross-device scale"), else the loop; vectorised on an
-    # accelerator where the model allows. The same result up to rounding
+    # does not allow it), "packed" packs their ConvNets into one network
+    # (fl/engine/packed_cohort.py; ConvNet only), "loop" one by one; "auto": packed on the CPU where
+    # the model packs (the fastest there: docs/train.md, "Cross-device scale"), else the loop;
+    # vectorised on an accelerator where the model allows. The same result up to rounding
     cohort_training: str = "auto"
 
     @property
     def spec(self) -> MethodSpec:
-        """The method's row of the method table (:mod:`~fedlap_privacy.fl.method_table`)."""
+        """The method's row of the method table (:mod:`~fedlap_privacy.fl.methods.method_table`)."""
         return method_spec(self.method)
 
     @property
@@ -155,7 +155,7 @@ class TrainConfig:
         """Where white-box canaries go (unless ``canary_coordinates`` says): a dedicated
         block for FedLAP-DP, whose large Poisson batches on a small model put the real
         records' gradients on every weight and blur canaries there; the model's own
-        weights for the other methods (``fedlap_privacy.fl.dp``, module docstring)."""
+        weights for the other methods (``fedlap_privacy.fl.methods.dp``, module docstring)."""
         if self.canary_coordinates is not None:
             return self.canary_coordinates
         return "dedicated" if self.method == "fedlap-dp" else "weights"

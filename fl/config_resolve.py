@@ -13,8 +13,8 @@ from typing import Any
 
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig, field_types, optional_field
-from fedlap_privacy.fl.method_table import method_spec
-from fedlap_privacy.fl.schedule import SCHEDULED_METHOD, ClientSchedule, choose_schedule
+from fedlap_privacy.fl.methods.method_table import method_spec
+from fedlap_privacy.fl.methods.schedule import SCHEDULED_METHOD, ClientSchedule, choose_schedule
 
 __all__ = [
     "check_resume_flags", "config_value", "fedlap_schedule", "parse_overrides",
@@ -90,7 +90,7 @@ def resolve_config(
     """The one way from what a user typed to a validated configuration.
 
     Layers, each over the previous: the defaults, FedLAP-DP's ``schedule`` (``auto``: picked
-    from the client size, :mod:`~fedlap_privacy.fl.schedule`), ``preset`` (:data:`PRESETS`),
+    from the client size, :mod:`~fedlap_privacy.fl.methods.schedule`), ``preset`` (:data:`PRESETS`),
     ``flags`` (None: not given) and ``settings`` (``--set KEY=VALUE``). Then, with
     ``plan_sigma_for_target``, a target epsilon given without a sigma (neither as a flag nor
     as a setting) plans sigma for the rounds, except for methods whose budget rule keeps a
@@ -171,7 +171,7 @@ def resumed_config(
 ) -> TrainConfig:
     """The configuration ``train --resume`` continues: the run's recorded one (``rounds``: a
     new total), after :func:`check_resume_flags` found no flag asking for another value."""
-    from fedlap_privacy.fl.run_files import load_run_config
+    from fedlap_privacy.fl.run.run_files import load_run_config
 
     recorded = load_run_config(Path(out))
     check_resume_flags(recorded, flags, preset, settings, schedule)

@@ -14,7 +14,7 @@ from fedlap_privacy.accountant import accountant_names
 from fedlap_privacy.accountant.planning import SIGMA_RANGE
 from fedlap_privacy.canary_state import CANARY_COORDINATES
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.method_table import LDP_MAX_EPSILON, METHOD_TABLE
+from fedlap_privacy.fl.methods.method_table import LDP_MAX_EPSILON, METHOD_TABLE
 from fedlap_privacy.vocabulary import CanaryKind, ThreatModel, words
 
 __all__ = [
@@ -25,16 +25,16 @@ __all__ = [
 METHODS = tuple(METHOD_TABLE)
 RADIUS_RULES = ("fixed", "min", "max", "median", "iterations")
 INITS = ("noise", "real")  # FedLAP's synthetic images start as noise or as real records
-#: FedLAP's rate over rounds (``fl.fedlap.cosine_lr``): the authors' cosine, which reaches its
-#: 1e-6 floor in the last round, or the cosine that stops one round short of zero
+#: FedLAP's rate over rounds (``fl.methods.fedlap.cosine_lr``): the authors' cosine, which reaches
+#: its 1e-6 floor in the last round, or the cosine that stops one round short of zero
 LR_SCHEDULES = ("cosine", "cosine-open")
-#: how the in-process driver trains a round's cohort (``cohort_training``, fl/cohort.py;
-#: ``packed``: fl/packed_cohort.py)
+#: how the in-process driver trains a round's cohort (``cohort_training``, fl/engine/cohort.py;
+#: ``packed``: fl/engine/packed_cohort.py)
 COHORT_TRAINING = ("auto", "packed", "vectorised", "loop")
 #: the most rounds a run may have (the accountant's epsilon curve of a plan goes as far).
 #: PLD composes any number of rounds in one FFT (100,000 rounds in about a second); a run
 #: whose privacy loss it cannot discretise within its memory budget is refused when its
-#: ledger is built (``fl.privacy.check_accountable``), naming the RDP fallback
+#: ledger is built (``fl.run.privacy.check_accountable``), naming the RDP fallback
 MAX_ROUNDS = 100_000
 
 
@@ -143,7 +143,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "clients_per_round": _int(1, 100_000),  # at most the clients (checked with them)
     "rounds": _int(1, MAX_ROUNDS),
     "seed": _int(0, 2**63 - 1),  # numpy's and torch's seeds
-    "split_seed": _int(0, 2**63 - 1),  # none: secret, drawn per run (fl.randomness)
+    "split_seed": _int(0, 2**63 - 1),  # none: secret, drawn per run (fl.run.randomness)
     "width": _int(1, 1024),  # ConvNet channels: width^2 x 9 weights per block
     "depth": _int(1, 5),  # each block halves the image: 5 blocks take 32x32 to 1x1
     "sigma": _num(0, SIGMA_RANGE[1], lo_open=True),

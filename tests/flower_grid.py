@@ -13,8 +13,8 @@ import pytest
 from flwr.app import Context, Error, Message, RecordDict
 
 from fedlap_privacy.fl.config_rules import METHODS
+from fedlap_privacy.fl.engine.flower_app import client_app
 from fedlap_privacy.fl.flower.run_config import toml_table
-from fedlap_privacy.fl.flower_app import client_app
 
 #: a node that trusts the server: any method, seeded noise allowed (the tests that compare
 #: the driver with the simulator bit for bit need both)

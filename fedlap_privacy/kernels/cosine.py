@@ -1,7 +1,7 @@
 """The gradient of gradient matching's row-wise cosine distance in one C call
 (``cosine_rows.c``; FedLAP-DP Eq. 9-10, docs/algorithms.md#matching-distance).
 
-:func:`cosine_rows_grad` is what :meth:`fedlap_privacy.fl.matching.MatchTarget.gradient`
+:func:`cosine_rows_grad` is what :meth:`fedlap_privacy.fl.methods.matching.MatchTarget.gradient`
 computes with a dozen torch operations (two segment sums, gathers, the arithmetic), in two
 passes over each row. The torch version is its oracle in the tests.
 """

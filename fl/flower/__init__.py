@@ -1,5 +1,5 @@
 """The Flower driver, split by job (package-internal; the public names are re-exported by
-:mod:`fedlap_privacy.fl.flower_app`).
+:mod:`fedlap_privacy.fl.engine.flower_app`).
 
 * :mod:`.codec` — method states and weights as Flower records, and back;
 * :mod:`.run_config` — the run config (TOML values) <-> :class:`TrainConfig`, the App files;

@@ -19,7 +19,7 @@ Contract (docs/threat-model.md, "Cross-silo deployment"): the node answers two m
      persisted;
   4. :meth:`Method.client` runs on the broadcast weights, with the node's own LDP-FL ranges
      (:func:`.policy.node_round_info`: never the server's) and the node's own DP generator
-     (:func:`~fedlap_privacy.fl.randomness.dp_generator`: OS-seeded; seeded only if the
+     (:func:`~fedlap_privacy.fl.run.randomness.dp_generator`: OS-seeded; seeded only if the
      policy allows ``reproducible-noise``), the method's node-local state kept in
      ``context.state``.
 
@@ -41,6 +41,7 @@ from torch import nn
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import typed_value
+from fedlap_privacy.fl.engine.simulation import resolve_device
 from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
 from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
 from fedlap_privacy.fl.flower.node_model import (
@@ -53,9 +54,8 @@ from fedlap_privacy.fl.flower.node_model import (
 from fedlap_privacy.fl.flower.partition import NodeData, load_partition
 from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal, node_round_info
 from fedlap_privacy.fl.flower.run_config import parse_config
-from fedlap_privacy.fl.methods import RoundInfo, build_method
-from fedlap_privacy.fl.randomness import dp_generator
-from fedlap_privacy.fl.simulation import resolve_device
+from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
+from fedlap_privacy.fl.run.randomness import dp_generator
 from fedlap_privacy.threads import apply_cpu_policy
 
 __all__ = ["client_app"]

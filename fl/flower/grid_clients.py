@@ -29,13 +29,13 @@ from torch import nn
 from fedlap_privacy.data import Dataset, content_hash, load_dataset
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.engine.simulation import Callback, client_parts
 from fedlap_privacy.fl.flower.codec import pack, unpack, weights_record
 from fedlap_privacy.fl.flower.node_model import MODEL_RECORD, ModelShape
 from fedlap_privacy.fl.flower.partition import SIMULATED
 from fedlap_privacy.fl.flower.run_config import config_values
-from fedlap_privacy.fl.methods import Reply, RoundInfo
-from fedlap_privacy.fl.simulation import Callback, client_parts
-from fedlap_privacy.fl.user_runs import prepare_data
+from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
+from fedlap_privacy.fl.run.user_runs import prepare_data
 
 __all__ = [
     "ClientFailure", "Expected", "FlowerClients", "FlowerError", "NodeInfo", "RunView",
@@ -104,7 +104,7 @@ def _refusal(msg: Message) -> str | None:
 
 def run_data(cfg: TrainConfig, split_seed: int | None = None) -> tuple[TrainConfig, Dataset]:
     """The run's dataset as the simulator loads it: a built-in one, or the user's records
-    of ``cfg.data`` (:func:`fedlap_privacy.fl.user_runs.prepare_data`; with a natural
+    of ``cfg.data`` (:func:`fedlap_privacy.fl.run.user_runs.prepare_data`; with a natural
     partition, ``clients`` becomes its number of clients)."""
     if cfg.data is None:
         return cfg, load_dataset(cfg.dataset, cfg.data_dir)

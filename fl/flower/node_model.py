@@ -10,7 +10,7 @@ the model's public shape with every instruction (:class:`ModelShape`, the ``mode
    (:meth:`NodePolicy.check_factory`);
 2. refuses records that do not fit the server's model (:func:`check_records`): another
    input shape, a label of no class, another declared ``num_classes``;
-3. builds the model with :func:`fedlap_privacy.fl.user_runs.run_model` (the in-process
+3. builds the model with :func:`fedlap_privacy.fl.run.user_runs.run_model` (the in-process
    engine's own rule) and refuses broadcast weights that are not that model's
    (:func:`load_weights`: other parameter names or shapes, e.g. another version of the
    factory installed on the node).
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.policy import NodePolicy
-from fedlap_privacy.fl.user_runs import factory_spec, run_model
+from fedlap_privacy.fl.run.user_runs import factory_spec, run_model
 from fedlap_privacy.user_data import describe_shape
 
 __all__ = ["MODEL_RECORD", "ModelShape", "build_node_model", "check_records", "load_weights"]

@@ -33,8 +33,8 @@ from torch import Tensor
 from fedlap_privacy.data import content_hash, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.simulation import client_parts
-from fedlap_privacy.fl.user_runs import prepare_data
+from fedlap_privacy.fl.engine.simulation import client_parts
+from fedlap_privacy.fl.run.user_runs import prepare_data
 from fedlap_privacy.user_data import load_records
 
 __all__ = ["SIMULATED", "NodeData", "load_partition"]

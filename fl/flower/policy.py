@@ -62,9 +62,9 @@ from torch import Tensor
 from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.ldpfl import layer_ranges
-from fedlap_privacy.fl.method_table import METHOD_TABLE
-from fedlap_privacy.fl.methods import RoundInfo
+from fedlap_privacy.fl.methods.interface import RoundInfo
+from fedlap_privacy.fl.methods.ldpfl import layer_ranges
+from fedlap_privacy.fl.methods.method_table import METHOD_TABLE
 from fedlap_privacy.model_factory import DEFAULT_TABULAR
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, Notion, ThreatModel
 
@@ -291,7 +291,7 @@ def node_round_info(cfg: TrainConfig, info: RoundInfo, weights: dict[str, Tensor
                     ) -> RoundInfo:
     """The round as the node runs it on the broadcast ``weights`` (its model's state dict):
     LDP-FL's per-layer ranges are the node's own, by the method's rule
-    (:func:`fedlap_privacy.fl.ldpfl.layer_ranges` of the global model, public), whatever the
+    (:func:`fedlap_privacy.fl.methods.ldpfl.layer_ranges` of the global model, public), whatever the
     server sent: a server's range decides what each reported weight reveals."""
     if cfg.method != "ldp-fl":
         return info

@@ -113,7 +113,8 @@ def write_app(directory: str | Path, cfg: TrainConfig | None = None, **driver: A
     directory.mkdir(parents=True, exist_ok=True)
     run_config = run_config_of(cfg or TrainConfig(), **driver)
     text = (
-        "# Flower App of fedlap-privacy (written by fedlap_privacy.fl.flower_app.write_app)\n"
+        "# Flower App of fedlap-privacy (written by "
+        "fedlap_privacy.fl.engine.flower_app.write_app)\n"
         "[project]\n"
         f'name = "{APP_NAME}"\nversion = "0.1.0"\n'
         'description = "FedLAP-DP and its baselines on Flower"\nlicense = "MIT"\n'

@@ -24,21 +24,21 @@ from typing import Any
 
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.deployment import LocalDeployment
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.processes import stop
 from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
 from fedlap_privacy.fl.flower.server_app import STATUS
-from fedlap_privacy.fl.run_files import (
+from fedlap_privacy.fl.run.run_files import (
     check_new_run_dir,
     load_history,
     load_run_config,
     lock_run,
 )
-from fedlap_privacy.fl.run_records import RoundRecord, RunSummary
-from fedlap_privacy.fl.simulation import Callback
-from fedlap_privacy.fl.user_runs import prepare_data
+from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
+from fedlap_privacy.fl.run.user_runs import prepare_data
 from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["FlowerResult", "run_flower", "run_on"]
@@ -67,7 +67,7 @@ def _local_paths(cfg: TrainConfig) -> TrainConfig:
     """A run on a user's records (``data``) with absolute paths, since the ServerApp and the
     SuperNodes run in the deployment's folder: ``data``, and a ``FILE.py:FUNC`` model (a node
     policy's ``allowed-models`` must list that absolute spec). The records and the model are
-    checked now (:func:`fedlap_privacy.fl.user_runs.prepare_data`: one line, before any
+    checked now (:func:`fedlap_privacy.fl.run.user_runs.prepare_data`: one line, before any
     process starts); a natural partition fixes the number of clients, hence SuperNodes."""
     changes: dict[str, Any] = {}
     if cfg.data is not None:

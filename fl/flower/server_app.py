@@ -22,6 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.engine.simulation import restored_config, resume, train
 from fedlap_privacy.fl.flower.grid_clients import (
     FlowerClients,
     expected_partitions,
@@ -30,9 +31,8 @@ from fedlap_privacy.fl.flower.grid_clients import (
     run_data,
 )
 from fedlap_privacy.fl.flower.run_config import config_from_run_config
-from fedlap_privacy.fl.randomness import run_split_seed
-from fedlap_privacy.fl.run_files import PENDING, load_private, lock_run
-from fedlap_privacy.fl.simulation import restored_config, resume, train
+from fedlap_privacy.fl.run.randomness import run_split_seed
+from fedlap_privacy.fl.run.run_files import PENDING, load_private, lock_run
 from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["STATUS", "server_app"]

@@ -4,7 +4,7 @@ FedLAP-DP draws large Poisson batches on a small model, so the real records' gra
 any weight blur a canary placed there (issue 36: a default run with its noise removed was
 only "inconclusive", bound 1.48 against a claim of 3.24). Its canaries live instead in a
 block of coordinates appended to every release of the DP step, noised like the weights and
-reached by no real record (``fedlap_privacy.fl.dp``): a run whose noise is removed is
+reached by no real record (``fedlap_privacy.fl.methods.dp``): a run whose noise is removed is
 caught, a correct one is not.
 """
 
@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.fl import dp
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.methods import dp
 from tests.helpers import tiny
 
 runner = CliRunner()

@@ -25,13 +25,13 @@ from fedlap_privacy.audit.report import audited_records, run_audit
 from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.reference_models import (
+from fedlap_privacy.fl.auditing.reference_models import (
     MANIFEST,
     load_reference_models,
     train_reference_models,
 )
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.engine.simulation import train
 
 runner = CliRunner()
 N_TRAIN = 300

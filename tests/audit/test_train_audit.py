@@ -7,7 +7,7 @@ import pytest
 
 from fedlap_privacy.audit.report import run_audit
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.simulation import CHECKPOINT, train
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train
 
 
 def test_strong_dp_model_is_not_attackable(tmp_path):

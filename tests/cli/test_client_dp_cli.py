@@ -55,7 +55,7 @@ def test_a_client_without_records_is_refused(tmp_path: Path):
     from fedlap_privacy.data import load_dataset
     from fedlap_privacy.errors import ConfigError
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.simulation import train
+    from fedlap_privacy.fl.engine.simulation import train
 
     data = load_dataset("digits")
     n = len(data.y_train)

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.fl.compare import COMPARISON
+from fedlap_privacy.fl.engine.compare import COMPARISON
 
 #: a narrow model with few local steps on the digits defaults (about a second a round)
 FAST = ["--set", "width=8", "--set", "local_steps=2"]

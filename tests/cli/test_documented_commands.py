@@ -177,8 +177,8 @@ def test_the_documentation_shows_commands_of_every_kind():
 ])
 def test_documented_command_runs(where, command, workspace, monkeypatch):
     from fedlap_privacy.audit import dry_run as audit_dry_run
-    from fedlap_privacy.fl import dry_run
-    from fedlap_privacy.fl.dry_run import RoundTiming
+    from fedlap_privacy.fl.engine import dry_run
+    from fedlap_privacy.fl.engine.dry_run import RoundTiming
 
     if "--engine flower" in command:
         pytest.importorskip("flwr", reason="--engine flower needs the flower extra")

@@ -23,7 +23,7 @@ def _invoke(args: list[str]):
 @pytest.fixture
 def constant_timing(monkeypatch):
     """A fixed round timing (the real one is tested below, on one method)."""
-    from fedlap_privacy.fl import dry_run
+    from fedlap_privacy.fl.engine import dry_run
 
     monkeypatch.setattr(dry_run, "time_rounds",
                         lambda cfg, data, device: dry_run.RoundTiming(1, 2, 0.5, 1, 0, "cpu"))
@@ -98,7 +98,7 @@ def test_compare_dry_run_plans_every_method(tmp_path, constant_timing):
 def test_the_timing_reads_shapes_and_sizes_only():
     """time_rounds gets a dataset whose images cannot be read: it times random ones."""
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.dry_run import time_rounds
+    from fedlap_privacy.fl.engine.dry_run import time_rounds
 
     class Unreadable:
         shape = (300, 1, 8, 8)

@@ -77,7 +77,7 @@ def _refusal(args: list[str]) -> str:
 def data_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every dataset read of the command (none may happen before the configuration is valid)."""
     import fedlap_privacy.data
-    import fedlap_privacy.fl.training_run
+    import fedlap_privacy.fl.engine.training_run
 
     reads: list[str] = []
     real = fedlap_privacy.data.load_dataset
@@ -87,7 +87,7 @@ def data_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(fedlap_privacy.data, "load_dataset", spy)
-    monkeypatch.setattr(fedlap_privacy.fl.training_run, "load_dataset", spy)
+    monkeypatch.setattr(fedlap_privacy.fl.engine.training_run, "load_dataset", spy)
     return reads
 
 
@@ -117,7 +117,7 @@ def test_the_library_refuses_before_data_access_too(tmp_path: Path, data_reads) 
     from helpers import tiny
 
     from fedlap_privacy.errors import ConfigError
-    from fedlap_privacy.fl.simulation import train
+    from fedlap_privacy.fl.engine.simulation import train
 
     for bad in (dict(server_batch=0), dict(lr_img=-1.0), dict(server_momentum=float("nan"))):
         with pytest.raises(ConfigError, match=f"{next(iter(bad))} .* must be"):

@@ -115,7 +115,7 @@ def test_a_convnet_forward_with_everything_off_equals_the_fast_one(all_on):
 def test_a_dp_step_with_everything_off_equals_the_fast_one(all_on):
     """dp_gradient at sigma 0 (clipped, averaged per-record gradients): the fused per-record
     gradients against the hook path on torch's modules, to 1e-12 in float64."""
-    from fedlap_privacy.fl.dp import dp_gradient
+    from fedlap_privacy.fl.methods.dp import dp_gradient
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(1, 8, 10, width=16, depth=2)).double()

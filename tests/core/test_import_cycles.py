@@ -164,7 +164,7 @@ def test_the_graph_sees_every_module_and_deferred_imports() -> None:
     graph = import_graph()
     assert len(graph) > 100 and "fedlap_privacy.fl.flower.policy" in graph
     # a deferred import (inside a function) is an edge: the CLI loads training lazily
-    assert "fedlap_privacy.fl.simulation" in graph["fedlap_privacy.cli.train"]
+    assert "fedlap_privacy.fl.engine.simulation" in graph["fedlap_privacy.cli.train"]
 
 
 def test_the_checker_names_a_cycle_hidden_in_a_function() -> None:

@@ -250,8 +250,8 @@ def test_the_build_is_cached_and_reused(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_matching_step_equals_the_modules_run():
     """One FedLAP-DP matching step (second-order gradients through the whole ConvNet) with
     the fused blocks and with the modules: the same image gradient up to rounding."""
-    from fedlap_privacy.fl.fedlap import structurally_zero
-    from fedlap_privacy.fl.matching import MatchTarget
+    from fedlap_privacy.fl.methods.fedlap import structurally_zero
+    from fedlap_privacy.fl.methods.matching import MatchTarget
 
     torch.manual_seed(0)  # the weights, whatever ran before
     model = build_model(ModelConfig(1, 28, 10))
@@ -282,10 +282,10 @@ def test_a_whole_client_round_in_float64_equals_the_reference_run():
     the image step, lr_img = 100 with momentum, amplifies rounding until the sets visibly
     differ, as between any two float32 implementations.)"""
     from fedlap_privacy.data import load_dataset
-    from fedlap_privacy.fl.augment import DSA
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.fedlap import SyntheticSet, client_approximation, init_synthetic
-    from fedlap_privacy.fl.simulation import client_parts, default_model_config
+    from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
+    from fedlap_privacy.fl.methods.augment import DSA
+    from fedlap_privacy.fl.methods.fedlap import SyntheticSet, client_approximation, init_synthetic
 
     cfg = TrainConfig()
     data = load_dataset("digits")

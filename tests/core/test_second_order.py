@@ -119,8 +119,8 @@ def test_weight_grad_equals_autograd(config: ModelConfig) -> None:
 def test_server_optimisation_in_float64_equals_autograds() -> None:
     """Eq. 14/16 on five synthetic sets with DSA, momentum and the radius, written out and
     by autograd (the second-order fast path off): the same model to 1e-10 in float64."""
-    from fedlap_privacy.fl.augment import DSA
-    from fedlap_privacy.fl.fedlap import SyntheticSet, server_optimisation
+    from fedlap_privacy.fl.methods.augment import DSA
+    from fedlap_privacy.fl.methods.fedlap import SyntheticSet, server_optimisation
 
     torch.manual_seed(0)
     start = build_model(CONFIGS[0]).double()

@@ -165,7 +165,7 @@ def test_one_partys_records_a_flower_nodes_data_file(tmp_path: Path) -> None:
 
 def test_thousands_of_natural_clients_in_one_file_keep_their_records(tmp_path: Path) -> None:
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.simulation import client_parts
+    from fedlap_privacy.fl.engine.simulation import client_parts
 
     rng = np.random.default_rng(0)
     ids = rng.permutation(np.repeat(np.arange(3000), 8))  # 3,000 clients of 8, interleaved

@@ -17,7 +17,7 @@ import torch
 from helpers import tiny
 
 from fedlap_privacy.accountant import accountant_names
-from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
+from fedlap_privacy.fl.run.privacy import build_ledger, privacy_statement, with_planned_sigma
 from fedlap_privacy.vocabulary import (
     NOTION_THREAT_MODELS,
     CanaryKind,

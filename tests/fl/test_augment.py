@@ -1,4 +1,4 @@
-"""Differentiable siamese augmentation (fl.augment),
+"""Differentiable siamese augmentation (fl.methods.augment),
 docs/algorithms.md#differentiable-siamese-augmentation."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.augment import DSA, OPERATIONS, Augmentation
+from fedlap_privacy.fl.methods.augment import DSA, OPERATIONS, Augmentation
 
 
 def _images(n: int, c: int, size: int, seed: int = 0) -> Tensor:

@@ -1,4 +1,4 @@
-"""The vectorised cohort (fl/cohort.py) gives the loop's clients and the loop's round."""
+"""The vectorised cohort (fl/engine/cohort.py) gives the loop's clients and the loop's round."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from torch import nn
 from fedlap_privacy.client_splits import split_clients
 from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl import cohort
-from fedlap_privacy.fl.cohort import vectorise_refusal
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.fedavg import LocalSGD, average_weights
-from fedlap_privacy.fl.methods import Method, weights_of
-from fedlap_privacy.fl.randomness import seeded_generator
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine import cohort
+from fedlap_privacy.fl.engine.cohort import vectorise_refusal
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.methods.fedavg import LocalSGD, average_weights
+from fedlap_privacy.fl.methods.interface import Method, weights_of
+from fedlap_privacy.fl.run.randomness import seeded_generator
 from fedlap_privacy.models import ModelConfig, build_model
 
 CPU = torch.device("cpu")
@@ -130,7 +130,7 @@ def test_forcing_vectorised_where_it_cannot_is_one_line(kw, why) -> None:
 
 
 def test_index_views_hold_no_copy_of_the_records() -> None:
-    from fedlap_privacy.fl.training_run import TrainingRun
+    from fedlap_privacy.fl.engine.training_run import TrainingRun
 
     run = TrainingRun(tiny(method="fedavg", split="iid", clients=50, split_seed=0), CPU, None)
     assert run.x_train.data_ptr() == run.data.x_train.ctypes.data  # the dataset's memory
@@ -141,7 +141,7 @@ def test_index_views_hold_no_copy_of_the_records() -> None:
 
 
 def test_private_state_stores_the_split_as_one_array(tmp_path) -> None:
-    from fedlap_privacy.fl.run_files import load_private
+    from fedlap_privacy.fl.run.run_files import load_private
 
     cfg = tiny(method="fedavg", split="shards", clients=300, client_fraction=0.01, rounds=1,
                batch_size=2, local_steps=1, split_seed=0)
@@ -155,7 +155,7 @@ def test_private_state_stores_the_split_as_one_array(tmp_path) -> None:
 
 
 def test_auto_packs_the_convnet_on_the_cpu() -> None:
-    from fedlap_privacy.fl.training_run import TrainingRun
+    from fedlap_privacy.fl.engine.training_run import TrainingRun
 
     def mode(method: str, training: str) -> str:
         return TrainingRun(tiny(method=method, cohort_training=training, split_seed=0), CPU,
@@ -186,7 +186,7 @@ def test_packed_cohort_equals_the_loop_on_28x28_with_fedprox() -> None:
 
 
 def test_dp_fedavg_client_cohort_clips_each_update_as_the_loop(monkeypatch) -> None:
-    from fedlap_privacy.fl.dp_fedavg_client import BELOW_CLIP, DPFedAvgClient, update_norm
+    from fedlap_privacy.fl.methods.dp_fedavg_client import BELOW_CLIP, DPFedAvgClient, update_norm
 
     monkeypatch.setattr(cohort, "MAX_PADDING", 1.0)
     x, y, index = _cohort(8, 24)
@@ -228,7 +228,7 @@ def test_dp_fedavg_client_run_aggregates_the_same_packed_or_looped(adaptive) -> 
 
 
 def test_a_generic_model_is_not_packed_and_vmaps_as_the_loop() -> None:
-    from fedlap_privacy.fl.packed_cohort import pack_refusal
+    from fedlap_privacy.fl.engine.packed_cohort import pack_refusal
     from fedlap_privacy.models import TabularMLP
 
     mlp = TabularMLP(64, 10, width=16)

@@ -12,16 +12,16 @@ from typer.testing import CliRunner
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.compare import (
+from fedlap_privacy.fl.engine.compare import (
     COMPARISON,
     budget_config,
     comparison_split_seed,
     plan_jobs,
     run_comparison,
 )
-from fedlap_privacy.fl.compare_budgets import client_sizes
-from fedlap_privacy.fl.privacy import with_planned_sigma
-from fedlap_privacy.fl.simulation import CHECKPOINT, train
+from fedlap_privacy.fl.engine.compare_budgets import client_sizes
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train
+from fedlap_privacy.fl.run.privacy import with_planned_sigma
 
 #: this file's runs: the shared tiny configuration, narrower and with fewer local steps
 SMALL = dict(width=8, local_steps=2)
@@ -35,7 +35,7 @@ def test_record_and_client_level_budgets_are_planned_to_the_target(tmp_path):
     for method in ("dp-fedavg", "dp-normfedavg"):
         cfg = budget_config(base, method, 3.0)
         assert cfg.sigma is None and cfg.target_eps == 3.0  # planned by the driver
-    from fedlap_privacy.fl.simulation import train
+    from fedlap_privacy.fl.engine.simulation import train
 
     result = train(budget_config(base, "dp-normfedavg", 3.0), None, "cpu")
     privacy = result.summary.privacy

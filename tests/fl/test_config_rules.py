@@ -113,7 +113,7 @@ def test_pld_runs_are_bounded_by_what_pld_can_discretise() -> None:
     """PLD (the default) prices the longest run the defaults allow; a run whose privacy loss
     it cannot discretise is refused before training, naming the RDP fallback."""
     from fedlap_privacy.accountant import FedLAPSchedule
-    from fedlap_privacy.fl.privacy import check_accountable
+    from fedlap_privacy.fl.run.privacy import check_accountable
 
     assert TrainConfig().accountant == "pld"
     digits = FedLAPSchedule(batch_size=64, client_size=281, local_steps=10)

@@ -1,4 +1,4 @@
-"""Per-record gradients (fedlap_privacy.per_sample) and the DP mechanism (fl.dp),
+"""Per-record gradients (fedlap_privacy.per_sample) and the DP mechanism (fl.methods.dp),
 docs/accounting.md#sampled-gaussian-mechanism."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.dp import clip_and_noise, dp_gradient, poisson_sample
+from fedlap_privacy.fl.methods.dp import clip_and_noise, dp_gradient, poisson_sample
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.per_sample import (
     hooks_supported,

@@ -1,4 +1,4 @@
-"""Client-level DP-FedAvg (fl/dp_fedavg_client.py): clipping, the server noise it is
+"""Client-level DP-FedAvg (fl/methods/dp_fedavg_client.py): clipping, the server noise it is
 accounted for, adaptive clipping, the sampling of cohorts and its accounting, learning."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from torch import nn
 from fedlap_privacy.accountant import DEFAULT_ORDERS
 from fedlap_privacy.accountant.client_level import ClientSampling, effective_sigma, update_sigma
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.client_sampling import select_clients
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.dp_fedavg_client import BELOW_CLIP, DPFedAvgClient, clip_update
-from fedlap_privacy.fl.methods import Reply, RoundInfo
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.client_sampling import select_clients
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.methods.dp_fedavg_client import BELOW_CLIP, DPFedAvgClient, clip_update
+from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's convergence warnings
 
@@ -175,7 +175,7 @@ def test_fixed_cohorts_have_k_distinct_clients_and_poisson_cohorts_vary():
 def test_poisson_selection_keeps_the_random_stream_of_one_draw_per_client():
     """One vector of uniforms selects exactly the clients that one scalar draw per client,
     in client order, selected (the stream of runs seeded before the vector draw)."""
-    from fedlap_privacy.fl.randomness import dp_generator
+    from fedlap_privacy.fl.run.randomness import dp_generator
 
     cfg = tiny(method=METHOD, clients=3000, client_fraction=0.0333333, reproducible_noise=True)
     for m in (1, 2, 7):
@@ -247,8 +247,8 @@ def test_dp_fedavg_client_learns_digits_with_20_clients_at_epsilon_8():
 
 
 def test_compare_plans_its_sigma_for_each_target_and_refuses_adaptive_canaries():
-    from fedlap_privacy.fl.compare import budget_config
-    from fedlap_privacy.fl.privacy import with_planned_sigma
+    from fedlap_privacy.fl.engine.compare import budget_config
+    from fedlap_privacy.fl.run.privacy import with_planned_sigma
 
     base = tiny(method="fedavg", clients=20, split="iid", clients_per_round=5, rounds=4)
     cfg = budget_config(base, METHOD, 3.0)

@@ -16,8 +16,15 @@ from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint, save_checkpoint
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
-from fedlap_privacy.fl.fedavg import average_weights
-from fedlap_privacy.fl.fedlap import (
+from fedlap_privacy.fl.engine.simulation import (
+    CHECKPOINT,
+    METRICS,
+    PENDING,
+    resume,
+    train,
+)
+from fedlap_privacy.fl.methods.fedavg import average_weights
+from fedlap_privacy.fl.methods.fedlap import (
     FedLAP,
     SyntheticSet,
     client_approximation,
@@ -25,15 +32,8 @@ from fedlap_privacy.fl.fedlap import (
     init_synthetic,
     server_optimisation,
 )
-from fedlap_privacy.fl.methods import Reply, RoundInfo
-from fedlap_privacy.fl.simulation import (
-    CHECKPOINT,
-    METRICS,
-    PENDING,
-    resume,
-    train,
-)
-from fedlap_privacy.fl.trust_region import clone_params, distance
+from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
+from fedlap_privacy.fl.methods.trust_region import clone_params, distance
 from fedlap_privacy.models import ModelConfig, build_model
 
 
@@ -48,7 +48,7 @@ def _data(n: int = 64, seed: int = 0):
 
 
 def test_client_stays_in_trust_region_and_keeps_labels(monkeypatch: pytest.MonkeyPatch):
-    import fedlap_privacy.fl.fedlap as fedlap
+    import fedlap_privacy.fl.methods.fedlap as fedlap
 
     model = _model()
     x, y = _data()
@@ -292,7 +292,7 @@ def test_client_records_caps_clients_and_sets_the_rate():
 
 def test_validation_split_is_held_out_of_every_client():
     from fedlap_privacy.data import load_dataset
-    from fedlap_privacy.fl.simulation import client_parts, evaluate, validation_indices
+    from fedlap_privacy.fl.engine.simulation import client_parts, evaluate, validation_indices
 
     data = load_dataset("digits")
     plain = tiny(method="fedavg", rounds=2)

@@ -27,9 +27,9 @@ from fedlap_privacy.checkpoint import (
     PRIVATE_FORMAT,
 )
 from fedlap_privacy.errors import CheckpointError
-from fedlap_privacy.fl.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION
-from fedlap_privacy.fl.run_files import METRICS
-from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.fl.engine.simulation import resume, train
+from fedlap_privacy.fl.run.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION
+from fedlap_privacy.fl.run.run_files import METRICS
 from fedlap_privacy.ledger import LedgerEntry, PrivacyLedger
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 

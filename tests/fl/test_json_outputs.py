@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.fl.run_files import load_release
+from fedlap_privacy.fl.run.run_files import load_release
 
 GOLDEN = Path(__file__).parent / "golden" / "json_outputs.json"
 #: values that depend on the machine (training arithmetic, timings, paths): type only

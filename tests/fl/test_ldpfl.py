@@ -11,8 +11,10 @@ import torch
 
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.fedavg import local_training
-from fedlap_privacy.fl.ldpfl import (
+from fedlap_privacy.fl.engine.simulation import resume, train
+from fedlap_privacy.fl.methods.fedavg import local_training
+from fedlap_privacy.fl.methods.interface import Reply, build_method
+from fedlap_privacy.fl.methods.ldpfl import (
     LDPFL,
     MAX_EPSILON,
     aggregate_reports,
@@ -24,9 +26,7 @@ from fedlap_privacy.fl.ldpfl import (
     perturb_state,
     shuffle_report,
 )
-from fedlap_privacy.fl.methods import Reply, build_method
-from fedlap_privacy.fl.privacy import build_ledger
-from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.fl.run.privacy import build_ledger
 from fedlap_privacy.models import ModelConfig, build_model
 
 EPSILONS = [0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0]

@@ -1,5 +1,5 @@
 """The gradient-matching distance of docs/algorithms.md#matching-distance (Eq. 9-10),
-fl.matching."""
+fl.methods.matching."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.matching import layer_distance, match_distance
+from fedlap_privacy.fl.methods.matching import layer_distance, match_distance
 
 
 def _one_minus_cos(a: list[float], b: list[float]) -> float:
@@ -104,7 +104,7 @@ def test_match_target_equals_the_definition_on_convnet_gradients() -> None:
     """The fused MatchTarget (all layers in two segment sums, real side prepared once) equals
     the per-layer definition of Eq. 9-10 up to float32 rounding, with and without ``include``
     and the MSE term, and so does its gradient with respect to the synthetic gradients."""
-    from fedlap_privacy.fl.matching import MatchTarget
+    from fedlap_privacy.fl.methods.matching import MatchTarget
     from fedlap_privacy.models import ModelConfig, build_model
 
     torch.manual_seed(0)
@@ -144,7 +144,7 @@ def test_match_target_gradient_is_the_derivative_of_its_distance() -> None:
     a real layer of zeros), through both the C kernel and torch's operations, and the two
     agree to float32 rounding in float32. At a synthetic row of zeros, where autograd's
     norm gives NaN, it is finite: the cosine's derivative along the real row."""
-    from fedlap_privacy.fl.matching import MatchTarget
+    from fedlap_privacy.fl.methods.matching import MatchTarget
 
     real = [*_grads(3), torch.zeros(2, 3, dtype=torch.float64)]
     syn = [*_grads(4), torch.randn(2, 3, dtype=torch.float64)]

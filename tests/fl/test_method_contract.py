@@ -15,11 +15,11 @@ from helpers import METHOD_EXTRAS, tiny
 
 from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
 from fedlap_privacy.data import load_dataset
-from fedlap_privacy.fl.method_table import METHOD_TABLE
-from fedlap_privacy.fl.methods import Method, build_method
-from fedlap_privacy.fl.privacy import build_ledger, with_planned_sigma
-from fedlap_privacy.fl.randomness import seeded_generator
-from fedlap_privacy.fl.simulation import client_parts, default_model_config
+from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
+from fedlap_privacy.fl.methods.interface import Method, build_method
+from fedlap_privacy.fl.methods.method_table import METHOD_TABLE
+from fedlap_privacy.fl.run.privacy import build_ledger, with_planned_sigma
+from fedlap_privacy.fl.run.randomness import seeded_generator
 from fedlap_privacy.models import build_model
 
 

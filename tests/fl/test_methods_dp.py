@@ -11,19 +11,19 @@ import torch
 from helpers import tiny
 from torch import nn
 
-import fedlap_privacy.fl.fedavg as fedavg_module
+import fedlap_privacy.fl.methods.fedavg as fedavg_module
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon, epsilon, plan_rounds
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
 from fedlap_privacy.client_splits import split_clients
 from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.alidpfl import ALIDPFL, ali_tau, ali_tau_value
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.fedavg import local_training
-from fedlap_privacy.fl.methods import Reply, RoundInfo
-from fedlap_privacy.fl.normfedavg import DPNormFedAvg, normalise_update
-from fedlap_privacy.fl.privacy import build_ledger
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.methods.alidpfl import ALIDPFL, ali_tau, ali_tau_value
+from fedlap_privacy.fl.methods.fedavg import local_training
+from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
+from fedlap_privacy.fl.methods.normfedavg import DPNormFedAvg, normalise_update
+from fedlap_privacy.fl.run.privacy import build_ledger
 from fedlap_privacy.models import ModelConfig, build_model
 
 

@@ -12,13 +12,13 @@ from helpers import tiny
 from torch import nn
 
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.dp import poisson_sample
-from fedlap_privacy.fl.fedavg import LocalSGD, local_training
-from fedlap_privacy.fl.fedsgd import FedSGD, full_gradient
-from fedlap_privacy.fl.methods import Reply, RoundInfo, build_method
-from fedlap_privacy.fl.scaffold import DC, DY, Scaffold
-from fedlap_privacy.fl.simulation import PENDING, resume, train
-from fedlap_privacy.fl.trust_region import clone_params, distance
+from fedlap_privacy.fl.engine.simulation import PENDING, resume, train
+from fedlap_privacy.fl.methods.dp import poisson_sample
+from fedlap_privacy.fl.methods.fedavg import LocalSGD, local_training
+from fedlap_privacy.fl.methods.fedsgd import FedSGD, full_gradient
+from fedlap_privacy.fl.methods.interface import Reply, RoundInfo, build_method
+from fedlap_privacy.fl.methods.scaffold import DC, DY, Scaffold
+from fedlap_privacy.fl.methods.trust_region import clone_params, distance
 from fedlap_privacy.models import ModelConfig, build_model
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""Phase timing of a FedLAP-DP client round (fl/phase_timer.py): each marked phase is
+"""Phase timing of a FedLAP-DP client round (fl/engine/phase_timer.py): each marked phase is
 counted once per occurrence, and nothing is recorded outside :func:`timing`."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import itertools
 import torch
 from helpers import tiny
 
-from fedlap_privacy.fl.fedlap import client_approximation, init_synthetic
-from fedlap_privacy.fl.phase_timer import phase, timing
+from fedlap_privacy.fl.engine.phase_timer import phase, timing
+from fedlap_privacy.fl.methods.fedlap import client_approximation, init_synthetic
 from fedlap_privacy.models import ModelConfig, build_model
 
 

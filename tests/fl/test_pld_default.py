@@ -16,12 +16,12 @@ from helpers import tiny
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.accountant.dp_events import schedule_event
-from fedlap_privacy.fl.compare_budgets import client_sizes
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import resolve_config
-from fedlap_privacy.fl.privacy import build_ledger, privacy_statement, with_planned_sigma
-from fedlap_privacy.fl.run_records import PrivacyStatement
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.compare_budgets import client_sizes
+from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.fl.run.privacy import build_ledger, privacy_statement, with_planned_sigma
+from fedlap_privacy.fl.run.run_records import PrivacyStatement
 
 #: our PLD against dp-accounting's pessimistic PLD at its default grid (issue 35)
 PLD_RTOL = 2e-3
@@ -101,7 +101,7 @@ def test_a_resumed_run_keeps_the_accountant_it_started_with(tmp_path) -> None:
     ledger says RDP is refused in one line."""
     from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint, save_checkpoint
     from fedlap_privacy.errors import CheckpointError
-    from fedlap_privacy.fl.simulation import resume
+    from fedlap_privacy.fl.engine.simulation import resume
 
     def edit_config(out, change) -> None:
         payload = load_checkpoint(out / PRIVATE, PRIVATE_FORMAT)

@@ -1,5 +1,5 @@
 """The progress contract: step t of T inside each client, the round's estimate, and the
-one-step timing before round 1 (fl/progress.py)."""
+one-step timing before round 1 (fl/engine/progress.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from helpers import tiny
 
-from fedlap_privacy.fl.progress import RoundClock, report_step, reporting
-from fedlap_privacy.fl.simulation import train
+from fedlap_privacy.fl.engine.progress import RoundClock, report_step, reporting
+from fedlap_privacy.fl.engine.simulation import train
 
 
 def _events(cfg, **kw) -> tuple[list[tuple[str, dict[str, Any]]], Any]:

@@ -20,9 +20,11 @@ from lock_holder import lock_held_elsewhere
 from typer.testing import CliRunner
 
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.fl import run_files
-from fedlap_privacy.fl.compare import run_comparison
-from fedlap_privacy.fl.run_files import (
+from fedlap_privacy.fl.engine.compare import run_comparison
+from fedlap_privacy.fl.engine.simulation import resume, train
+from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE
+from fedlap_privacy.fl.run import run_files
+from fedlap_privacy.fl.run.run_files import (
     CHECKPOINT,
     METRICS,
     PENDING,
@@ -32,8 +34,6 @@ from fedlap_privacy.fl.run_files import (
     load_private,
     load_release,
 )
-from fedlap_privacy.fl.simulation import resume, train
-from fedlap_privacy.fl.stop import STOP_EXIT_CODE
 from fedlap_privacy.run_lock import LOCK_FILE, RunBusyError
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
@@ -198,7 +198,7 @@ def test_a_crash_just_after_the_commit_is_not_counted_twice(tmp_path, monkeypatc
     """The pair of round 2 is committed, its marker is not yet removed: today's code
     resumes (the round is in the ledger once); earlier, ``--resume`` refused forever."""
     out = tmp_path / "run"
-    from fedlap_privacy.fl import training_run
+    from fedlap_privacy.fl.engine import training_run
 
     write = training_run.write_text_atomic
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from fedlap_privacy.errors import CheckpointError
-from fedlap_privacy.fl.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION, released_round
-from fedlap_privacy.fl.run_files import METRICS, load_history
-from fedlap_privacy.fl.run_records import PrivacyStatement, RoundRecord, RunSummary
+from fedlap_privacy.fl.run.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION, released_round
+from fedlap_privacy.fl.run.run_files import METRICS, load_history
+from fedlap_privacy.fl.run.run_records import PrivacyStatement, RoundRecord, RunSummary
 
 ROUND = {"round": 2, "test_accuracy": 0.5, "test_loss": 1.25, "epsilon": 1.5, "delta": 1e-5,
          "rounds_spent": 2, "accesses": 4, "local_steps": 4, "clients": 3, "replies": 3,

@@ -1,4 +1,4 @@
-"""FedLAP-DP's client schedule by client size (fl/schedule.py).
+"""FedLAP-DP's client schedule by client size (fl/methods/schedule.py).
 
 The rule picks the authors' client schedule with their 4 re-initialisations spread over the
 run (B 256, T = 200 in one round, 50 from three rounds on) and a tuned server rate when
@@ -20,10 +20,15 @@ from user_records import blobs, tabular_folder
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import TRAIN_RECORDS, load_dataset
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.compare import bases_by_rounds, method_bases, plan_jobs
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.config_resolve import fedlap_schedule, resolve_config
-from fedlap_privacy.fl.schedule import AUTHORS_DP, LARGE_MIN_RECORDS, SCHEDULES, large_reinits
+from fedlap_privacy.fl.engine.compare import bases_by_rounds, method_bases, plan_jobs
+from fedlap_privacy.fl.methods.schedule import (
+    AUTHORS_DP,
+    LARGE_MIN_RECORDS,
+    SCHEDULES,
+    large_reinits,
+)
 
 SMALL_T, LARGE_T, AUTHORS_T = 1 * 5 * 2, 1 * 5 * 10, 4 * 5 * 10
 

@@ -15,10 +15,9 @@ import pytest
 import torch
 from helpers import tiny
 
-from fedlap_privacy.fl.compare import COMPARISON, run_comparison
-from fedlap_privacy.fl.run_files import METRICS, PENDING
-from fedlap_privacy.fl.simulation import resume, train
-from fedlap_privacy.fl.stop import (
+from fedlap_privacy.fl.engine.compare import COMPARISON, run_comparison
+from fedlap_privacy.fl.engine.simulation import resume, train
+from fedlap_privacy.fl.engine.stop import (
     STOP_EXIT_CODE,
     STOPPED,
     StopRequested,
@@ -26,6 +25,7 @@ from fedlap_privacy.fl.stop import (
     stop_between_rounds,
     stop_requested,
 )
+from fedlap_privacy.fl.run.run_files import METRICS, PENDING
 
 
 def _sigterm_after_round(round_: int):

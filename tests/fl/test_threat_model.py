@@ -29,12 +29,12 @@ from fedlap_privacy.cli.main import app
 from fedlap_privacy.client_splits import holdout_indices, split_clients
 from fedlap_privacy.data import load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError
-from fedlap_privacy.fl import fedavg
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.dp import poisson_sample
-from fedlap_privacy.fl.randomness import seeded_generator
-from fedlap_privacy.fl.run_files import PENDING
-from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.fl.engine.simulation import resume, train
+from fedlap_privacy.fl.methods import fedavg
+from fedlap_privacy.fl.methods.dp import poisson_sample
+from fedlap_privacy.fl.run.randomness import seeded_generator
+from fedlap_privacy.fl.run.run_files import PENDING
 from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import build_model
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState
@@ -72,7 +72,7 @@ def _noise_recovery_error(reproducible: bool, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(fedavg, "dp_gradient", spy)
     result = train(cfg)
     # the attacker: knows w_g (the seed fixes it), lr, B, the seed; sees the upload
-    from fedlap_privacy.fl.training_run import TrainingRun
+    from fedlap_privacy.fl.engine.training_run import TrainingRun
 
     w_g = _weights(TrainingRun(cfg, torch.device("cpu"), None).model)
     upload = _weights(result.model)

@@ -1,4 +1,4 @@
-"""Training on a user's records and model (fl.user_runs): every method trains a tiny custom
+"""Training on a user's records and model (fl.run.user_runs): every method trains a tiny custom
 model on tabular data; refusals come before anything is read or written; ckpt.pt records the
 factory spec and the audit rebuilds it; changed files refuse --resume."""
 
@@ -15,7 +15,7 @@ from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_rules import METHODS
-from fedlap_privacy.fl.simulation import resume, train
+from fedlap_privacy.fl.engine.simulation import resume, train
 from fedlap_privacy.run_state import ModelRelease
 
 FACTORY = f"{__name__}:tiny_model"

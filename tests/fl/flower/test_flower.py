@@ -26,7 +26,7 @@ from helpers import METHOD_EXTRAS  # noqa: E402
 
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
-from fedlap_privacy.fl.flower_app import (  # noqa: E402
+from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     STATUS,
     ClientFailure,
     FlowerClients,
@@ -40,9 +40,9 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     run_on,
     write_app,
 )
-from fedlap_privacy.fl.method_table import METHOD_TABLE  # noqa: E402
-from fedlap_privacy.fl.run_records import RoundRecord  # noqa: E402
-from fedlap_privacy.fl.simulation import CHECKPOINT, PENDING, train  # noqa: E402
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, PENDING, train  # noqa: E402
+from fedlap_privacy.fl.methods.method_table import METHOD_TABLE  # noqa: E402
+from fedlap_privacy.fl.run.run_records import RoundRecord  # noqa: E402
 
 #: the shared tiny configuration runs here on two clients, with seeded noise: the driver's
 #: equality with the simulator is bit for bit
@@ -63,7 +63,7 @@ def _same_model(a: dict, b: dict) -> bool:
 def _moved(cfg: TrainConfig, state: dict) -> float:
     """||w - w_0|| from the initial weights of a run with ``cfg`` (seeded as TrainingRun does)."""
     from fedlap_privacy.data import load_dataset
-    from fedlap_privacy.fl.simulation import default_model_config
+    from fedlap_privacy.fl.engine.simulation import default_model_config
     from fedlap_privacy.models import build_model
 
     torch.manual_seed(cfg.seed)
@@ -148,7 +148,7 @@ def test_a_secret_split_reaches_the_simulated_nodes_only(tmp_path):
     sends it in its instructions, so simulated-split nodes recompute exactly the server's
     partitions; the releasable checkpoint neither holds it nor declares a split public."""
     from fedlap_privacy.fl.flower.grid_clients import instruction_config
-    from fedlap_privacy.fl.randomness import run_split_seed
+    from fedlap_privacy.fl.run.randomness import run_split_seed
     from fedlap_privacy.run_state import ModelRelease, PrivateRunState
 
     cfg = tiny(method="dp-fedavg", rounds=1, split="iid", validation_records=30)
@@ -235,7 +235,7 @@ def test_core_commands_work_without_flwr_and_flower_engine_says_how_to_install(t
         "import sys; sys.modules['flwr'] = None\n"
         "from typer.testing import CliRunner\n"
         "from fedlap_privacy.cli.main import app\n"
-        "import fedlap_privacy.fl.simulation\n"
+        "import fedlap_privacy.fl.engine.simulation\n"
         "r = CliRunner().invoke(app, ['train', '--engine', 'flower', '--out', sys.argv[1]])\n"
         "print(r.exit_code, repr(r.output))\n"
         "r = CliRunner().invoke(app, ['plan', '--help'])\n"

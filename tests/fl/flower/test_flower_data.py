@@ -27,6 +27,8 @@ from user_records import CLASSES, FEATURES, blobs, tabular_folder  # noqa: E402
 from fedlap_privacy.checkpoint import PRIVATE, load_checkpoint  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
+from fedlap_privacy.fl.engine.flower_app import client_app  # noqa: E402
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, client_parts, train  # noqa: E402
 from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
 from fedlap_privacy.fl.flower.grid_clients import (  # noqa: E402
     FlowerClients,
@@ -39,9 +41,7 @@ from fedlap_privacy.fl.flower.grid_clients import (  # noqa: E402
 from fedlap_privacy.fl.flower.node_model import ModelShape  # noqa: E402
 from fedlap_privacy.fl.flower.policy import NodePolicy  # noqa: E402
 from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
-from fedlap_privacy.fl.flower_app import client_app  # noqa: E402
-from fedlap_privacy.fl.simulation import CHECKPOINT, client_parts, train  # noqa: E402
-from fedlap_privacy.fl.user_runs import with_data  # noqa: E402
+from fedlap_privacy.fl.run.user_runs import with_data  # noqa: E402
 from fedlap_privacy.model_factory import DEFAULT_TABULAR  # noqa: E402
 
 SECRET = 20240607  # the run's split seed (the ServerApp draws a secret one)

@@ -16,9 +16,9 @@ from flower_grid import FakeGrid, task_identity  # noqa: E402, F401
 from flwr.app import Context, RecordDict  # noqa: E402
 from lock_holder import lock_held_elsewhere  # noqa: E402
 
+from fedlap_privacy.fl.engine.flower_app import run_config_of, run_flower  # noqa: E402
 from fedlap_privacy.fl.flower.server_app import STATUS, _server_main  # noqa: E402
-from fedlap_privacy.fl.flower_app import run_config_of, run_flower  # noqa: E402
-from fedlap_privacy.fl.run_files import holds_run, load_release  # noqa: E402
+from fedlap_privacy.fl.run.run_files import holds_run, load_release  # noqa: E402
 from fedlap_privacy.run_lock import LOCK_FILE, RunBusyError  # noqa: E402
 
 tiny = partial(helpers.tiny, clients=2, reproducible_noise=True, method="dp-fedavg", width=8,

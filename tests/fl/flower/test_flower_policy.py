@@ -27,10 +27,7 @@ from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
 from fedlap_privacy.data import load_dataset  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
-from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
-from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
-from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
-from fedlap_privacy.fl.flower_app import (  # noqa: E402
+from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     ClientFailure,
     FlowerClients,
     FlowerError,
@@ -38,7 +35,10 @@ from fedlap_privacy.fl.flower_app import (  # noqa: E402
     client_app,
     expected_partitions,
 )
-from fedlap_privacy.fl.simulation import CHECKPOINT, default_model_config, train  # noqa: E402
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, default_model_config, train  # noqa: E402
+from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
+from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
+from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
 from fedlap_privacy.models import build_model  # noqa: E402
 
 BASE = dict(method="dp-fedavg", width=8, rounds=3, batch_size=32, local_steps=2, clients=2,
@@ -226,7 +226,7 @@ def test_data_file_partition_is_pinned_by_its_hash(tmp_path):
     change mid-run are refused (by the node's ledger, and the server fails the round)."""
     cfg = cfg_of(rounds=2)
     data = load_dataset(cfg.dataset)
-    from fedlap_privacy.fl.simulation import client_parts
+    from fedlap_privacy.fl.engine.simulation import client_parts
 
     files = []
     for k, part in enumerate(client_parts(cfg, data)):
@@ -285,7 +285,7 @@ def test_ldpfl_attack_reads_the_label_and_the_default_policy_refuses_it(tmp_path
     instruction reveals the label of the one record the step saw (10 of 10); the node's
     decision function and its ClientApp now refuse it before reading a record."""
     from fedlap_privacy.fl.flower.policy import PolicyRefusal
-    from fedlap_privacy.fl.methods import RoundInfo, build_method
+    from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 
     cfg = cfg_of(**ATTACK)
     data = load_dataset(cfg.dataset)
@@ -321,8 +321,8 @@ def test_a_policy_naming_ldpfl_still_bounds_lr_batch_steps_and_ranges(tmp_path):
     server's."""
     from fedlap_privacy.fl.flower.codec import unpack
     from fedlap_privacy.fl.flower.policy import PolicyRefusal, node_round_info
-    from fedlap_privacy.fl.ldpfl import layer_ranges, output_scale
-    from fedlap_privacy.fl.methods import RoundInfo
+    from fedlap_privacy.fl.methods.interface import RoundInfo
+    from fedlap_privacy.fl.methods.ldpfl import layer_ranges, output_scale
 
     ctx = _ldp_node(tmp_path)
     policy = NodePolicy.from_node_config(dict(ctx.node_config))
@@ -492,7 +492,7 @@ def test_round_over_tls_with_authenticated_supernodes(tmp_path):
     refused by the SuperLink (Flower exit code 305) and never joins."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed: cannot make the test certificates")
-    from fedlap_privacy.fl.flower_app import LocalDeployment, Secure, run_on
+    from fedlap_privacy.fl.engine.flower_app import LocalDeployment, Secure, run_on
 
     ca, cert, key = _certificates(tmp_path / "certs")
     keys = tuple(_node_key(tmp_path / "certs" / f"node{k}") for k in range(2))

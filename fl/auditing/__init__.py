@@ -1,0 +1,1 @@
+"""What training provides to the audits: canaries and reference models."""

@@ -1,0 +1,1 @@
+"""The drivers: the in-process simulator, the Flower driver, sampling, cohorts, compare."""

@@ -1,0 +1,350 @@
+"""``--dry-run``: what a ``train`` or ``compare`` run would do, without doing it.
+
+A dry run validates the configuration and the dataset files, resolves everything the run
+resolves at its start (preset, FedLAP-DP's schedule, sigma planned for a target, each
+compare cell's budget) and returns a plan: per run the method, rounds, sigma, the epsilon it
+will have spent after its rounds and against whom (the ledger's own composition, every
+client taking part in every round: the worst case the run's target check uses), the data it
+reads and an estimate of its time on this machine.
+
+What it reads: the dataset files, to validate them and split the labels over the clients
+(client sizes set the sampling rate, hence sigma and epsilon), exactly as the run does; it
+computes nothing from the images. It never downloads, never writes or locks ``--out``.
+
+The time estimate (:func:`time_rounds`) never touches a private record: one round of the
+method runs on RANDOM data of the dataset's shape and sizes (balanced labels, so the split
+has the real one's structure), twice, with one and with two accesses per client-round, and
+the run's time is extrapolated linearly to its accesses per round, its expected clients per
+round and its rounds. An estimate: FedLAP's trust region may end a round's loops early,
+ALI-DPFL adapts tau (the estimate uses its first tau), and other jobs sharing the machine
+change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedlap_privacy.checkpoint import CHECKPOINT
+from fedlap_privacy.data import Dataset, load_dataset
+from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.run.privacy import build_ledger, privacy_statement, with_planned_sigma
+from fedlap_privacy.fl.run.run_files import (
+    check_new_run_dir,
+    holds_run,
+    load_history,
+    load_private,
+    load_release,
+)
+from fedlap_privacy.fl.run.run_records import PrivacyStatement
+from fedlap_privacy.vocabulary import Notion
+
+__all__ = [
+    "ComparePlan", "DataPlan", "RoundTiming", "RunPlan", "TrainPlan", "plan_compare",
+    "plan_run", "plan_train", "read_data", "time_rounds",
+]
+
+#: the noise of the timing rounds: it does not change their time, and it is large enough
+#: that ALI-DPFL's own budget (its target) leaves room for the two timing rounds
+_TIMING_SIGMA = 50.0
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The data a run reads: shapes and sizes only."""
+
+    dataset: str
+    source: str  # the folder of the files, or "scikit-learn (bundled)"
+    shape: tuple[int, ...]  # one record: channels, height, width, or features
+    num_classes: int
+    train_records: int
+    test_records: int
+    client_sizes: tuple[int, ...]
+    seconds: float  # time to read and split them
+
+    def describe(self) -> str:
+        sizes = self.client_sizes
+        record = ("x".join(map(str, self.shape)) if len(self.shape) > 1
+                  else f"{self.shape[0]} features")
+        return (f"{self.dataset} from {self.source}: {self.train_records:,} training / "
+                f"{self.test_records:,} test records of {record}, {self.num_classes} "
+                f"classes; {len(sizes)} clients of {min(sizes):,}-{max(sizes):,} records")
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """A method's round measured on random data: ``setup`` (model, method, ledger) once,
+    ``per_access`` and ``fixed`` seconds of one client's round (``fixed + per_access x T``)
+    and ``server`` seconds per round (aggregation and evaluation), plus ``per_epoch`` for
+    each epoch of FedLAP's server optimisation."""
+
+    setup: float
+    fixed: float
+    per_access: float
+    server: float
+    per_epoch: float
+    device: str
+
+    def seconds(self, cfg: TrainConfig, rounds: int, accesses: int) -> float:
+        """The estimated time of ``rounds`` rounds of ``cfg`` at ``accesses`` per client-round."""
+        clients = cfg.sampling.expected_cohort
+        server = self.server + (self.per_epoch * cfg.server_epochs if cfg.is_fedlap else 0.0)
+        return self.setup + rounds * (clients * (self.fixed + self.per_access * accesses)
+                                      + server)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """One run: its resolved configuration and what it will spend."""
+
+    config: TrainConfig
+    sigma_planned: bool
+    accesses_per_round: int  # T accounted per client-round (ALI-DPFL: its first tau)
+    rounds_run: int  # rounds the run will train (fewer than configured: a target stops it)
+    privacy: PrivacyStatement  # the statement after those rounds (fl.run.privacy.privacy_statement)
+    stop: str | None  # why it stops before its rounds, when it does
+    seconds: float | None  # estimated time on this machine (None: not timed)
+    start_round: int = 1  # > 1: a resumed run
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["config"] = self.config.to_dict()
+        out["privacy"] = self.privacy.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """``train --dry-run``: the data, the run, the folder it would write."""
+
+    data: DataPlan
+    run: RunPlan
+    out: str
+    resume: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dry_run": True, "data": dataclasses.asdict(self.data), "run": self.run.to_json(),
+                "out": self.out, "resume": self.resume}
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    """``compare --dry-run``: every run of the comparison (``done``: already complete in
+    ``out``, so the comparison only reads it)."""
+
+    data: DataPlan
+    runs: tuple[tuple[str, float | None, int, RunPlan, bool], ...]  # method, eps, seed, plan, done
+    out: str
+
+    @property
+    def seconds(self) -> float | None:
+        times = [p.seconds for _, _, _, p, done in self.runs if not done]
+        return None if None in times else float(sum(t for t in times if t is not None))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": True, "data": dataclasses.asdict(self.data), "out": self.out,
+            "seconds": self.seconds,
+            "runs": [{"method": m, "eps": e, "seed": s, "done": done, **p.to_json()}
+                     for m, e, s, p, done in self.runs],
+        }
+
+
+def read_data(cfg: TrainConfig, split_seed: int | None = None
+              ) -> tuple[TrainConfig, DataPlan, Dataset]:
+    """Read and validate ``cfg``'s dataset (never downloading; a user's records as
+    ``--data`` reads them) and split it as the run does: on ``split_seed`` (a resumed run's),
+    else on ``cfg.split_seed`` or a fresh secret draw, as a new run's split is drawn.
+    Returns ``cfg`` as the run has it (a natural partition sets its number of clients)."""
+    from fedlap_privacy.fl.engine.simulation import client_parts
+    from fedlap_privacy.fl.run.randomness import run_split_seed
+    from fedlap_privacy.fl.run.user_runs import prepare_data
+
+    start = time.perf_counter()
+    seed = run_split_seed(cfg, split_seed)
+    if cfg.data is not None:
+        cfg, data = prepare_data(cfg, seed)
+        source = cfg.data
+    else:
+        data = load_dataset(cfg.dataset, cfg.data_dir)
+        source = ("scikit-learn (bundled)" if cfg.dataset == "digits"
+                  else str(cfg.data_dir or Path("data") / cfg.dataset))
+    sizes = tuple(len(p) for p in client_parts(cfg, data, seed))
+    plan = DataPlan(cfg.dataset, source, tuple(int(v) for v in data.x_train.shape[1:]),
+                    data.num_classes, len(data.y_train), len(data.y_test), sizes,
+                    time.perf_counter() - start)
+    return cfg, plan, data
+
+
+def _synthetic(data: Dataset, seed: int = 0) -> Dataset:
+    """Random records of ``data``'s shapes and sizes, balanced labels: nothing of its content."""
+    rng = np.random.default_rng(seed)
+    n, n_test = len(data.y_train), len(data.y_test)
+    shape = data.x_train.shape[1:]
+    return Dataset(
+        data.name, rng.standard_normal((n, *shape), dtype=np.float32),
+        rng.permutation(np.arange(n) % data.num_classes).astype(np.int64),
+        rng.standard_normal((n_test, *shape), dtype=np.float32),
+        (np.arange(n_test) % data.num_classes).astype(np.int64),
+        data.num_classes, data.mean, data.std, data.partition,
+    )
+
+
+def _timing_knobs(cfg: TrainConfig, step: int) -> dict[str, Any]:
+    """The keys of timing round ``step`` (1 or 2): ``step`` accesses per client-round (and
+    FedLAP: ``2 x step`` server epochs)."""
+    if cfg.is_fedlap:
+        return {"reinits": 1, "max_loops": 1, "real_batches": step, "server_epochs": 2 * step}
+    return {"local_steps": step}
+
+
+def _warm_up() -> None:
+    """Imports torch makes on first use (the optimisers pull in torch._dynamo: seconds),
+    so that the first timing round does not pay them."""
+    import torch
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def time_rounds(cfg: TrainConfig, data: Dataset, device: str = "auto") -> RoundTiming:
+    """Time one round of ``cfg``'s method on random data shaped like ``data`` (module
+    docstring), with one and with two accesses per client-round, every client taking part;
+    nothing is written."""
+    from fedlap_privacy.fl.engine.simulation import resolve_device, train
+
+    fake = _synthetic(data)
+    _warm_up()
+    measured = []
+    for step in (1, 2):
+        timed = dataclasses.replace(
+            cfg, rounds=1, client_fraction=1.0, sigma=_TIMING_SIGMA, data_dir=None,
+            target_eps=cfg.target_eps if cfg.spec.target_is_budget else None,
+            **_timing_knobs(cfg, step),
+        )
+        marks: dict[str, float] = {"begin": time.perf_counter()}
+
+        def mark(event: str, info: dict[str, Any], marks: dict[str, float] = marks) -> None:
+            if event in ("round_start", "client_done", "round_end"):
+                marks[event] = time.perf_counter()
+
+        result = train(timed.validate(), None, device, mark, data=fake)
+        if "round_end" not in marks:
+            raise ConfigError(f"{cfg.method}: a timing round did not run "
+                              f"({result.summary.stopped})")
+        measured.append((marks["round_start"] - marks["begin"],
+                         marks["client_done"] - marks["round_start"],
+                         marks["round_end"] - marks["client_done"]))
+    (setup, one, server_one), (_, two, server_two) = measured
+    per_access = max(two - one, 0.0) / cfg.clients
+    fixed = max(one / cfg.clients - per_access, 0.0)
+    if cfg.is_fedlap:  # 2 and 4 server epochs
+        per_epoch = max(server_two - server_one, 0.0) / 2
+        server = max(server_one - 2 * per_epoch, 0.0)
+    else:
+        per_epoch, server = 0.0, (server_one + server_two) / 2
+    return RoundTiming(setup, fixed, per_access, server, per_epoch, str(resolve_device(device)))
+
+
+#: how a plan times a configuration (None: :func:`time_rounds`)
+Timer = Callable[[TrainConfig, Dataset, str], RoundTiming]
+
+
+def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
+             start_round: int = 1, ledger_entries: list[dict[str, Any]] | None = None,
+             sigma_planned: bool | None = None) -> RunPlan:
+    """The plan of ``cfg`` on clients of ``sizes``: sigma planned as the run plans it, then
+    its rounds entered in a fresh ledger (after ``ledger_entries``, a resumed run's), each
+    with every client selected, stopping where the run's target check would stop it."""
+    planned = with_planned_sigma(cfg, list(sizes))
+    ledger = build_ledger(planned, list(sizes))
+    if ledger_entries:
+        ledger.load(ledger_entries)
+    steps = planned.spec.first_steps(planned)
+    everyone = list(range(planned.clients))
+    stop, rounds_run = None, 0
+    gaussian_or_local = ledger.notion != Notion.NONE
+    for m in range(start_round, planned.rounds + 1):
+        if planned.target_eps is not None and gaussian_or_local and (
+                ledger.projected_epsilon(steps) > planned.target_eps):
+            stop = f"target epsilon {planned.target_eps:g} would be exceeded in round {m}"
+            break
+        ledger.record(m, steps, everyone, local_steps=steps)
+        rounds_run += 1
+    seconds = None if timing is None else timing.seconds(planned, rounds_run, steps)
+    return RunPlan(
+        config=planned,
+        sigma_planned=(planned.sigma != cfg.sigma) if sigma_planned is None else sigma_planned,
+        accesses_per_round=steps, rounds_run=rounds_run,
+        privacy=privacy_statement(planned, ledger), stop=stop, seconds=seconds,
+        start_round=start_round,
+    )
+
+
+def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume: bool = False,
+               rounds: int | None = None, timer: Timer | None = None) -> TrainPlan:
+    """``train --dry-run``: a new run of ``cfg`` into ``out`` (refused where ``train`` would
+    refuse the folder), or with ``resume`` the run already in ``out`` (its own settings,
+    ``rounds`` as the new total), continued from its checkpoint and ledger."""
+    from fedlap_privacy.fl.engine.simulation import restored_config
+
+    entries, start, planned_before, split_seed = None, 1, None, None
+    if resume:
+        private = load_private(out)
+        release = load_release(out)
+        cfg, split_seed = restored_config(private)
+        if rounds is not None:
+            cfg = dataclasses.replace(cfg, rounds=rounds)
+        entries, start = release.ledger, private.round + 1
+        planned_before = private.sigma_planned
+        if len(load_history(out)) != private.round:
+            raise ConfigError(f"{out}: metrics.jsonl does not match the checkpoint's round")
+    else:
+        if cfg is None:
+            raise ConfigError("a new run needs its configuration")
+        check_new_run_dir(out)
+    cfg.validate()
+    cfg, data_plan, data = read_data(cfg, split_seed)
+    timing = (timer or time_rounds)(cfg, data, device)
+    run = plan_run(cfg, data_plan.client_sizes, timing, start, entries, planned_before)
+    return TrainPlan(data_plan, run, str(out), resume)
+
+
+def plan_compare(jobs: Sequence[Any], out: Path, device: str = "auto",
+                 timer: Timer | None = None, *, split_seed: int | None = None) -> ComparePlan:
+    """``compare --dry-run`` of :func:`fedlap_privacy.fl.engine.compare.plan_jobs`'s ``jobs`` on the
+    comparison's ``split_seed``: each run's plan, one timing per method (sigma does not
+    change a round's time), and which runs ``out`` holds complete already."""
+    from fedlap_privacy.fl.engine.compare import run_dir
+
+    if not jobs:
+        raise ConfigError("compare has no run to plan")
+    several = len({job.rounds for job in jobs}) > 1
+    _, data_plan, data = read_data(jobs[0].config, split_seed)
+    timings: dict[str, RoundTiming] = {}
+    runs = []
+    for job in jobs:
+        key = job.method + repr(dataclasses.replace(
+            job.config, sigma=None, target_eps=None, ldp_epsilon=None, seed=0, rounds=1))
+        if key not in timings:
+            timings[key] = (timer or time_rounds)(job.config, data, device)
+        folder = run_dir(out, job, several)
+        history = load_history(folder) if holds_run(folder) else []
+        done = len(history) >= job.rounds
+        runs.append((job.method, job.eps, job.seed,
+                     plan_run(job.config, data_plan.client_sizes, timings[key]), done))
+    return ComparePlan(data_plan, tuple(runs), str(out))
+
+
+def cached_reference_models(run_dir: Path, count: int) -> int:
+    """How many of ``audit --reference-models COUNT``'s models ``run_dir`` holds trained
+    already (each missing one costs a full training of the run's configuration)."""
+    from fedlap_privacy.fl.auditing.reference_models import reference_dirs
+
+    return sum((folder / CHECKPOINT).is_file() for folder in reference_dirs(run_dir, count))

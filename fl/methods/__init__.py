@@ -1,0 +1,1 @@
+"""The training methods: the Method interface, the method table, one module per method."""

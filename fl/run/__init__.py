@@ -1,0 +1,1 @@
+"""A run's privacy state and files: accounting, randomness, released metrics, run folder."""
