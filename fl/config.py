@@ -152,13 +152,13 @@ class TrainConfig:
 
     @property
     def resolved_canary_coordinates(self) -> str:
-        """Where white-box canaries go (unless ``canary_coordinates`` says): a dedicated
-        block for FedLAP-DP, whose large Poisson batches on a small model put the real
-        records' gradients on every weight and blur canaries there; the model's own
-        weights for the other methods (``fedlap_privacy.fl.methods.dp``, module docstring)."""
+        """Where white-box canaries go (unless ``canary_coordinates`` says): the method
+        table's default (a dedicated block for FedLAP-DP, whose large Poisson batches on a
+        small model put the real records' gradients on every weight and blur canaries there;
+        the model's own weights for the other methods: ``fedlap_privacy.fl.methods.dp``)."""
         if self.canary_coordinates is not None:
             return self.canary_coordinates
-        return "dedicated" if self.method == "fedlap-dp" else "weights"
+        return self.spec.canary_coordinates
 
     @property
     def noise(self) -> str:

@@ -293,7 +293,7 @@ def node_round_info(cfg: TrainConfig, info: RoundInfo, weights: dict[str, Tensor
     LDP-FL's per-layer ranges are the node's own, by the method's rule
     (:func:`fedlap_privacy.fl.methods.ldpfl.layer_ranges` of the global model, public), whatever the
     server sent: a server's range decides what each reported weight reveals."""
-    if cfg.method != "ldp-fl":
+    if cfg.spec.notion != Notion.LOCAL:  # the local-DP method (LDP-FL) reports in ranges
         return info
     extras = {**info.extras, "ranges": layer_ranges(weights)}
     return dataclasses.replace(info, extras=extras)

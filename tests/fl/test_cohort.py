@@ -223,8 +223,8 @@ def test_dp_fedavg_client_run_aggregates_the_same_packed_or_looped(adaptive) -> 
         torch.testing.assert_close(packed.model.state_dict()[key], a, atol=5e-5, rtol=1e-4)
         moved = max(moved, float((a - w0[key]).abs().max()))
     assert moved > 1e-2  # the noise and updates moved the model well past the tolerance
-    assert [h.get("clip") for h in packed.history] == pytest.approx(
-        [h.get("clip") for h in loop.history], rel=1e-6)
+    assert [h.extras.get("clip") for h in packed.history] == pytest.approx(
+        [h.extras.get("clip") for h in loop.history], rel=1e-6)
 
 
 def test_a_generic_model_is_not_packed_and_vmaps_as_the_loop() -> None:
