@@ -27,13 +27,10 @@ from typing import TYPE_CHECKING, Any
 from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.vocabulary import CanaryKind, words
 
-if TYPE_CHECKING:  # importing this module (for CANARY_COORDINATES) must not load torch
+if TYPE_CHECKING:  # importing this module must not load torch
     from torch import Tensor
 
-__all__ = ["CANARY_COORDINATES", "CanaryState"]
-
-#: where white-box canaries live: on the model's weights, or in a dedicated block
-CANARY_COORDINATES = ("weights", "dedicated")
+__all__ = ["CanaryState"]
 
 
 @dataclass

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["NOTION_THREAT_MODELS", "CanaryKind", "NoiseKind", "Notion", "ThreatModel", "words"]
+__all__ = [
+    "NOTION_THREAT_MODELS", "CanaryCoordinates", "CanaryKind", "NoiseKind", "Notion", "ThreatModel",
+    "words",
+]
 
 
 def words(kind: type[StrEnum]) -> tuple[str, ...]:
@@ -93,3 +96,11 @@ class CanaryKind(StrEnum):
     WHITE_BOX = "white-box"
     BLACK_BOX = "black-box"
     CLIENTS = "clients"
+
+
+class CanaryCoordinates(StrEnum):
+    """Where white-box canaries live: on the model's own ``weights``, or in a ``dedicated``
+    block appended to every release of the DP step (one coordinate per canary)."""
+
+    WEIGHTS = "weights"
+    DEDICATED = "dedicated"

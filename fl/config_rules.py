@@ -12,10 +12,9 @@ from typing import Any
 
 from fedlap_privacy.accountant import accountant_names
 from fedlap_privacy.accountant.planning import SIGMA_RANGE
-from fedlap_privacy.canary_state import CANARY_COORDINATES
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.methods.method_table import LDP_MAX_EPSILON, METHOD_TABLE
-from fedlap_privacy.vocabulary import CanaryKind, ThreatModel, words
+from fedlap_privacy.vocabulary import CanaryCoordinates, CanaryKind, ThreatModel, words
 
 __all__ = [
     "COHORT_TRAINING", "FIELD_RULES", "INITS", "LR_SCHEDULES", "MAX_ROUNDS", "METHODS",
@@ -184,6 +183,6 @@ FIELD_RULES: dict[str, FieldRule] = {
     "reproducible_noise": _BOOL,
     "canaries": _int(0, 10**6),
     "canary_kind": _words(lambda: words(CanaryKind)),
-    "canary_coordinates": _words(lambda: CANARY_COORDINATES),
+    "canary_coordinates": _words(lambda: words(CanaryCoordinates)),
     "cohort_training": _words(lambda: COHORT_TRAINING),
 }

@@ -47,7 +47,7 @@ from fedlap_privacy.fl.methods.dp import (
 )
 from fedlap_privacy.fl.methods.interface import Reply
 from fedlap_privacy.fl.run.randomness import dp_generator
-from fedlap_privacy.vocabulary import CanaryKind
+from fedlap_privacy.vocabulary import CanaryCoordinates, CanaryKind
 
 __all__ = ["DIRAC_SCALE", "CanarySet", "audit_dp_steps", "flat_weights"]
 
@@ -76,7 +76,7 @@ class CanarySet(CanaryState):
         out = cls(kind, included, client)
         d = sum(p.numel() for p in model.parameters())
         if kind == CanaryKind.WHITE_BOX:
-            out.dedicated = cfg.resolved_canary_coordinates == "dedicated"
+            out.dedicated = cfg.resolved_canary_coordinates == CanaryCoordinates.DEDICATED
             out.coordinates = (torch.arange(m) if out.dedicated
                                else _dirac_coordinates(model, m, gen))
             out.scores = torch.zeros(m, dtype=torch.float64)

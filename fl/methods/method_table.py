@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from fedlap_privacy.accountant.client_level import update_sigma
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.vocabulary import Notion
+from fedlap_privacy.vocabulary import CanaryCoordinates, Notion
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
@@ -101,9 +101,9 @@ class MethodSpec:
     public: tuple[str, ...] = ()  # metadata released without noise, beyond sizes/selection
     fixed_cohorts: bool = False  # its accountant prices fixed-size cohorts (clients_per_round)
     adaptive_clip: bool = False  # the clip norm may follow a quantile (clip_quantile)
-    # where its white-box canaries go by default: the model's own "weights", or a "dedicated"
-    # block (FedLAP-DP: its large batches on a small model blur canaries on the weights)
-    canary_coordinates: str = "weights"
+    # where its white-box canaries go by default (FedLAP-DP: a dedicated block; its large
+    # batches on a small model blur canaries on the weights)
+    canary_coordinates: str = CanaryCoordinates.WEIGHTS.value
     #: T of the first round where the method adapts T per round (ALI-DPFL: local_steps, its
     #: first tau); None: ``accounted_steps``
     first_round_steps: Callable[[TrainConfig], int] | None = None
@@ -135,7 +135,7 @@ METHOD_TABLE: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("fedlap", Notion.NONE, _FEDLAP, Budget.NONE, _fedlap_steps, fedlap=True),
     MethodSpec("fedlap-dp", Notion.RECORD, _FEDLAP, Budget.PLAN_SIGMA, _fedlap_steps,
                _check_fedlap_dp, releases_gradients=True, fedlap=True, public=_CLASSES,
-               canary_coordinates="dedicated"),
+               canary_coordinates=CanaryCoordinates.DEDICATED.value),
     MethodSpec("fedavg", Notion.NONE, _LOCAL_SGD, Budget.NONE),
     MethodSpec("fedprox", Notion.NONE, _LOCAL_SGD, Budget.NONE, proximal=True),
     MethodSpec("scaffold", Notion.NONE, "fedlap_privacy.fl.methods.scaffold:Scaffold", Budget.NONE),
