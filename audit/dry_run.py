@@ -1,7 +1,9 @@
 """``audit --dry-run``: what an audit would read, test and cost, without running it.
 
 A checkpoint written by ``train``: the checkpoint and its private state are loaded and
-checked as the audit loads them, the dataset read and validated, the member / non-member
+checked as the audit loads them (a factory-built model without ``--model-factory`` refused
+as the audit refuses it; a named factory parsed or located, never imported), the dataset
+read and validated, the member / non-member
 sets drawn (their sizes), the claim recomputed from the ledger. A model trained elsewhere:
 the model file must exist, the record files are checked by their headers only (shapes and
 counts of the ``.npz`` arrays, IDX dimensions; no record is read), a ``file.py:function``
@@ -27,9 +29,10 @@ import torch
 from fedlap_privacy.audit.claim import privacy_claim
 from fedlap_privacy.audit.features import compute_features
 from fedlap_privacy.audit.membership import make_membership_split
-from fedlap_privacy.audit.report import _load_target, parse_attacks
+from fedlap_privacy.audit.report import load_run_records, parse_attacks, rebuilt_model
 from fedlap_privacy.dataset_files import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
 from fedlap_privacy.errors import ConfigError, DataError
+from fedlap_privacy.model_factory import BUILTIN_FACTORIES
 from fedlap_privacy.user_data import npz_headers
 
 __all__ = ["AuditPlan", "RecordFile", "plan_audit", "plan_external_audit", "time_features"]
@@ -79,18 +82,27 @@ def time_features(model: torch.nn.Module, shape: Sequence[int], num_classes: int
 
 
 def plan_audit(checkpoint: Path, data_dir: Path | None, attacks: str, seed: int,
-               max_per_half: int | None, out: Path | None) -> AuditPlan:
-    """The plan of ``audit --model CHECKPOINT`` (module docstring)."""
+               max_per_half: int | None, out: Path | None, factory: str | None = None
+               ) -> AuditPlan:
+    """The plan of ``audit --model CHECKPOINT`` (module docstring). A factory-built model is
+    refused as the audit refuses it unless the user names its factory (``factory``); a
+    named factory is parsed or located, never imported, and the time is then not estimated
+    (only the ConvNet and the package's own factories are built to time the features)."""
     names = parse_attacks(attacks)
-    target = _load_target(checkpoint, data_dir)
-    assert target.release is not None and target.private is not None
+    target = load_run_records(checkpoint, data_dir, factory)
     claim = privacy_claim(target.release.privacy, target.release.ledger,
                           target.private.ledger_digest)
     data = target.dataset
     split = make_membership_split(target.members, data.y_train, data.y_test, seed=seed,
                                   max_per_half=max_per_half)
-    seconds = time_features(target.model, data.x_train.shape[1:], data.num_classes, names,
-                            4 * split.per_half)
+    spec = target.release.factory_to_build(factory, str(checkpoint))
+    seconds = None
+    if spec is None or spec.factory in BUILTIN_FACTORIES:
+        model = rebuilt_model(target.release, checkpoint, factory)
+        seconds = time_features(model, data.x_train.shape[1:], data.num_classes, names,
+                                4 * split.per_half)
+    else:
+        _check_factory(spec.factory)
     return AuditPlan(
         str(checkpoint), names, asdict(claim),
         f"{data.name}: {len(target.members):,} members of {len(data.y_train):,} training "

@@ -55,10 +55,13 @@ from fedlap_privacy.vocabulary import CanaryKind, Notion
 
 __all__ = [
     "AuditTarget",
+    "RunRecords",
     "audit_target",
     "audited_records",
     "evaluate_attacks",
+    "load_run_records",
     "parse_attacks",
+    "rebuilt_model",
     "run_audit",
 ]
 
@@ -151,24 +154,35 @@ class AuditTarget:
     private: PrivateRunState | None = None
 
 
-def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
-                 factory: str | None = None) -> AuditTarget:
-    """Checkpoint, private state, rebuilt model, dataset, member indices -- all checked.
-    A run on a user's records (dataset ``custom``) reads them again from the path its private
-    state records (``data_dir`` replaces it); a factory-built model is rebuilt by its
-    recorded factory (``factory`` replaces its name)."""
+@dataclass(frozen=True)
+class RunRecords:
+    """What an audit of a run reads besides its model: the release, the private state, the
+    dataset, the member indices and the data folder used."""
+
+    release: ModelRelease
+    private: PrivateRunState
+    dataset: Dataset
+    members: np.ndarray
+    data_dir: str | None
+
+
+def load_run_records(checkpoint_path: str | Path, data_dir: str | Path | None,
+                     factory: str | None = None) -> RunRecords:
+    """Checkpoint, private state, dataset, member indices -- all checked, no model built
+    and nothing the checkpoint names imported; first of all, a factory-built model that the
+    user names no factory for (``factory``) is refused in one line showing the recorded
+    spec (:meth:`~fedlap_privacy.run_state.ModelRelease.factory_to_build`). A run on a
+    user's records (dataset ``custom``) reads them again from the path its private state
+    records (``data_dir`` replaces it)."""
     path = Path(checkpoint_path)
     release = ModelRelease.load(  # a run folder's ckpt.pt: the committed one (the pair)
         committed_file(path.parent, CHECKPOINT) if path.name == CHECKPOINT else path)
+    release.factory_to_build(factory, str(path))
     name = release.dataset
     if name not in DATASETS and name != CUSTOM:
         raise CheckpointError(
             f"checkpoint {path} names unknown dataset {name!r}; known: {', '.join(DATASETS)}"
         )
-    try:
-        model = release.build_model(factory)
-    except CheckpointError as exc:
-        raise CheckpointError(str(exc).replace("checkpoint:", f"checkpoint {path}:")) from None
     private = _load_private_state(path)
     recorded_dir = private.config.get("data" if name == CUSTOM else "data_dir")
     from_checkpoint = data_dir is None and recorded_dir is not None
@@ -183,8 +197,27 @@ def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
         ) from None
     _check_shape(release, dataset)
     members = member_indices(private.client_indices, len(dataset.y_train))
-    return AuditTarget(model, dataset, members, None if used is None else str(used), release,
-                       private)
+    return RunRecords(release, private, dataset, members, None if used is None else str(used))
+
+
+def rebuilt_model(release: ModelRelease, path: str | Path, factory: str | None) -> torch.nn.Module:
+    """The model of ``release`` (read from ``path``): a factory-built one only by the factory
+    the user names (``factory``) or a package factory it records
+    (:meth:`~fedlap_privacy.run_state.ModelRelease.build_model`)."""
+    try:
+        return release.build_model(factory, where=str(path))
+    except CheckpointError as exc:
+        raise CheckpointError(str(exc).replace("checkpoint:", f"checkpoint {path}:")) from None
+
+
+def _load_target(checkpoint_path: str | Path, data_dir: str | Path | None,
+                 factory: str | None = None) -> AuditTarget:
+    """:func:`load_run_records` and the rebuilt model (:func:`rebuilt_model`); the model is
+    built only once every file of the run has been read and checked."""
+    records = load_run_records(checkpoint_path, data_dir, factory)
+    model = rebuilt_model(records.release, checkpoint_path, factory)
+    return AuditTarget(model, records.dataset, records.members, records.data_dir,
+                       records.release, records.private)
 
 
 def _check_shape(release: ModelRelease, dataset: Dataset) -> None:
@@ -225,8 +258,9 @@ def run_audit(
     ``report.json`` and ``roc.png`` are written there. ``reference_models`` (trained
     without any record of :func:`audited_records` for the same ``seed`` and
     ``max_per_half``) add the ``rmia`` and ``lira`` scores (module docstring); the report's
-    ``reference_models`` says which were used and how. ``factory``: where the run's model
-    factory is found here, when its recorded name does not import.
+    ``reference_models`` says which were used and how. ``factory``: the model factory
+    the user names for a factory-built run (a recorded factory is never imported on its
+    own: :mod:`fedlap_privacy.model_factory`, consent).
     """
     target = _load_target(checkpoint_path, data_dir, factory)
     assert target.release is not None and target.private is not None
@@ -351,12 +385,14 @@ def audited_records(
     data_dir: str | Path | None = None,
     seed: int = 0,
     max_per_half: int | None = None,
+    factory: str | None = None,
 ) -> np.ndarray:
     """The records :func:`run_audit` with these settings scores with reference models: its
     audit half (members and non-members) and RMIA's population sample (the attack half's
     non-members), as sorted ids over the train and test sets (train record ``i`` is ``i``,
-    test record ``j`` is ``n_train + j``). Offline reference models must not train on any."""
-    target = _load_target(checkpoint_path, data_dir)
+    test record ``j`` is ``n_train + j``). Offline reference models must not train on any.
+    ``factory``: as for :func:`run_audit` (no model is built here; the consent is checked)."""
+    target = load_run_records(checkpoint_path, data_dir, factory)
     split = make_membership_split(target.members, target.dataset.y_train,
                                   target.dataset.y_test, seed=seed, max_per_half=max_per_half)
     ids = _audited_ids(split, len(target.dataset.y_train))

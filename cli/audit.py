@@ -195,8 +195,9 @@ def audit(
         "records the model never saw (same formats)"))] = None,
     model_factory: Annotated[str | None, typer.Option("--model-factory", help=(
         "module:function or file.py:function building the model a state dict fills "
-        "(your code: it is imported); for a run's ckpt.pt, where its recorded model "
-        "factory is found here"))] = None,
+        "(your code: it is imported); for a run's ckpt.pt of a model built by your factory, "
+        "that factory (a factory recorded in ckpt.pt is never imported unless named here)"))
+    ] = None,
     claimed_eps: Annotated[float | None, typer.Option("--claimed-eps", help=(
         "a model trained elsewhere: the epsilon its owner promises"))] = None,
     delta: Annotated[float | None, typer.Option("--delta", help=(
@@ -252,11 +253,11 @@ def audit(
                 train_reference_models,
             )
 
-            audited = audited_records(model, data_dir, seed, max_per_half)
+            audited = audited_records(model, data_dir, seed, max_per_half, model_factory)
             paths = train_reference_models(model.parent, reference_models, audited,
-                                           data_dir=data_dir)
+                                           data_dir=data_dir, factory=model_factory)
             references = [ReferenceModel(r.model, r.trained_on, str(r.path))
-                          for r in load_reference_models(paths)]
+                          for r in load_reference_models(paths, model_factory)]
         return run_audit(
             model,
             data_dir=data_dir,
@@ -307,10 +308,11 @@ def _dry_run(model: Path, data_dir: Path | None, attacks: str, seed: int,
             max_per_half, out))
         cached = 0
     else:
-        if model_factory or claimed_eps is not None or delta is not None or normalise:
-            fail("--model-factory, --claimed-eps, --delta and --normalise apply to a model "
+        if claimed_eps is not None or delta is not None or normalise:
+            fail("--claimed-eps, --delta and --normalise apply to a model "
                  "trained elsewhere (--members / --nonmembers)")
-        plan = guarded(lambda: plan_audit(model, data_dir, attacks, seed, max_per_half, out))
+        plan = guarded(lambda: plan_audit(model, data_dir, attacks, seed, max_per_half, out,
+                                          model_factory))
         cached = cached_reference_models(model.parent, reference_models)
     if json_output:
         print_json({**plan.to_json(), "reference_models": reference_models,

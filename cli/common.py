@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, StopRequested
@@ -103,7 +104,8 @@ def guarded(call: Callable[[], T]) -> T:
     except StopRequested as exc:
         fail(str(exc), code=STOP_EXIT_CODE)
     except (FedlapError, ValueError, OSError) as exc:  # OSError: a file or folder of the user's
-        fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        # the text may quote a file's content (a recorded model factory): shown, not markup
+        fail(escape(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__)
     except KeyboardInterrupt:
         fail("interrupted", code=130)
 

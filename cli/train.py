@@ -99,7 +99,9 @@ def train(
     out: Path = typer.Option(Path("runs/latest"), "--out", help="Output directory."),
     resume: bool = typer.Option(
         False, "--resume", help="Continue the run in --out with its own settings (--rounds may "
-        "raise the total; other flags must equal the recorded values)."
+        "raise the total; other flags must equal the recorded values). A run of your own "
+        "--model FILE.py:FUNC needs that same --model: a recorded factory is never imported "
+        "unless you name it."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     engine: Engine = typer.Option(
@@ -161,7 +163,8 @@ def train(
 
         if node_policy is not None and not node_policy.is_file():
             fail(f"--node-policy {node_policy}: no such file")
-        plan = guarded(lambda: plan_train(None if resume else cfg, out, device, resume, rounds))
+        plan = guarded(lambda: plan_train(None if resume else cfg, out, device, resume, rounds,
+                                          model=model))
         if json_output:
             print_json(plan.to_json())
         else:
@@ -215,10 +218,10 @@ def train(
             return run_flower(
                 None if resume else cfg, out, None, device, on_event,
                 allow_client_failures=allow_client_failures, resume_run=resume, rounds=rounds,
-                node_policy=node_policy, threads=threads,
+                node_policy=node_policy, threads=threads, model=model,
             )
         if resume:
-            return resume_training(out, rounds, device, on_event)
+            return resume_training(out, rounds, device, on_event, model=model)
         return start_training(cfg, out, device, on_event, estimate=not json_output)
 
     # SIGTERM stops between rounds in-process; Flower's processes keep their own handling

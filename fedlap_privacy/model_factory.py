@@ -4,8 +4,16 @@
 ``(B, *input_shape)`` to ``(B, num_classes)`` logits. The factory is code the USER names on
 the command line, imported from their own installation or file; nothing from a data file or
 a checkpoint is ever imported or run. A run records only the factory's spec
-(:class:`FactorySpec`: the text the user gave, the input shape, the classes) in ``ckpt.pt``,
-never code, so ``audit --model ckpt.pt`` rebuilds the model where that spec is importable.
+(:class:`FactorySpec`: the text the user gave, the input shape, the classes) in ``ckpt.pt``
+and ``private.pt``, never code.
+
+Consent (:func:`named_factory`): a spec read from a run's files is data that anyone who
+handed over the folder may have edited, so it is SHOWN, never imported on its own. A model
+that a recorded spec describes is rebuilt only from the factory that the person running the
+command names (``audit --model-factory``, ``train --resume --model`` equal to the recorded
+spec), or, for the package's own factories, by an exact match of the recorded text against
+the fixed table :data:`BUILTIN_FACTORIES`, which maps it to the function itself: nothing is
+imported by a recorded name.
 
 Per-record DP (Abadi et al. 2016, the SGM of docs/accounting.md) needs every record's
 gradient to depend on that record alone. Layers that mix the records of a batch break it
@@ -20,19 +28,26 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from torch import nn
 
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.models import tabular_mlp
 
-__all__ = ["DEFAULT_TABULAR", "FactorySpec", "build_model", "check_per_record", "load_factory"]
+__all__ = ["BUILTIN_FACTORIES", "DEFAULT_TABULAR", "FactorySpec", "build_model",
+           "check_per_record", "load_factory", "named_factory", "shown_spec"]
 
 #: the model of tabular data when ``--model`` is not given
 DEFAULT_TABULAR = "fedlap_privacy.models:tabular_mlp"
+#: the package's own factories by their exact spec: a recorded spec equal to a key is rebuilt
+#: from this table without consent (package code, not the user's); any other text is not
+BUILTIN_FACTORIES: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
+    {DEFAULT_TABULAR: tabular_mlp})
 _MIXING = (nn.modules.batchnorm._BatchNorm,)
 _FILE_MODULES: dict[str, Any] = {}
 
@@ -89,9 +104,39 @@ def _file_module(where: str) -> Any:
     return _FILE_MODULES[key]
 
 
+def shown_spec(spec: str) -> str:
+    """A recorded spec as a message shows it: as written when it is short printable text
+    without spaces or markup brackets, else quoted (``repr``, at most 200 characters)."""
+    plain = (spec.isprintable() and len(spec) <= 200
+             and not any(c.isspace() or c in "[]'\"" for c in spec))
+    return spec if plain else repr(spec[:200])
+
+
+def named_factory(recorded: str, named: str | None, where: str, flag: str,
+                  exact: bool = False) -> str:
+    """The factory that may rebuild a model whose spec ``recorded`` was read from ``where``
+    (a run's file): ``named``, the spec that the person running the command gave with
+    ``flag`` (``exact``: it must be the recorded text itself, as on ``train --resume``), else
+    the recorded spec only where it is one of :data:`BUILTIN_FACTORIES`. Anything else is
+    one line showing the recorded spec, which is never imported (module docstring)."""
+    if named is not None:
+        if exact and named != recorded:
+            raise ConfigError(f"{flag} {shown_spec(named)} is not the factory of this run "
+                              f"({shown_spec(recorded)}, recorded in {where})")
+        return named
+    if recorded in BUILTIN_FACTORIES:
+        return recorded
+    shown = shown_spec(recorded)
+    raise ConfigError(f"this run's model was built by {shown} (recorded in {where}, not "
+                      f"imported); rerun with {flag} {shown} if that code is yours")
+
+
 def load_factory(spec: str) -> Callable[..., Any]:
-    """The function ``spec`` names (its module imported: user code). One line if it cannot be
-    imported, raises while importing, or is not callable."""
+    """The function ``spec`` names: one of :data:`BUILTIN_FACTORIES`, or its module imported
+    (user code, named by the user). One line if it cannot be imported, raises while
+    importing, or is not callable."""
+    if spec in BUILTIN_FACTORIES:
+        return BUILTIN_FACTORIES[spec]
     where, name = _split(spec)
     try:
         module = _file_module(where) if where.endswith(".py") else importlib.import_module(where)

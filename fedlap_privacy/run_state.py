@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -38,6 +38,9 @@ from fedlap_privacy.checkpoint import (
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.models import build_model
+
+if TYPE_CHECKING:
+    from fedlap_privacy.model_factory import FactorySpec
 
 __all__ = ["ModelRelease", "PrivateRunState", "ValidationScore"]
 
@@ -80,13 +83,15 @@ class ModelRelease:
     #: ConvNet of ``model_config``
     model_factory: dict[str, Any] | None = None
 
-    def build_model(self, factory: str | None = None) -> nn.Module:
-        """The model with the saved weights: the ConvNet of ``model_config``, or the recorded
-        factory's model (``factory`` replaces the recorded factory's name, e.g. where the
-        run's file is elsewhere). One line if they do not fit: a checkpoint is data to check,
-        never to obey; a factory is imported only because the USER installed or names it."""
+    def build_model(self, factory: str | None = None, where: str = "ckpt.pt") -> nn.Module:
+        """The model with the saved weights: the ConvNet of ``model_config``, or a
+        factory-built model. The recorded factory is never imported on its own (``where``:
+        the file it was read from, as the refusal names it): ``factory``, the spec the USER
+        names (``--model-factory``), builds it; without one only a recorded package factory
+        (:func:`fedlap_privacy.model_factory.named_factory`). One line if they do not fit:
+        a checkpoint is data to check, never to obey."""
         if self.model_factory is not None:
-            return self._factory_model(factory)
+            return self._factory_model(factory, where)
         config = self.model_config
         try:
             if not all(isinstance(v, int) and not isinstance(v, bool) for v in config.values()):
@@ -98,22 +103,33 @@ class ModelRelease:
             raise CheckpointError(f"checkpoint: cannot rebuild its model ({first})") from None
         return model
 
-    def _factory_model(self, factory: str | None) -> nn.Module:
-        from fedlap_privacy.model_factory import FactorySpec
-        from fedlap_privacy.model_factory import build_model as build_from_factory
+    def factory_to_build(self, factory: str | None = None, where: str = "ckpt.pt"
+                         ) -> FactorySpec | None:
+        """The factory spec :meth:`build_model` would build with (None: the ConvNet), nothing
+        imported: ``factory`` (the user's) replaces the recorded name, which alone serves only
+        for a package factory; else one line showing it (``where``: the file read)."""
+        from fedlap_privacy.model_factory import FactorySpec, named_factory
 
+        if self.model_factory is None:
+            return None
         try:
             spec = FactorySpec.from_dict(self.model_factory)
         except ConfigError as exc:
             raise CheckpointError(f"checkpoint: {exc}") from None
-        if factory is not None:
-            spec = FactorySpec(factory, spec.input_shape, spec.num_classes)
+        chosen = named_factory(spec.factory, factory, where, "--model-factory")
+        return FactorySpec(chosen, spec.input_shape, spec.num_classes)
+
+    def _factory_model(self, factory: str | None, where: str) -> nn.Module:
+        from fedlap_privacy.model_factory import build_model as build_from_factory
+
+        spec = self.factory_to_build(factory, where)
+        assert spec is not None
         try:
             model = build_from_factory(spec)
         except ConfigError as exc:
             raise ConfigError(
-                f"the run's model factory {spec.factory!r} cannot be used here ({exc}); pass "
-                "--model-factory FILE.py:FUNC or module:FUNC naming the same factory"
+                f"the model factory {spec.factory!r} cannot rebuild the run's model ({exc}); "
+                "--model-factory FILE.py:FUNC or module:FUNC names the run's factory here"
             ) from None
         try:
             model.load_state_dict(self.model_state)

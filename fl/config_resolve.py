@@ -170,11 +170,17 @@ def resumed_config(
     rounds: int | None = None,
 ) -> TrainConfig:
     """The configuration ``train --resume`` continues: the run's recorded one (``rounds``: a
-    new total), after :func:`check_resume_flags` found no flag asking for another value."""
-    from fedlap_privacy.fl.run.run_files import load_run_config
+    new total), after :func:`check_resume_flags` found no flag asking for another value and
+    a model factory of the user's is named by ``--model`` (the recorded one is never
+    imported on its own: :func:`fedlap_privacy.model_factory.named_factory`)."""
+    from fedlap_privacy.fl.run.run_files import PRIVATE, load_run_config
+    from fedlap_privacy.model_factory import named_factory
 
     recorded = load_run_config(Path(out))
     check_resume_flags(recorded, flags, preset, settings, schedule)
+    if recorded.model is not None:
+        named = flags["--model"][1] if "--model" in flags else None
+        named_factory(recorded.model, named, str(Path(out) / PRIVATE), "--model", exact=True)
     return (recorded if rounds is None else dataclasses.replace(recorded, rounds=rounds)).validate()
 
 

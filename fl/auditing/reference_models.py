@@ -54,10 +54,12 @@ import numpy as np
 from torch import nn
 
 from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.data import Dataset, content_hash
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run.run_files import PENDING, holds_run, load_private, load_release
+from fedlap_privacy.model_factory import named_factory
 from fedlap_privacy.run_state import PrivateRunState
 from fedlap_privacy.user_data import load_run_data
 
@@ -95,16 +97,23 @@ def reference_dirs(run_dir: str | Path, n: int) -> list[Path]:
     return [Path(run_dir) / REFERENCE_DIR / str(i) for i in range(n)]
 
 
-def reference_config(run_dir: str | Path, index: int) -> TrainConfig:
+def reference_config(run_dir: str | Path, index: int, factory: str | None = None
+                     ) -> TrainConfig:
     """The configuration of reference model ``index`` of the run in ``run_dir`` (module
     docstring): the run's own, with seed ``REFERENCE_SEED + index``, no canaries, the
-    audited checkpoint's rounds, and a planned sigma kept fixed."""
+    audited checkpoint's rounds, and a planned sigma kept fixed. ``factory``: the model
+    factory the user names for a run whose model a factory of theirs built (a recorded
+    factory is never imported on its own: :func:`fedlap_privacy.model_factory.named_factory`)."""
     private = load_private(Path(run_dir))
-    return _reference_config(private, index)
+    return _reference_config(private, index, factory, str(Path(run_dir) / PRIVATE))
 
 
-def _reference_config(private: PrivateRunState, index: int) -> TrainConfig:
+def _reference_config(private: PrivateRunState, index: int, factory: str | None,
+                      where: str) -> TrainConfig:
     cfg = TrainConfig.from_recorded(private.config)
+    if cfg.model is not None:
+        cfg = dataclasses.replace(
+            cfg, model=named_factory(cfg.model, factory, where, "--model-factory"))
     rounds = private.round
     if rounds < 1:
         raise ConfigError("the audited run has not completed a round: nothing to imitate")
@@ -226,13 +235,16 @@ def train_reference_models(
     device: str = "auto",
     data_dir: str | Path | None = None,
     callback: Any = None,
+    factory: str | None = None,
 ) -> list[Path]:
     """Train (or reuse) ``n`` reference models of the run in ``run_dir``; their folders.
 
     ``exclude``: ids (:func:`record_ids`) of every record the audit scores; none of them is
     in any reference model's training data. ``data_dir`` overrides the run's data folder
     (or its ``--data`` path; the data must be the run's: checked against its content hash).
-    ``callback`` is passed to the trainer (progress events). See the module docstring for
+    ``callback`` is passed to the trainer (progress events). ``factory``: the model factory
+    the user names (:func:`reference_config`); a reference folder is resumed only with it.
+    See the module docstring for
     the configuration, the population data, the cache and the cost (``n`` full trainings).
     """
     from fedlap_privacy.fl.engine.simulation import resume, train
@@ -241,7 +253,7 @@ def train_reference_models(
         raise ConfigError(f"the number of reference models must be an integer >= 1, got {n!r}")
     run = Path(run_dir)
     private = load_private(run)
-    configs = [_reference_config(private, i) for i in range(n)]
+    configs = [_reference_config(private, i, factory, str(run / PRIVATE)) for i in range(n)]
     cfg0 = configs[0]
     data = load_run_data(cfg0.dataset, private.config, private.split_seed, data_dir)
     data_hash = content_hash(data.x_train, data.y_train, data.x_test, data.y_test)
@@ -268,7 +280,7 @@ def train_reference_models(
                 continue
             if holds_run(folder):
                 resume(folder, device=device, callback=callback,
-                       data=population_data(data, trained_on, cfg.seed))
+                       data=population_data(data, trained_on, cfg.seed), model=cfg.model)
                 _write_manifest(folder, cfg, trained_on, data_hash, finished=True)
                 continue
         else:
@@ -305,9 +317,11 @@ def _reusable(folder: Path, manifest: dict[str, Any], cfg: TrainConfig, excluded
     return trained_on
 
 
-def load_reference_models(paths: Sequence[str | Path]) -> list[ReferenceRun]:
+def load_reference_models(paths: Sequence[str | Path], factory: str | None = None
+                          ) -> list[ReferenceRun]:
     """The finished reference models in ``paths`` (written by :func:`train_reference_models`),
-    each rebuilt from its ``ckpt.pt`` in eval mode on the CPU."""
+    each rebuilt from its ``ckpt.pt`` in eval mode on the CPU; a factory-built one by the
+    ``factory`` the user names (its recorded factory is never imported on its own)."""
     out = []
     for folder in map(Path, paths):
         manifest = _read_manifest(folder)
@@ -315,7 +329,7 @@ def load_reference_models(paths: Sequence[str | Path]) -> list[ReferenceRun]:
             raise CheckpointError(f"{folder} holds no finished reference model: train it with "
                                   "train_reference_models (audit --reference-models)")
         try:
-            model = load_release(folder).build_model()
+            model = load_release(folder).build_model(factory, str(folder / CHECKPOINT))
         except CheckpointError as exc:
             raise CheckpointError(f"{folder}: {exc}") from None
         model.eval()

@@ -178,7 +178,7 @@ def _train_or_resume(cfg: TrainConfig, run_dir: Path, device: str, split_seed: i
                    else cfg.to_dict())
         if saved != planned:
             raise ConfigError(f"{run_dir} holds a run with other settings: pick another --out")
-        return resume(run_dir, device=device, lock=lock).summary
+        return resume(run_dir, device=device, lock=lock, model=cfg.model).summary
 
 
 def plan_jobs(

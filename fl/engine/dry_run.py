@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.checkpoint import CHECKPOINT
+from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.data import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
@@ -288,17 +288,19 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
 
 
 def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume: bool = False,
-               rounds: int | None = None, timer: Timer | None = None) -> TrainPlan:
+               rounds: int | None = None, timer: Timer | None = None,
+               model: str | None = None) -> TrainPlan:
     """``train --dry-run``: a new run of ``cfg`` into ``out`` (refused where ``train`` would
     refuse the folder), or with ``resume`` the run already in ``out`` (its own settings,
-    ``rounds`` as the new total), continued from its checkpoint and ledger."""
+    ``rounds`` as the new total), continued from its checkpoint and ledger; its model
+    factory refused unless the user names it (``model``) as ``train --resume`` refuses it."""
     from fedlap_privacy.fl.engine.simulation import restored_config
 
     entries, start, planned_before, split_seed = None, 1, None, None
     if resume:
         private = load_private(out)
         release = load_release(out)
-        cfg, split_seed = restored_config(private)
+        cfg, split_seed = restored_config(private, model, str(out / PRIVATE))
         if rounds is not None:
             cfg = dataclasses.replace(cfg, rounds=rounds)
         entries, start = release.ledger, private.round + 1

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from torch import nn
 
+from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.data import Dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
@@ -71,6 +72,7 @@ from fedlap_privacy.fl.run.run_files import (
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.run.user_runs import check_user_run, with_data
 from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.model_factory import named_factory
 from fedlap_privacy.run_lock import LOCK_FILE, RunLock
 from fedlap_privacy.run_state import PrivateRunState
 from fedlap_privacy.vocabulary import Notion
@@ -178,6 +180,7 @@ def resume(
     data: Dataset | None = None,
     *,
     lock: RunLock | None = None,
+    model: str | None = None,
 ) -> TrainResult:
     """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
 
@@ -185,14 +188,16 @@ def resume(
     round that was interrupted after touching private data is entered in the ledger first.
     ``data``: the dataset the run was started with, when :func:`train` was given one. The
     run folder's lock is taken before the run is read and held until the run returns
-    (``lock``: the caller holds it already).
+    (``lock``: the caller holds it already). ``model``: the model factory the caller names
+    (``train --resume --model``); a run whose model a user's factory built is resumed only
+    when it is the recorded one (:func:`restored_config`).
     """
     out = Path(out_dir)
     with _holding(out, lock, new=False):
         settle_run_files(out)
         private = load_private(out)
         ckpt = load_release(out)
-        cfg, split_seed = restored_config(private)
+        cfg, split_seed = restored_config(private, model, str(out / PRIVATE))
         if rounds is not None:
             cfg.rounds = rounds
         cfg.validate()
@@ -203,11 +208,19 @@ def resume(
         return _execute(run, callback)
 
 
-def restored_config(private: PrivateRunState) -> tuple[TrainConfig, int]:
+def restored_config(private: PrivateRunState, model: str | None = None,
+                    where: str = PRIVATE) -> tuple[TrainConfig, int]:
     """The configuration and split seed of a saved run. A run saved before split seeds drew
     its split from ``seed``, which its released weights reveal: its configuration gets
-    ``split_seed = seed``, so its guarantee declares the membership public."""
+    ``split_seed = seed``, so its guarantee declares the membership public.
+
+    The recorded model factory is data (read from ``where``), never imported on its own: a
+    user's factory is refused in one line showing it unless ``model``, the spec the caller
+    names, is exactly the recorded one; a package factory passes
+    (:func:`fedlap_privacy.model_factory.named_factory`)."""
     cfg = TrainConfig.from_recorded(private.config)
+    if cfg.model is not None:
+        named_factory(cfg.model, model, where, "--model", exact=True)
     if private.split_seed is None:
         cfg = dataclasses.replace(cfg, split_seed=cfg.seed)
     return cfg, run_split_seed(cfg, private.split_seed)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback
@@ -39,6 +40,7 @@ from fedlap_privacy.fl.run.run_files import (
 )
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.run.user_runs import prepare_data
+from fedlap_privacy.model_factory import named_factory
 from fedlap_privacy.run_lock import RunLock
 
 __all__ = ["FlowerResult", "run_flower", "run_on"]
@@ -52,10 +54,16 @@ class FlowerResult:
     history: list[RoundRecord]
 
 
-def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
-    """The run's configuration; refuses what :func:`simulation.train` / ``resume`` refuse."""
+def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool, model: str | None = None
+             ) -> TrainConfig:
+    """The run's configuration; refuses what :func:`simulation.train` / ``resume`` refuse
+    (a resumed run's recorded model factory unless ``model`` names it: never imported on
+    its own, :func:`fedlap_privacy.model_factory.named_factory`)."""
     if resume_run:
-        return load_run_config(out)
+        recorded = load_run_config(out)
+        if recorded.model is not None:
+            named_factory(recorded.model, model, str(out / PRIVATE), "--model", exact=True)
+        return recorded
     if cfg is None:
         raise ConfigError("a new Flower run needs a configuration")
     cfg.validate()
@@ -97,20 +105,22 @@ def run_on(
     rounds: int | None = None,
     on_poll: Callable[[LocalDeployment], None] | None = None,
     lock: RunLock | None = None,
+    model: str | None = None,
 ) -> FlowerResult:
     """Run (or resume) one training on a started deployment with ``flwr run``; see
     :func:`run_flower`. ``on_poll`` is called about twice a second while the run runs.
-    ``lock``: the run folder's lock, which the caller holds (else it is taken here)."""
+    ``lock``: the run folder's lock, which the caller holds (else it is taken here).
+    ``model``: on resume, the model factory the caller names (:func:`_prepare`)."""
     out = Path(out_dir).expanduser().resolve()
     if lock is None:
         with lock_run(out, new=not resume_run) as held:
             return run_on(deployment, cfg, out, device, callback,
                           allow_client_failures=allow_client_failures,
                           round_timeout=round_timeout, resume_run=resume_run, rounds=rounds,
-                          on_poll=on_poll, lock=held)
+                          on_poll=on_poll, lock=held, model=model)
     if not lock.covers(out):
         raise ConfigError(f"the lock given holds {lock.folder}, not the run folder {out}")
-    cfg = _prepare(cfg, out, resume_run)
+    cfg = _prepare(cfg, out, resume_run, model)
     if deployment.clients != cfg.clients:
         raise ConfigError(f"{deployment.clients} SuperNodes for a run of {cfg.clients} clients")
     callback = callback or (lambda event, info: None)
@@ -164,6 +174,7 @@ def run_flower(
     rounds: int | None = None,
     node_policy: str | Path | None = None,
     threads: int | None = None,
+    model: str | None = None,
 ) -> FlowerResult:
     """Train on a local Flower deployment (``fedlap-privacy train --engine flower``).
 
@@ -175,13 +186,14 @@ def run_flower(
     errors and Ctrl-C. Raises :class:`FlowerError` with the server's one-line message when
     the run fails; the checkpoint in ``out_dir`` has the simulator's format. ``threads``
     (``--threads``) sets every SuperNode's torch threads; by default each takes its share
-    of the machine's CPUs (:mod:`fedlap_privacy.threads`).
+    of the machine's CPUs (:mod:`fedlap_privacy.threads`). ``model``: on resume, the
+    model factory the caller names, which must be the run's (``train --resume --model``).
     """
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:
         cfg.validate()  # a bad configuration is refused before the folder is made
     with lock_run(out, new=not resume_run) as lock:
-        cfg = _prepare(cfg, out, resume_run)
+        cfg = _prepare(cfg, out, resume_run, model)
         if node_policy is not None:  # refuse a bad file now
             NodePolicy.from_node_config({"policy-file": str(node_policy)})
         n = cfg.clients if clients is None else clients
@@ -193,5 +205,5 @@ def run_flower(
                 return run_on(
                     deployment, None if resume_run else cfg, out, device, callback,
                     allow_client_failures=allow_client_failures, round_timeout=round_timeout,
-                    resume_run=resume_run, rounds=rounds, lock=lock,
+                    resume_run=resume_run, rounds=rounds, lock=lock, model=model,
                 )

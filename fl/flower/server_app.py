@@ -21,6 +21,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import restored_config, resume, train
 from fedlap_privacy.fl.flower.grid_clients import (
@@ -84,8 +85,9 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
                                 float(driver["node-wait"]), _log)
         # the split seed (secret unless the config sets one) is needed before the run starts:
         # a simulated-split node recomputes its records from it at discovery
+        named = cfg.model  # on resume: the model the launcher's run config consented to
         if driver["resume"]:
-            cfg, split_seed = restored_config(load_private(out))
+            cfg, split_seed = restored_config(load_private(out), named, str(out / PRIVATE))
         else:
             split_seed = run_split_seed(cfg)
         # a user's records (cfg.data): their natural partition fixes the clients
@@ -94,7 +96,8 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])
-            result = resume(out, rounds, str(driver["device"]), _progress, clients, lock=lock)
+            result = resume(out, rounds, str(driver["device"]), _progress, clients, lock=lock,
+                            model=named)
         else:
             result = train(cfg, out, str(driver["device"]), _progress, clients,
                            split_seed=split_seed, lock=lock)

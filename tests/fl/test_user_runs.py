@@ -124,12 +124,14 @@ def test_factory_file_and_audit_rebuild(tmp_path: Path, monkeypatch: pytest.Monk
     tabular_folder(tmp_path / "d")
     train(_cfg(method="dp-fedavg", sigma=1.0, model="net.py:make", rounds=2), "run", "cpu",
           data="d")
-    report = run_audit("run/ckpt.pt", attacks="loss")
+    with pytest.raises(ConfigError, match=r"rerun with --model-factory net\.py:make"):
+        run_audit("run/ckpt.pt", attacks="loss")  # recorded: shown, never imported alone
+    report = run_audit("run/ckpt.pt", attacks="loss", factory="net.py:make")
     found = report.to_json()
     assert found["dataset"]["name"] == "custom" and found["privacy"]["epsilon"] > 0
     (tmp_path / "net.py").rename(tmp_path / "moved.py")
-    with pytest.raises(ConfigError, match="pass --model-factory"):
-        run_audit("run/ckpt.pt", attacks="loss")
+    with pytest.raises(ConfigError, match="cannot rebuild the run's model"):
+        run_audit("run/ckpt.pt", attacks="loss", factory="net.py:make")
     assert run_audit("run/ckpt.pt", attacks="loss", factory="moved.py:make") is not None
 
 
@@ -139,13 +141,13 @@ def test_changed_files_refuse_resume(tmp_path: Path) -> None:
     x, y = blobs(90, 42)
     np.savez(data / "site0.npz", x=x, y=y)
     with pytest.raises(CheckpointError, match="training data changed"):
-        resume(tmp_path / "run", rounds=2, device="cpu")
+        resume(tmp_path / "run", rounds=2, device="cpu", model=FACTORY)
 
 
 def test_resume_continues_on_the_same_files(tmp_path: Path) -> None:
     data = tabular_folder(tmp_path / "d")
     train(_cfg(method="dp-fedavg", sigma=1.0, rounds=1), tmp_path / "run", "cpu", data=data)
-    result = resume(tmp_path / "run", rounds=2, device="cpu")
+    result = resume(tmp_path / "run", rounds=2, device="cpu", model=FACTORY)
     assert result.summary.rounds_run == 2 and len(result.ledger.entries) == 2
 
 
