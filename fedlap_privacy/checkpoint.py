@@ -14,6 +14,7 @@ import io
 import json
 import pickle
 import re
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -143,9 +144,32 @@ def committed_generation(out: Path) -> int:
     return generation
 
 
+def run_file_present(path: Path) -> bool:
+    """Whether the run-folder entry ``path`` (a file of the pair, staged or committed) is
+    there, by ``lstat``: a regular file is, a missing one is not; anything else (a symbolic
+    link, which would make the run read another run's file, a folder, a FIFO) is one
+    :class:`CheckpointError` line, since a run writes regular files only."""
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if stat.S_ISREG(info.st_mode):
+        return True
+    kind = ("a symbolic link" if stat.S_ISLNK(info.st_mode) else
+            "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file")
+    raise CheckpointError(f"{path} is {kind}: a run's checkpoints are regular files it wrote "
+                          "itself; move it away")
+
+
 def committed_file(out: Path, name: str) -> Path:
     """Where the committed ``ckpt.pt`` / ``private.pt`` of the run in ``out`` is: its staged
-    name while the pair's renames are unfinished, else its own name."""
+    name while the pair's renames are unfinished, else its own name. Either is checked by
+    :func:`run_file_present` (no link is followed, no folder taken for a file)."""
     generation = committed_generation(out)
     staged = out / staged_name(name, generation)
-    return staged if generation and staged.is_file() else out / name
+    if generation and run_file_present(staged):
+        return staged
+    run_file_present(out / name)
+    return out / name

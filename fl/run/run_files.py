@@ -35,7 +35,10 @@ file of the committed generation still under its staged name is the one to read.
 at any point leaves the old pair or the new one, never one file of each;
 :func:`settle_run_files` (run under the run's lock) finishes the renames of a committed
 pair and removes the staged files of a pair that was never committed. A run folder of an
-earlier version (no ``commit.json``) is read as ``ckpt.pt`` and ``private.pt``.
+earlier version (no ``commit.json``) is read as ``ckpt.pt`` and ``private.pt``. Every file of
+the pair, under its staged name or its own, is checked with ``lstat`` before it is read or
+renamed (:func:`fedlap_privacy.checkpoint.run_file_present`): a symbolic link (to another
+run's files, say), a folder or anything but a regular file is one line, never followed.
 
 Every file is written by :func:`fedlap_privacy.atomic.write_atomic` (unique temporary
 names, no link is followed). :func:`check_new_run_dir` refuses an ``--out`` that is a file,
@@ -57,6 +60,7 @@ from fedlap_privacy.checkpoint import (
     PRIVATE_FORMAT,
     committed_file,
     committed_generation,
+    run_file_present,
     staged_name,
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
@@ -117,8 +121,11 @@ def settle_run_files(out: Path) -> None:
         for pattern in (f".{name}.g*", f"..{name}.g*"):  # staged files, their temporaries
             for path in out.glob(pattern):
                 if path.name != keep:
-                    path.unlink(missing_ok=True)
-        if keep is not None and (out / keep).is_file():
+                    if path.is_dir() and not path.is_symlink():  # never a run's own file
+                        raise CheckpointError(f"{path} is a folder where a run keeps a "
+                                              "staged checkpoint; move it away")
+                    path.unlink(missing_ok=True)  # a link itself, never what it names
+        if keep is not None and run_file_present(out / keep):  # lstat: no link followed
             _roll_forward(out / keep, out / name)
     fsync_dir(out)
 
