@@ -7,13 +7,16 @@ what it can and cannot show (its ceiling against the claim), the ROC and canary-
 and the verdict. Every number in the report is a number of ``report.json``
 (:func:`render_blocks` reads nothing else), printed with :func:`fmt` (4 significant digits),
 so the two never disagree. The HTML embeds the figure as a base64 PNG and loads nothing
-from the network.
+from the network. Every string the report shows that came from a user or a file (the
+model's path, the method and dataset names, what the run declared public, ...) goes through
+:func:`literal`: escaped in both files, never read as Markdown or HTML.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +26,8 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
-__all__ = ["Block", "fmt", "ledger_summary", "render_blocks", "to_html", "to_markdown",
-           "write_privacy_report"]
+__all__ = ["Block", "fmt", "ledger_summary", "literal", "render_blocks", "to_html",
+           "to_markdown", "write_privacy_report"]
 
 #: who each threat model's epsilon holds against (fedlap_privacy.ledger, module docstring)
 THREAT_MODEL_TEXT = {
@@ -74,6 +77,43 @@ def fmt(value: Any) -> str:
     return f"{float(value):.4g}"
 
 
+#: the marks around a :func:`literal` in a block's text (not printable: no string carries them)
+_OPEN, _CLOSE = "\x02", "\x03"
+_LITERALS = re.compile(f"{_OPEN}(.*?){_CLOSE}", re.S)
+#: what a literal's text becomes in report.md: HTML's specials as entities, Markdown's inline
+#: punctuation (code spans, emphasis, links, table cells, strike-through) backslash-escaped
+_MARKDOWN = {"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;",
+             **{c: "\\" + c for c in "\\`*_[]|~!(){}#"}}
+
+
+def literal(value: Any) -> str:
+    """A string that came from a user or a file (a path, a name, anything report.json holds
+    that the audit did not write itself), marked for the renderers: :func:`to_markdown` and
+    :func:`to_html` show it as text in a code style, whatever Markdown or HTML it contains.
+    Every such string of the report goes through here. Characters that are not printable
+    (a newline, the marks themselves) are shown as their escape (``\\n``)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
+    return f"{_OPEN}{text}{_CLOSE}"
+
+
+def _markdown_inline(text: str) -> str:
+    """``text`` for report.md: each :func:`literal` escaped (:data:`_MARKDOWN`) in a
+    ``<code>`` element, the report's own text as it is."""
+    parts = _LITERALS.split(text)
+    return "".join("<code>" + "".join(_MARKDOWN.get(c, c) for c in part) + "</code>"
+                   if i % 2 else part for i, part in enumerate(parts))
+
+
+def _word(value: Any, known: dict[str, str]) -> str:
+    """A word of the package's vocabulary as it is (one of ``known``), else a :func:`literal`."""
+    return value if isinstance(value, str) and value in known else literal(value)
+
+
+def _plain(text: str) -> str:
+    """``text`` without the literal marks and code backticks (a page title)."""
+    return text.replace(_OPEN, "").replace(_CLOSE, "").replace("`", "")
+
+
 @dataclass(frozen=True)
 class Block:
     """One piece of the report: ``kind`` is heading / text / bullets / table / image;
@@ -107,21 +147,23 @@ def ledger_summary(ledger: PrivacyLedger, public: Iterable[str]) -> dict[str, An
 def _guarantee(report: dict[str, Any]) -> list[Block]:
     p = report["privacy"]
     notion = p.get("notion", "none")
-    lines = [f"Notion: {notion}, it protects {NOTION_TEXT.get(notion, notion)}."]
+    lines = [f"Notion: {_word(notion, NOTION_TEXT)}, it protects "
+             f"{NOTION_TEXT.get(notion) or literal(notion)}."]
     if p.get("epsilon") is not None:
         lines.append(f"Claim: epsilon {fmt(p['epsilon'])} at delta {fmt(p.get('delta'))}, "
-                     f"composed by the `{p.get('accountant')}` accountant from the ledger "
+                     f"composed by the {literal(p.get('accountant'))} accountant from the ledger "
                      f"(recomputed by the audit, not read from a stored number).")
     threat = p.get("threat_model")
     if threat:
-        lines.append(f"Holds against ({threat}): {THREAT_MODEL_TEXT.get(threat, threat)}.")
+        lines.append(f"Holds against ({_word(threat, THREAT_MODEL_TEXT)}): "
+                     f"{THREAT_MODEL_TEXT.get(threat) or literal(threat)}.")
     noise = p.get("noise")
     if noise == NoiseKind.SEEDED:
         lines.append("The noise was derived from the run's seed: anyone with the seed can "
                      "remove it. This run is NOT private, whatever its epsilon.")
     elif noise == NoiseKind.SECRET:
         lines.append("The noise was drawn from a secret seed (the operating system's).")
-    lines.append(f"What the audit tests: {p.get('basis')}.")
+    lines.append(f"What the audit tests: {literal(p.get('basis'))}.")
     return [Block("heading", "The guarantee and whom it holds against"),
             Block("bullets", items=tuple((line,) for line in lines))]
 
@@ -132,7 +174,7 @@ def _release(report: dict[str, Any]) -> list[Block]:
         return []
     public = release.get("public") or []
     out = [Block("heading", "What was released without noise (declared public)"),
-           Block("bullets", items=tuple((item,) for item in public)) if public else
+           Block("bullets", items=tuple((literal(item),) for item in public)) if public else
            Block("text", "Nothing beyond the noisy releases.")]
     out += [Block("heading", "Ledger summary"), Block("table", items=(
         ("entry", "value"),
@@ -153,7 +195,7 @@ def _attacks(report: dict[str, Any]) -> list[Block]:
                                     "eps lower bound")]
     for feature, by in report.get("attacks", {}).items():
         for kind, m in by.items():
-            rows.append((f"`{feature}` / `{kind}`", fmt(m["auc"]),
+            rows.append((f"{literal(feature)} / {literal(kind)}", fmt(m["auc"]),
                          fmt(m.get("tpr_at_fpr_0.01")), fmt(m["eps_lb"])))
     per_half = report.get("sets", {}).get("per_half")
     return [
@@ -179,16 +221,17 @@ def _canaries(report: dict[str, Any]) -> list[Block]:
                                     "p-value", "verdict", "counts")]
     for audit in one_run["audits"]:
         for name, m in audit["methods"].items():
-            rows.append((f"`{audit['audit']}`", f"`{name}`",
+            rows.append((literal(audit["audit"]), literal(name),
                          fmt(m.get("epsilon_lower_bound")), fmt(m.get("ceiling")),
-                         fmt(m.get("p_value")), m["verdict"] + ("" if m.get("valid", True)
-                                                                 else " (not counted)"),
+                         fmt(m.get("p_value")), literal(m["verdict"]) + (
+                             "" if m.get("valid", True) else " (not counted)"),
                          f"{fmt(m['correct'])} of {fmt(m['guesses'])} guesses right"))
     out = [
         Block("heading", "Canary audits"),
-        Block("text", f"{fmt(one_run['canaries'])} canaries of kind `{one_run['kind']}` were "
-                      "each put into training with a secret coin flip; the auditor guesses "
-                      "which were in from what it observed. Each method turns the guesses "
+        Block("text", f"{fmt(one_run['canaries'])} canaries of kind "
+                      f"{literal(one_run['kind'])} were each put into training with a "
+                      "secret coin flip; the auditor guesses which were in from what it "
+                      "observed. Each method turns the guesses "
                       "into evidence at a family-wise confidence of "
                       f"{fmt(report.get('confidence'))}:"),
         Block("bullets", items=tuple((f"`{k}`: {v}",) for k, v in METHOD_TEXT.items())),
@@ -201,14 +244,14 @@ def _canaries(report: dict[str, Any]) -> list[Block]:
     for audit in one_run["audits"]:
         gdp = audit.get("gdp_estimate")
         if gdp:
-            out.append(Block("text", f"`{audit['audit']}`: a Gaussian-DP ESTIMATE (Nasr et "
+            out.append(Block("text", f"{literal(audit['audit'])}: a Gaussian-DP ESTIMATE (Nasr et "
                                      f"al.; it assumes Gaussian scores and is NOT a bound, "
                                      f"and no verdict uses it): mu {fmt(gdp['mu'])}, epsilon "
                                      f"{fmt(gdp['epsilon'])} at delta {fmt(gdp['delta'])}."))
     estimates = [a for a in one_run["audits"] if a.get("epsilon_estimate")]
     for audit in estimates:
         est = audit["epsilon_estimate"]
-        out.append(Block("text", f"`{audit['audit']}`: the canary clients' epsilon ESTIMATE "
+        out.append(Block("text", f"{literal(audit['audit'])}: the canary clients' epsilon ESTIMATE "
                                  f"(Andrew et al.; an estimate, not a bound) is "
                                  f"{fmt(est['epsilon'])} at delta {fmt(est['delta'])}."))
     return out
@@ -226,20 +269,20 @@ def _verdict(report: dict[str, Any]) -> list[Block]:
     lines.append(f"Claimed epsilon: {fmt(p.get('epsilon'))}; tested on records: "
                  f"{fmt(p.get('epsilon_tested'))}.")
     lines.append(f"Largest membership-attack lower bound: {fmt(report.get('max_eps_lb'))} "
-                 f"(`{report.get('max_eps_lb_attack')}`).")
+                 f"({literal(report.get('max_eps_lb_attack'))}).")
     if one_run:
         lines.append(f"Canary audit: {VERDICT_TEXT[one_run['verdict']]} (lower bound "
-                     f"{fmt(one_run['epsilon_lower_bound'])}, by `{one_run['method']}`; "
-                     f"verdict by `{one_run['verdict_method']}`).")
+                     f"{fmt(one_run['epsilon_lower_bound'])}, by {literal(one_run['method'])}; "
+                     f"verdict by {literal(one_run['verdict_method'])}).")
     return [Block("heading", "Verdict"), Block("bullets", items=tuple((x,) for x in lines))]
 
 
 def render_blocks(report: dict[str, Any], figure: str | None = "roc.png") -> list[Block]:
     """The report's content, from ``report.json``'s dict alone (module docstring)."""
-    title = (f"Privacy report: `{report.get('method') or 'model'}` on "
-             f"`{report['dataset']['name']}`, after round {fmt(report.get('round'))}")
+    title = (f"Privacy report: {literal(report.get('method') or 'model')} on "
+             f"{literal(report['dataset']['name'])}, after round {fmt(report.get('round'))}")
     blocks = [Block("title", title),
-              Block("text", f"Model: `{report['checkpoint']}`.")]
+              Block("text", f"Model: {literal(report['checkpoint'])}.")]
     blocks += _verdict(report) + _guarantee(report) + _release(report)
     blocks += _attacks(report) + _canaries(report)
     if figure is not None:
@@ -251,20 +294,22 @@ def render_blocks(report: dict[str, Any], figure: str | None = "roc.png") -> lis
 
 
 def to_markdown(blocks: list[Block]) -> str:
+    """report.md: every :func:`literal` escaped (:func:`_markdown_inline`)."""
+    md = _markdown_inline
     out: list[str] = []
     for b in blocks:
         if b.kind == "title":
-            out.append(f"# {b.text}")
+            out.append(f"# {md(b.text)}")
         elif b.kind == "heading":
-            out.append(f"## {b.text}")
+            out.append(f"## {md(b.text)}")
         elif b.kind == "text":
-            out.append(b.text)
+            out.append(md(b.text))
         elif b.kind == "bullets":
-            out.append("\n".join(f"- {item[0]}" for item in b.items))
+            out.append("\n".join(f"- {md(item[0])}" for item in b.items))
         elif b.kind == "table":
             header, *rows = b.items
-            lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            lines = ["| " + " | ".join(map(md, header)) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(map(md, r)) + " |" for r in rows]
             out.append("\n".join(lines))
         elif b.kind == "image":
             out.append(f"![figures]({b.text})")
@@ -272,9 +317,14 @@ def to_markdown(blocks: list[Block]) -> str:
 
 
 def _inline(text: str) -> str:
-    """Escaped text with `code` spans as <code>."""
-    parts = html.escape(text, quote=False).split("`")
-    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    """Escaped text with `code` spans and each :func:`literal` as <code>."""
+    def own(part: str) -> str:
+        pieces = html.escape(part, quote=False).split("`")
+        return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(pieces))
+
+    parts = _LITERALS.split(text)
+    return "".join(f"<code>{html.escape(part)}</code>" if i % 2 else own(part)
+                   for i, part in enumerate(parts))
 
 
 def to_html(blocks: list[Block], images: dict[str, bytes]) -> str:
@@ -303,7 +353,7 @@ def to_html(blocks: list[Block], images: dict[str, bytes]) -> str:
              "img{max-width:100%}code{background:#eee}")
     title = next((b.text for b in blocks if b.kind == "title"), "Privacy report")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>"
-            f"{html.escape(title.replace('`', ''))}</title><style>{style}</style></head><body>"
+            f"{html.escape(_plain(title))}</title><style>{style}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")
 
 

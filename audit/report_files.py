@@ -81,10 +81,17 @@ def plot_roc(report: dict[str, Any], path: str | Path) -> None:
     linear.legend(loc="lower right", fontsize=7)
     eps = report["privacy"].get("epsilon")
     fig.suptitle(
-        f"{report.get('method') or 'model'} on {report['dataset']['name']}: accountant eps = "
+        f"{_figure_text(report.get('method') or 'model')} on "
+        f"{_figure_text(report['dataset']['name'])}: accountant eps = "
         f"{'n/a' if eps is None else f'{eps:.3g}'} ({report['privacy']['notion']}), "
         f"max eps lower bound = {report['max_eps_lb']:.3g}",
         fontsize=9,
     )
     fig.tight_layout()
     write_figure(fig, path)
+
+
+def _figure_text(value: Any) -> str:
+    """A string from a file as a figure shows it: as text, never as matplotlib's mathtext
+    (a ``$`` escaped; an unbalanced formula would fail to draw) nor over several lines."""
+    return " ".join(str(value).split()).replace("$", r"\$")

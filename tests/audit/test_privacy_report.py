@@ -40,8 +40,8 @@ def _numbers(value: Any) -> list[float]:
 
 
 def _prose_numbers(text: str) -> list[str]:
-    """The numbers of a report, code spans (names, paths) left out."""
-    text = re.sub(r"`[^`]*`", " ", text)
+    """The numbers of a report, code spans and elements (names, paths) left out."""
+    text = re.sub(r"`[^`]*`|<code>.*?</code>", " ", text)
     return NUMBER.findall(text)
 
 
@@ -90,3 +90,43 @@ def test_the_html_page_is_self_contained(audited: Path) -> None:
     assert sources and all(s.startswith("data:") for s in sources)
     assert "http" not in re.sub(r"src=\"data:[^\"]*\"", "", page)
     assert "![figures](roc.png)" in (audited / "report.md").read_text()
+
+
+def test_strings_from_files_are_escaped_in_report_md(audited: Path, tmp_path: Path) -> None:
+    """A model file named ``<img src=x onerror=alert(1)>.pt`` (or a run whose files carry
+    Markdown) is shown as text in report.md and report.html, never as HTML or Markdown: the
+    attacker's test of issue 46 (report.md wrote it verbatim)."""
+    from markdown_it import MarkdownIt
+
+    from fedlap_privacy.audit.privacy_report import write_privacy_report
+
+    data = json.loads((audited / "report.json").read_text())
+    evil = "`<img src=x onerror=alert(1)>`.pt"
+    data["checkpoint"] = evil
+    data["method"] = "a|b\n# injected"
+    data["dataset"]["name"] = "<img src=x onerror=alert(1)>.pt"
+    data["release"]["public"] = ["[click](javascript:alert(1))", "*bold* ~~x~~ <b>"]
+    paths = write_privacy_report(data, tmp_path, None)
+    md, page = paths["md"].read_text(), paths["html"].read_text()
+    assert "<img" not in md and "<img" not in page and "<b>" not in md + page
+    assert "\n# injected" not in md and "](javascript" not in md
+    rendered = MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img" not in rendered and "<a " not in rendered and "<em>" not in rendered
+    assert "<b>" not in rendered and "<h1>injected" not in rendered
+    for shown in (evil, "[click](javascript:alert(1))", "a|b\\n# injected"):
+        assert html.escape(shown) in rendered and html.escape(shown) in page
+    # the attack table keeps its columns (a pipe in a literal is escaped)
+    header = next(line for line in md.splitlines() if line.startswith("| feature / attack"))
+    rows = md.split(header, 1)[1].split("\n\n", 1)[0].strip().splitlines()[1:]
+    assert rows and all(row.count("|") == header.count("|") for row in rows)
+
+
+def test_a_name_with_mathtext_still_draws_the_figure(audited: Path, tmp_path: Path) -> None:
+    """roc.png's title shows the run's method and dataset names as text: a file's
+    ``$\\frac{x$`` used to stop the figure with a mathtext ValueError."""
+    from fedlap_privacy.audit.report_files import plot_roc
+
+    data = json.loads((audited / "report.json").read_text())
+    data["method"], data["dataset"]["name"] = "$\\frac{x$", "a$b$c\nd"
+    plot_roc(data, tmp_path / "roc.png")
+    assert (tmp_path / "roc.png").read_bytes()[:4] == b"\x89PNG"
