@@ -205,8 +205,8 @@ def audit(
     normalise: Annotated[str | None, typer.Option("--normalise", help=(
         "IDX records: MEAN,STD applied after scaling pixels to [0, 1]"))] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help=(
-        "torch threads (default: "
-        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
+        "torch threads (default: OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS; at "
+        "most the CPUs it may run on)."))] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=DRY_RUN_HELP)] = False,
 ) -> None:
     """Membership-inference audit: attack a model's training records, bound epsilon.

@@ -79,7 +79,7 @@ def compare(
     out: Path = typer.Option(Path("runs/compare"), "--out", help="Output directory."),
     json_output: bool = typer.Option(False, "--json", help="Print comparison.json's content."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
-        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
+        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS; at most the CPUs it may run on)."),
     dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
 ) -> None:
     """Train each method at each target epsilon (and round count); writes comparison.json and

@@ -118,7 +118,7 @@ def train(
         "SuperNode (allowed methods, minimum sigma, budget, ...; see docs/flower.md)."
     ),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch threads (default: "
-        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."),
+        "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS; at most the CPUs it may run on)."),
     dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""

@@ -6,7 +6,8 @@ threads oversubscribe the cores and spin on every small operation: a FedLAP-DP r
 one competing busy process was measured 12x slower with torch's default threads than with
 one thread (``benchmarks/threads.py`` measures the policy). The policy:
 
-1. an explicit request wins: a ``--threads`` option (``requested``), else ``OMP_NUM_THREADS``
+1. an explicit request wins: a ``--threads`` option (``requested``, at most the CPUs of the
+   process's affinity mask: a higher count is refused in one line), else ``OMP_NUM_THREADS``
    or ``MKL_NUM_THREADS`` set by the user;
 2. otherwise ``max(1, usable_cpus() // workers)``, where :func:`usable_cpus` is the number
    of CPUs this process may run on (``os.sched_getaffinity``), capped by a cgroup v2 CPU
@@ -58,6 +59,7 @@ __all__ = [
     "WORKERS_ENV",
     "CpuPolicy",
     "LoadFollower",
+    "affinity_cpus",
     "apply_cpu_policy",
     "apply_thread_policy",
     "cgroup_cpu_limit",
@@ -100,12 +102,18 @@ def cgroup_cpu_limit(path: Path = CGROUP_CPU_MAX) -> float | None:
     return quota / period if quota > 0 and period > 0 else None
 
 
+def affinity_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (``os.sched_getaffinity``; the
+    machine's count where there is none), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def usable_cpus(cgroup_path: Path = CGROUP_CPU_MAX) -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (>= 1)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        cpus = os.cpu_count() or 1
+    cpus = affinity_cpus()
     limit = cgroup_cpu_limit(cgroup_path)
     if limit is not None:
         cpus = min(cpus, max(1, math.floor(limit)))
@@ -133,12 +141,19 @@ def threads_for(
 
     ``requested`` (a ``--threads`` option) wins, then ``OMP_NUM_THREADS`` /
     ``MKL_NUM_THREADS``; otherwise the usable CPUs divided among the ``workers`` co-located
-    processes (``FEDLAP_WORKERS`` when None, else 1), at least 1.
+    processes (``FEDLAP_WORKERS`` when None, else 1), at least 1. ``requested`` is bounded
+    by :func:`affinity_cpus`: more threads than the process may run on only spin (and a
+    count in the thousands exhausts the memory of their stacks), so a higher count is one
+    line naming the limit.
     """
     env = os.environ if env is None else env
     if requested is not None:
         if requested < 1:
             raise ConfigError(f"--threads must be >= 1, got {requested}")
+        limit = affinity_cpus()
+        if requested > limit:
+            raise ConfigError(f"--threads {requested}: at most {limit}, the CPUs this process "
+                              "may run on (its CPU affinity)")
         return requested
     explicit = explicit_threads(env)
     if explicit is not None:

@@ -144,3 +144,31 @@ def test_load_following_is_off_where_the_count_was_chosen(monkeypatch):
     finally:
         threads._follower = None
         torch.set_num_threads(before)
+
+
+def test_threads_are_bounded_by_the_cpus_the_process_may_use(monkeypatch):
+    """``--threads 300`` on 2 CPUs started 602 threads silently (100000: a MemoryError
+    traceback): a count above the affinity mask is refused, naming the limit."""
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert threads_for(requested=2, env={}) == 2
+    for asked in (3, 300, 100_000):
+        with pytest.raises(ConfigError, match=f"--threads {asked}: at most 2, the CPUs"):
+            threads_for(requested=asked, env={})
+
+
+@pytest.mark.parametrize("command", ["train", "audit", "compare"])
+def test_too_many_threads_is_one_line_before_anything_runs(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from fedlap_privacy.cli.main import app
+
+    before = torch.get_num_threads()
+    limit = len(os.sched_getaffinity(0))
+    args = {"train": ["--out", str(tmp_path / "run")],
+            "audit": ["--model", str(tmp_path / "ckpt.pt")],
+            "compare": ["--eps", "3", "--out", str(tmp_path / "cmp")]}[command]
+    result = CliRunner().invoke(app, [command, *args, "--threads", "100000", "--dry-run"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == (f"error: --threads 100000: at most {limit}, the CPUs "
+                                     "this process may run on (its CPU affinity)")
+    assert torch.get_num_threads() == before and not any(tmp_path.iterdir())
