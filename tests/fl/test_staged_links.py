@@ -5,6 +5,7 @@ other one); a folder under a staged name is one line too, not a raw Errno 21."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -23,12 +24,14 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two finished one-round runs of different seeds: the victim's and another."""
+    """A finished one-round run (the victim's) and another run's files (its copy with
+    another split seed: one training for both)."""
     root = tmp_path_factory.mktemp("staged")
-    for name, seed in (("victim", 0), ("other", 1)):
-        train(tiny(method="dp-fedavg", rounds=1, local_steps=1, width=8, seed=seed),
-              root / name, "cpu")
-    return root / "victim", root / "other"
+    train(tiny(method="dp-fedavg", rounds=1, local_steps=1, width=8), root / "victim", "cpu")
+    other = _copy(root / "victim", root / "other")
+    private = PrivateRunState.load(other / PRIVATE)
+    dataclasses.replace(private, split_seed=(private.split_seed or 0) + 1).save(other / PRIVATE)
+    return root / "victim", other
 
 
 def _generation(out: Path) -> int:
