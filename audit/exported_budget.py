@@ -4,7 +4,7 @@
 A program's size arithmetic is the file's: a 12 KB graph can ask ``aten.ones`` for 3.5 GB,
 and a graph that never drops a value holds every intermediate. :class:`Ledger` bounds what a
 program holds by a :class:`MemoryBudget` derived from the model's own weights and the batch
-it is given: ``floor + 8 x weights + batch x (4 MiB + 1024 x record bytes)``, where a
+it is given: ``128 MiB + 8 x weights + batch x (4 MiB + 1024 x record bytes)``, where a
 record's allowance covers the activations of a deep convolutional network on it (a ResNet-18
 keeps about 500 times a CIFAR-10 image in activations) and the weights' covers a program
 that transforms its weights (casts, weight normalisation).
@@ -37,7 +37,7 @@ from fedlap_privacy.audit.exported_schema import Refused
 __all__ = ["Ledger", "MemoryBudget", "physical"]
 
 _MB = 1 << 20
-FLOOR = 256 * _MB
+FLOOR = 128 * _MB
 WEIGHT_FACTOR = 8
 RECORD_FACTOR = 1024
 PER_RECORD = 4 * _MB
@@ -116,7 +116,10 @@ def output_bytes(op: Any, target: str, args: list[Any], kwargs: dict[str, Any]) 
     meta_kwargs = {k: _meta(v) for k, v in kwargs.items()}
     if any(a.name == "device" and a.kwarg_only for a in op._schema.arguments):
         meta_kwargs["device"] = torch.device("meta")
-    out = op(*_meta(list(args)), **meta_kwargs)
+    try:
+        out = op(*_meta(list(args)), **meta_kwargs)
+    except NotImplementedError:
+        raise Refused(f"aten.{target} cannot be sized before it runs (no meta kernel)") from None
     return sum(t.numel() * t.element_size() for t in _tensors(out)) * factor
 
 

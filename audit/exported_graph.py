@@ -61,7 +61,8 @@ def _bounded(target: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
         big = [a for a in args if isinstance(a, int) and abs(a) > _SIZE_LIMIT]
         if target in ("_operator.pow", "_operator.lshift") and len(args) == 2 and all(
-                isinstance(a, int) for a in args) and abs(args[0]) > 1 and args[1] > 64:
+                isinstance(a, int) for a in args) and args[1] > 64 and (
+                abs(args[0]) > 1 or (target == "_operator.lshift" and args[0])):
             big.append(args[1])
         if not big:
             try:

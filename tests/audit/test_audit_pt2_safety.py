@@ -12,7 +12,6 @@ import io
 import json
 import logging
 import pickle
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from pt2_archive import Entries
+from pt2_archive import edit_json as _edit_json
+from pt2_archive import rewrite as _rewrite
 from torch import nn
 from typer.testing import CliRunner
 
@@ -30,7 +32,6 @@ from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.per_sample import per_sample_grad_norms
 
 runner = CliRunner()
-Entries = dict[str, bytes]
 
 
 class _Eval:
@@ -52,24 +53,6 @@ def _torch_saved(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
-
-
-def _rewrite(src: Path, dst: Path, edit: Callable[[Entries], None]) -> Path:
-    """Copy a .pt2 archive with ``edit`` applied to its entries (names below its root)."""
-    with zipfile.ZipFile(src) as archive:
-        root = archive.namelist()[0].split("/")[0] + "/"
-        entries = {n[len(root):]: archive.read(n) for n in archive.namelist()}
-    edit(entries)
-    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as archive:
-        for name, data in entries.items():
-            archive.writestr(root + name, data)
-    return dst
-
-
-def _edit_json(entries: Entries, name: str, change: Callable[[Any], None]) -> None:
-    value = json.loads(entries[name])
-    change(value)
-    entries[name] = json.dumps(value).encode()
 
 
 class _Net(nn.Module):
