@@ -12,13 +12,17 @@ into the file, as the auditor.
 
 * ``models/model.json`` (the graph) and the weights' and constants' payload configs, as JSON;
 * each weight and tensor constant as raw bytes of the dtype, shape and strides its JSON entry
-  gives. An entry flagged ``use_pickle``, a custom or opaque object constant, or a legacy
-  pickled weights file is refused (one line) before any payload byte is read. The sample
-  inputs, the guard code and the symbolic shape expressions are never read.
+  gives, within its payload and holding no more elements than the payload stores (a stride of
+  0 cannot make one stored value a 40,000 x 40,000 weight). An entry flagged ``use_pickle``,
+  a custom or opaque object constant, or a legacy pickled weights file is refused (one line)
+  before any payload byte is read. The sample inputs, the guard code and the symbolic shape
+  expressions are never read.
 
 :class:`ExportedModule` (:mod:`.exported_graph`) then runs the graph node by node, each node
-an ``aten`` operator looked up by name or integer arithmetic on sizes; anything else is
-refused and nothing from the file is evaluated or compiled. The program's outputs other than
+a dense ``aten`` operator of a positive list (:mod:`.exported_ops`) or integer arithmetic on
+sizes; anything else is refused and nothing from the file is evaluated or compiled. Each
+call's outputs are sized before they are allocated, against a memory budget derived from the
+weights and the batch (:mod:`.exported_budget`). The program's outputs other than
 its one user output (buffer mutations, e.g. BatchNorm statistics in training mode) are
 dropped.
 """
@@ -26,6 +30,7 @@ dropped.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 import zipfile
@@ -141,6 +146,9 @@ def _raw_tensors(archive: _Archive, entries: dict[str, Any], folder: str) -> dic
         if span > flat.numel():
             raise CheckpointError(f"{archive.path}: {fqn!r} needs {span} elements, its payload "
                                   f"holds {flat.numel()}")
+        if math.prod(sizes) > flat.numel():  # a stride of 0 repeating a few stored values
+            raise Refused(f"refusing to load {archive.path}: {fqn!r} declares "
+                          f"{math.prod(sizes)} elements over a payload of {flat.numel()}")
         view = flat.as_strided(sizes, strides, offset)
         out[fqn] = (nn.Parameter(view, requires_grad=bool(tm.get("requires_grad")))
                     if meta.get("is_param") else view)

@@ -2,11 +2,13 @@
 (docs/audit.md#auditing-a-model-trained-elsewhere).
 
 :class:`GraphReader` turns the serialized nodes into :class:`Step` records: each calls an
-``aten`` operator looked up by name (``torch.ops.aten.<op>.<overload>``; operators with a
-file argument, ``aten::from_file`` and ``aten::save``, are refused) or integer arithmetic on
-sizes. Higher-order, custom and Python-level targets are refused, nothing from the file is
-evaluated or compiled, and node names are only dictionary keys. :class:`ExportedModule` runs
-the steps on the weights :mod:`.exported` read.
+``aten`` operator of the positive list of :mod:`.exported_ops`, looked up by name
+(``torch.ops.aten.<op>.<overload>``), or bounded integer arithmetic on sizes. Any other
+operator, and higher-order, custom and Python-level targets, are refused by name before
+anything runs; nothing from the file is evaluated or compiled, node names are only
+dictionary keys, and no string from the file is printed. :class:`ExportedModule` runs the
+steps on the weights :mod:`.exported` read, sizing each call's outputs before it allocates
+them and releasing each value after its last reader (:mod:`.exported_budget`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedlap_privacy.audit.exported_budget import Ledger, MemoryBudget, output_bytes, physical
+from fedlap_privacy.audit.exported_ops import ALLOWED, check_arguments, check_string
 from fedlap_privacy.audit.exported_schema import (
     Refused,
     read_bool,
@@ -46,7 +50,32 @@ _SYMBOLIC: dict[str, Callable[..., Any]] = {
     **{f"torch.{name}": getattr(torch, name) for name in (
         "sym_not", "sym_int", "sym_float", "sym_ite", "sym_max", "sym_min", "sym_sqrt")},
 }
+_SIZE_LIMIT = 1 << 62  # a size or count beyond any real tensor's
 
+
+def _bounded(target: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` on sizes, refusing operands and results beyond any tensor's size (a Python
+    integer has no bound: ``1 << 10**12`` alone would take 125 GB) and failures of the
+    arithmetic itself (a division by zero) in one line."""
+
+    def run(*args: Any) -> Any:
+        big = [a for a in args if isinstance(a, int) and abs(a) > _SIZE_LIMIT]
+        if target in ("_operator.pow", "_operator.lshift") and len(args) == 2 and all(
+                isinstance(a, int) for a in args) and args[1] > 64 and (
+                abs(args[0]) > 1 or (target == "_operator.lshift" and args[0])):
+            big.append(args[1])
+        if not big:
+            try:
+                result = fn(*args)
+            except (ArithmeticError, ValueError) as exc:
+                raise CheckpointError(f"the program's size arithmetic fails in {target} "
+                                      f"({type(exc).__name__})") from None
+            if not (isinstance(result, int) and abs(result) > _SIZE_LIMIT):
+                return result
+        raise Refused(f"the program's size arithmetic in {target} goes beyond any tensor's "
+                      "size")
+
+    return run
 
 
 
@@ -68,12 +97,30 @@ class Step:
     kwargs: dict[str, Any]
     outputs: tuple[Any, ...]
     single: bool
+    aten: str | None  # ``name.overload`` of an aten operator; None for size arithmetic
+
+    def reads(self) -> set[str]:
+        """The names of the values this step reads."""
+        found: set[str] = set()
+        stack: list[Any] = [*self.args, *self.kwargs.values()]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, Ref):
+                found.add(value.name)
+            elif isinstance(value, list):
+                stack.extend(value)
+        return found
+
+    def writes(self) -> list[str]:
+        """The names this step binds."""
+        return [n for names in self.outputs
+                for n in (names if isinstance(names, list) else [names]) if n is not None]
 
 
 def resolve_operator(target: str) -> tuple[Callable[..., Any], bool]:
     """The callable a node's target names (and whether it returns one value), or a refusal."""
     if target in _SYMBOLIC:
-        return _SYMBOLIC[target], True
+        return _bounded(target, _SYMBOLIC[target]), True
     found = _ATEN.fullmatch(target)
     if found is None:
         raise Refused(f"the program calls {target[:80]!r}: only aten operators and integer "
@@ -87,6 +134,9 @@ def resolve_operator(target: str) -> tuple[Callable[..., Any], bool]:
         raise Refused(f"the program calls {target!r}, which is not an aten operator")
     if any("file" in a.name or "path" in a.name for a in op._schema.arguments):
         raise Refused(f"the program calls {target!r}, which reads or writes files")
+    if f"{found[1]}.{found[2]}" not in ALLOWED:
+        raise Refused(f"the program calls aten.{found[1]}.{found[2]}, which is not among the "
+                      "dense operators the audit runs")
     return op, len(op._schema.returns) == 1
 
 
@@ -96,6 +146,7 @@ class GraphReader:
 
     def __init__(self, defined: set[str]) -> None:
         self.defined = defined
+        self.target = ""  # ``name.overload`` of the node being read
 
     def ref(self, name: Any) -> Ref:
         name = read_str(name)
@@ -123,9 +174,13 @@ class GraphReader:
             "as_int": read_int, "as_float": read_float, "as_bool": read_bool, "as_string": read_str}
         if kind == "as_none":
             return None
+        if kind == "as_string":
+            return check_string(self.target, read_str(v))
         if kind in scalars:
             return scalars[kind](v)
-        if kind[:-1] in scalars:  # as_ints, as_floats, as_bools, as_strings
+        if kind == "as_strings":
+            return [check_string(self.target, read_str(x)) for x in read_list(v)]
+        if kind[:-1] in scalars:  # as_ints, as_floats, as_bools
             return [scalars[kind[:-1]](x) for x in read_list(v)]
         if kind in ("as_int_lists", "as_float_lists"):
             cast = read_int if kind == "as_int_lists" else read_float
@@ -155,11 +210,18 @@ class GraphReader:
             if kind == "as_scalar_type":
                 return read_dtype(v)
             if kind == "as_layout":
-                return _SERIALIZE_TO_TORCH_LAYOUT[read_int(v)]  # type: ignore[index]
+                layout = _SERIALIZE_TO_TORCH_LAYOUT[read_int(v)]  # type: ignore[index]
+                if layout != torch.strided:
+                    raise Refused(f"the program asks aten.{self.target} for a {layout} "
+                                  "tensor: only dense tensors are run")
+                return layout
             if kind == "as_memory_format":
                 return _SERIALIZE_TO_TORCH_MEMORY_FORMAT[read_int(v)]  # type: ignore[index]
             if kind == "as_device":
                 index = v.get("index")
+                if read_str(v.get("type")) not in ("cpu", "cuda"):
+                    raise Refused(f"the program asks aten.{self.target} for a device other "
+                                  "than cpu or cuda")
                 return torch.device(read_str(v.get("type")),
                                     None if index is None else read_int(index))
             if kind == "as_complex":
@@ -185,6 +247,8 @@ class GraphReader:
             raise Refused(f"a node returns a {kind[3:]}, which is not run")
         for name in names if isinstance(names, list) else [names]:
             if name is not None:
+                if name in self.defined:
+                    raise CheckpointError(f"the program defines {name[:60]!r} twice")
                 self.defined.add(name)
         return names
 
@@ -193,6 +257,8 @@ class GraphReader:
             raise CheckpointError("malformed graph node")
         target = read_str(node.get("target"))
         op, single = resolve_operator(target)
+        aten = target.removeprefix("torch.ops.aten.") if target.startswith("torch.ops.") else None
+        self.target = aten or target
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
         for named in read_list(node.get("inputs")):
@@ -202,7 +268,8 @@ class GraphReader:
             else:
                 args.append(value)
         outputs = tuple(self.output(o) for o in read_list(node.get("outputs")))
-        return Step(target, op, tuple(args), kwargs, outputs, single and len(outputs) == 1)
+        return Step(target, op, tuple(args), kwargs, outputs, single and len(outputs) == 1,
+                    aten)
 
 
 def resolve(value: Any, env: dict[str, Any]) -> Any:
@@ -228,7 +295,9 @@ class ExportedModule(nn.Module):
     ``forward(x)`` takes the program's one tensor input; a dimension the program fixed (a
     batch size exported without ``torch.export.Dim``) that the records do not match is a
     :class:`ConfigError`, not a shape error deep in the graph. The input is copied first, so
-    an in-place operator cannot change the caller's records.
+    an in-place operator cannot change the caller's records. Each call's outputs are sized
+    against the program's memory budget before they are allocated, and each value is
+    dropped once the last step that reads it has run (:mod:`.exported_budget`).
     """
 
     def __init__(self, steps: list[Step], weights: dict[str, tuple[str, Any]], input_name: str,
@@ -237,6 +306,7 @@ class ExportedModule(nn.Module):
         self._steps = steps
         self._input_name, self._input_shape = input_name, input_shape
         self._output_name = output_name
+        self.peak_bytes = 0  # the most the last call held, beyond weights (for tests)
         self._weights: dict[str, str] = {}  # graph name -> attribute name
         seen: dict[int, str] = {}
         for i, (graph_name, (kind, tensor)) in enumerate(weights.items()):
@@ -248,6 +318,21 @@ class ExportedModule(nn.Module):
                 else:
                     self.register_buffer(attribute, tensor, persistent=kind == "buffer")
             self._weights[graph_name] = attribute
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for _, t in weights.values()}
+        self._weight_bytes = sum(storages.values())
+        last: dict[str, int] = {}
+        for i, step in enumerate(steps):
+            if step.aten == "detach_.default" and step.reads() & set(weights):
+                raise Refused("the program calls aten.detach_.default on a weight, which "
+                              "would change the model in place")
+            for name in [*step.reads(), *step.writes()]:
+                last[name] = i
+        #: after step i, the values no later step reads (the output is kept)
+        self._dead: list[list[str]] = [[] for _ in steps]
+        for name, i in last.items():
+            if name != output_name:
+                self._dead[i].append(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fixed = self._input_shape
@@ -258,15 +343,31 @@ class ExportedModule(nn.Module):
                               f"records come as {tuple(x.shape)}: export it with a dynamic "
                               "batch dimension (torch.export.Dim) and the records' shape")
         env: dict[str, Any] = {name: getattr(self, attr) for name, attr in self._weights.items()}
+        free = {physical(t)[0].untyped_storage().data_ptr() for t in env.values()}
+        ledger = Ledger(MemoryBudget.of(self._weight_bytes, x), torch.is_grad_enabled(), free)
+        ledger.check(x.numel() * x.element_size() * physical(x)[1], "the input")
         env[self._input_name] = x.clone()
-        for step in self._steps:
-            result = step.op(*resolve(list(step.args), env), **{
-                k: resolve(v, env) for k, v in step.kwargs.items()})
+        ledger.hold(self._input_name, env[self._input_name])
+        for i, step in enumerate(self._steps):
+            args = resolve(list(step.args), env)
+            kwargs = {k: resolve(v, env) for k, v in step.kwargs.items()}
+            if step.aten is not None:
+                args = check_arguments(step.aten, args, kwargs)
+                ledger.check(output_bytes(step.op, step.aten, args, kwargs),
+                             f"node {i} (aten.{step.aten})")
+            result = step.op(*args, **kwargs)
             if step.single:
                 bind(step.outputs[0], result, env)
             elif step.outputs:  # none for an op that returns nothing (_assert_scalar)
                 for names, value in zip(step.outputs, result, strict=True):
                     bind(names, value, env)
+            del result
+            for name in step.writes():
+                ledger.hold(name, env[name])
+            for name in self._dead[i]:
+                env.pop(name, None)
+                ledger.release(name)
+        self.peak_bytes = ledger.peak
         return env[self._output_name]
 
 

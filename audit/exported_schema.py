@@ -10,7 +10,7 @@ import torch
 
 from fedlap_privacy.errors import CheckpointError
 
-__all__ = ["Refused", "read_bool", "read_dtype", "read_float", "read_int", "read_list",
+__all__ = ["DTYPES", "Refused", "read_bool", "read_dtype", "read_float", "read_int", "read_list",
            "read_str", "read_union", "static_int"]
 
 
@@ -65,10 +65,20 @@ def static_int(symint: Any, what: str) -> int:
     return read_int(value)
 
 
+#: the dtypes a program's tensors may have: dense real numbers and booleans (no complex,
+#: quantized or 8-bit float types)
+DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                    torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
 def read_dtype(code: Any) -> torch.dtype:
     from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
 
     try:
-        return _SERIALIZE_TO_TORCH_DTYPE[read_int(code)]  # type: ignore[index]
+        dtype = _SERIALIZE_TO_TORCH_DTYPE[read_int(code)]  # type: ignore[index]
     except KeyError:
         raise CheckpointError(f"unknown dtype code {code}") from None
+    if dtype not in DTYPES:
+        raise Refused(f"the program uses {dtype}: only dense real and boolean tensors are "
+                      "read")
+    return dtype

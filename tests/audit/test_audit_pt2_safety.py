@@ -12,7 +12,6 @@ import io
 import json
 import logging
 import pickle
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from pt2_archive import Entries
+from pt2_archive import edit_json as _edit_json
+from pt2_archive import rewrite as _rewrite
 from torch import nn
 from typer.testing import CliRunner
 
@@ -30,7 +32,6 @@ from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.per_sample import per_sample_grad_norms
 
 runner = CliRunner()
-Entries = dict[str, bytes]
 
 
 class _Eval:
@@ -52,24 +53,6 @@ def _torch_saved(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
-
-
-def _rewrite(src: Path, dst: Path, edit: Callable[[Entries], None]) -> Path:
-    """Copy a .pt2 archive with ``edit`` applied to its entries (names below its root)."""
-    with zipfile.ZipFile(src) as archive:
-        root = archive.namelist()[0].split("/")[0] + "/"
-        entries = {n[len(root):]: archive.read(n) for n in archive.namelist()}
-    edit(entries)
-    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as archive:
-        for name, data in entries.items():
-            archive.writestr(root + name, data)
-    return dst
-
-
-def _edit_json(entries: Entries, name: str, change: Callable[[Any], None]) -> None:
-    value = json.loads(entries[name])
-    change(value)
-    entries[name] = json.dumps(value).encode()
 
 
 class _Net(nn.Module):
@@ -324,3 +307,39 @@ def test_fixed_batch_program_gets_one_line(tmp_path: Path, genuine) -> None:
     result = _audit(tmp_path / "fixed.pt2", records)
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
     assert "dynamic batch dimension" in result.stderr
+
+
+class _Layers(nn.Module):
+    """The layers a classifier export holds beyond _Net's: LayerNorm, InstanceNorm, dropout
+    and BatchNorm1d in eval, average and adaptive pooling, GELU, softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.bn = nn.BatchNorm1d(16)
+        self.ln = nn.LayerNorm(16)
+        self.fc = nn.Linear(16, 10)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.avg_pool2d(F.gelu(self.inorm(self.conv(x))), 2)
+        h = F.adaptive_avg_pool2d(h, 2).flatten(1)
+        h = self.drop(self.ln(self.bn(h)))
+        return self.fc(h) + F.log_softmax(h, dim=1).mean(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["training-ir", "core-aten"])
+def test_common_layers_run_in_both_irs(tmp_path: Path, decompose: bool) -> None:
+    """Every operator these layers export to, before and after run_decompositions(), is on
+    the interpreter's list and computes what the model does."""
+    model = _Layers().eval()
+    program = torch.export.export(model, (torch.rand(2, 1, 8, 8),), dynamic_shapes=(
+        {0: torch.export.Dim("batch", min=1)},))
+    torch.export.save(program.run_decompositions() if decompose else program,
+                      tmp_path / "layers.pt2")
+    ours = load_exported_program(tmp_path / "layers.pt2")
+    x, y = torch.rand(5, 1, 8, 8), torch.arange(5)
+    torch.testing.assert_close(ours(x), model(x))
+    torch.testing.assert_close(per_sample_grad_norms(ours, x, y),
+                               per_sample_grad_norms(model, x, y))
