@@ -32,7 +32,8 @@ def test_train_data_with_a_fifo_client_is_one_line(tmp_path: Path) -> None:
     data = tabular_folder(tmp_path / "d", sizes=(20, 20), test=0)
     os.mkfifo(data / "c.npz")
     out = tmp_path / "run"
-    line = _one_line(["train", "--data", str(data), "--rounds", "1", "--out", str(out)])
+    line = _one_line(["train", "--data", str(data), "--rounds", "1", "--batch-size", "8",
+                      "--out", str(out)])
     assert str(data / "c.npz") in line and "not a regular file" in line
     assert not out.exists()
 
@@ -48,7 +49,7 @@ def test_train_data_beyond_float32_is_one_line(tmp_path: Path) -> None:
         np.savez(data / f"site{k}.npz", x=x, y=y)
     out = tmp_path / "run"
     line = _one_line(["train", "--data", str(data), "--rounds", "1", "--local-steps", "1",
-                      "--out", str(out)])
+                      "--batch-size", "8", "--out", str(out)])
     assert "site1.npz" in line and "record 3" in line and "float32" in line
     assert not out.exists()
 
