@@ -56,6 +56,9 @@ _EOCD = b"PK\x05\x06"
 _EOCD64_LOCATOR = b"PK\x06\x07"
 _EOCD_SIZE = 22
 _NUMBERS = "biuf"  # bool, signed and unsigned integers, floats
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # POSIX flags (absent on Windows)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -135,8 +138,8 @@ def _open_fd(path: Path, folder: Path | None) -> int:
         raise DataError(f"no such file: {path}") from None
     except OSError as exc:
         raise DataError(f"cannot read {path}: {exc.strerror}") from None
-    target = path
-    if stat.S_ISLNK(mode):
+    target, link = path, stat.S_ISLNK(mode)
+    if link:
         if folder is not None:
             real, root = Path(os.path.realpath(path)), Path(os.path.realpath(folder))
             if not real.is_relative_to(root):
@@ -145,9 +148,9 @@ def _open_fd(path: Path, folder: Path | None) -> int:
             target = real
     elif not stat.S_ISREG(mode):
         raise _not_regular(path, mode)
-    follow = 0 if folder is None and target == path else os.O_NOFOLLOW
+    nofollow = 0 if link and folder is None else _NOFOLLOW  # a link named by the user
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | follow)
+        fd = os.open(target, os.O_RDONLY | _NONBLOCK | _CLOEXEC | nofollow)
     except FileNotFoundError:
         raise DataError(f"{path} is a link to {target}, which does not exist") from None
     except OSError as exc:

@@ -20,13 +20,18 @@ client, from the run's seed) is held out of training and used for the per-round 
 accuracy, so that accuracy is computed from private records: the run declares it public
 (:data:`HELD_OUT_NOTE`), it is not covered by epsilon.
 
-Checks, each one :class:`~fedlap_privacy.errors.DataError` line naming the file: a folder
-without client ``.npz`` files, missing arrays, clients (or the test set) that disagree on
-the feature count, image shape or dtype of ``x``, disagreeing ``num_classes``, a test label
-the clients' classes do not cover, labels out of range, an empty client, NaN or inf in
-``x``. :func:`probe` reads the archives' array headers and the labels only, so that the run
-can refuse a bad layout (or a model, :mod:`fedlap_privacy.model_factory`) before any
-record's features are read; :func:`load_user_data` then reads and checks everything.
+Every archive is read by :mod:`fedlap_privacy.npz_reader` (forged files: links, duplicate
+or unexpected members, zip bombs, non-numeric dtypes), under :class:`~fedlap_privacy.
+npz_reader.NpzLimits`. Checks here, each one :class:`~fedlap_privacy.errors.DataError` line
+naming the file: a folder without client ``.npz`` files, missing arrays, records beyond the
+limits (features, image size and channels, records, classes, clients, float32 bytes), clients
+(or the test set) that disagree on the feature count, image shape or dtype of ``x``,
+disagreeing ``num_classes``, a test label the clients' classes do not cover, labels out of
+range, an empty client, NaN or inf in ``x`` once cast to float32. :func:`probe` reads the
+archives' array headers and the labels only, so that the run can refuse a bad layout (or a
+model, :mod:`fedlap_privacy.model_factory`, built only for a layout within the limits)
+before any record's features are read; :func:`load_user_data` then reads each file again,
+once, and checks everything (a file changed since the probe is refused).
 :func:`load_records` reads ONE party's file under the same checks (a Flower node's
 ``data-file``, audit's ``--members`` / ``--nonmembers``): the package's one reader of a
 file of records. :func:`load_run_data` reads a saved run's dataset again.
