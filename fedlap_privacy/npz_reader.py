@@ -218,23 +218,24 @@ class NpzArchive:
     """An opened ``.npz`` whose directory and headers passed the module's checks; arrays are
     read one at a time with :meth:`read`. Use it as a context manager (:func:`open_npz`)."""
 
-    def __init__(self, path: Path, f: IO[bytes], allowed: Iterable[str], limits: NpzLimits
-                 ) -> None:
+    def __init__(self, path: Path, f: IO[bytes], allowed: Iterable[str],
+                 required: Iterable[str], limits: NpzLimits) -> None:
         self.path = path
         self._file = f
         size = os.fstat(f.fileno()).st_size
         _directory(f, size, path, limits)
         f.seek(0)
         self._zip = zipfile.ZipFile(f)
-        self._members = self._check_members(allowed, limits)
+        self._members = self._check_members(tuple(allowed), tuple(required), limits)
 
     @property
     def headers(self) -> dict[str, NpyHeader]:
         """Each array's header, by name (``x``, not ``x.npy``)."""
         return {name: member.header for name, member in self._members.items()}
 
-    def _check_members(self, allowed: Iterable[str], limits: NpzLimits) -> dict[str, _Member]:
-        path, allowed = self.path, tuple(allowed)
+    def _check_members(self, allowed: tuple[str, ...], required: tuple[str, ...],
+                       limits: NpzLimits) -> dict[str, _Member]:
+        path = self.path
         infos = self._zip.infolist()
         if len(infos) > limits.members:
             raise DataError(f"{path}: {len(infos)} zip entries; an .npz of records holds at "
@@ -246,6 +247,9 @@ class NpzArchive:
                 raise DataError(f"{path}: holds array {base!r} twice ({seen[base]!r} and "
                                 f"{info.filename!r}); save each array once")
             seen[base] = info.filename
+        if missing := [name for name in required if name not in seen]:
+            raise DataError(f"{path}: an .npz of records needs arrays "
+                            f"{' and '.join(map(repr, required))} (missing {', '.join(missing)})")
         members: dict[str, _Member] = {}
         total = 0
         for info in infos:
@@ -322,14 +326,15 @@ class NpzArchive:
         self.close()
 
 
-def open_npz(path: Path, allowed: Iterable[str], folder: Path | None = None,
-             limits: NpzLimits = LIMITS) -> NpzArchive:
+def open_npz(path: Path, allowed: Iterable[str], required: Iterable[str] = (),
+             folder: Path | None = None, limits: NpzLimits = LIMITS) -> NpzArchive:
     """``path`` opened and checked (module docstring); ``allowed``: the array names it may
-    hold; ``folder``: the ``--data`` folder it is an entry of (links only inside it)."""
+    hold, ``required`` those it must; ``folder``: the ``--data`` folder it is an entry of
+    (links only inside it)."""
     fd = _open_fd(path, folder)
     f = os.fdopen(fd, "rb")
     try:
-        return NpzArchive(path, f, allowed, limits)
+        return NpzArchive(path, f, allowed, required, limits)
     except (OSError, zipfile.BadZipFile, EOFError, ValueError, zlib.error) as exc:
         f.close()
         raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None

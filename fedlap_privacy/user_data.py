@@ -129,7 +129,7 @@ class _FileFacts:
 
 def _records_archive(path: Path, folder: Path | None, limits: NpzLimits) -> NpzArchive:
     """A file of records opened by the one reader (:mod:`fedlap_privacy.npz_reader`)."""
-    return open_npz(path, RECORD_ARRAYS, folder, limits)
+    return open_npz(path, RECORD_ARRAYS, ("x", "y"), folder, limits)
 
 
 def _check_x(path: Path | str, header: NpyHeader, limits: NpzLimits) -> None:

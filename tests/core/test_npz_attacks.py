@@ -133,6 +133,16 @@ def test_records_beyond_the_bounds_are_refused_from_their_header(
     _one_line(error, "wide.npz", word)
 
 
+def test_a_client_id_of_a_billion_is_refused_before_counting(tmp_path: Path) -> None:
+    """Counting the records per id used to allocate one counter per id up to the largest:
+    8 GB for an id of 1e9 in a 20-record file."""
+    x, y = blobs(20, 0)
+    path = records(tmp_path / "ids.npz", x, y, client=np.array([0] * 19 + [10**9]))
+    with pytest.raises(DataError) as error:
+        probe(path)
+    _one_line(error, "ids.npz", "1,000,000,000", "clients")
+
+
 def _outside(tmp_path: Path) -> Path:
     x, y = blobs(20, 5)
     np.savez(tmp_path / "secret.npz", x=x, y=y)
