@@ -188,7 +188,9 @@ def _directory(f: IO[bytes], size: int, path: Path, limits: NpzLimits) -> None:
         at = tail.rfind(_EOCD)
     if at < 0 or len(tail) - at < _EOCD_SIZE:
         raise DataError(f"cannot read {path} as .npz: not a zip archive")
-    if at >= 20 and tail[at - 20:at - 16] == _EOCD64_LOCATOR:
+    end = size - tail_size + at  # where the end record starts in the file
+    f.seek(max(end - 20, 0))
+    if end >= 20 and f.read(4) == _EOCD64_LOCATOR:  # where zipfile looks for one
         raise DataError(f"{path}: a zip64 directory, which only archives beyond the limits "
                         "need (docs/own-data.md#limits)")
     entries, directory = struct.unpack("<4s4H2LH", tail[at:at + _EOCD_SIZE])[4:6]

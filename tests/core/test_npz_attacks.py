@@ -74,6 +74,18 @@ def test_members_other_than_the_records_arrays_are_refused(tmp_path: Path, membe
     _one_line(error, "odd.npz", repr(member))
 
 
+def test_a_zip_directory_of_thousands_of_entries_is_refused_unparsed(tmp_path: Path) -> None:
+    """x and y beside 3,000 empty entries (a directory that grows with the file, parsed
+    whole by zipfile): refused from the end record's counts."""
+    x, y = blobs(20, 0)
+    path = write_zip(tmp_path / "many.npz", [stored("x.npy", npy_bytes(x)),
+                                             stored("y.npy", npy_bytes(y)),
+                                             *(stored(f"pad{k}", b"") for k in range(3000))])
+    with pytest.raises(DataError) as error:
+        load_records(path)
+    _one_line(error, "many.npz", "3,002 entries")
+
+
 def test_a_zip_bomb_is_refused_before_it_is_decompressed(tmp_path: Path) -> None:
     """1.3 MB on disk, 1.25 GiB of float32 zeros once inflated (it used to be read whole)."""
     n, d = 327_680, 1024
