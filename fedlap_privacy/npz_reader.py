@@ -88,6 +88,9 @@ class NpzLimits:
     channels: int = 64
     #: classes of a run (num_classes, or one more than the largest label)
     classes: int = 10_000
+    #: image height x width x classes: the default ConvNet's last layer has about twice as
+    #: many weights (its width over 4 per block, times the pixels and the classes)
+    image_classes: int = 1 << 25
     #: clients of one file with a ``client`` array, or ``.npz`` files in one folder
     clients: int = 100_000
 

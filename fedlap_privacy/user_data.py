@@ -305,6 +305,12 @@ def probe(path: str | Path, limits: NpzLimits = LIMITS) -> DataLayout:
             raise DataError(f"{file}: label {fact.top} is out of range 0..{num_classes - 1}")
     if num_classes < 2:
         raise DataError(f"{root}: every label is 0; a classifier needs at least two classes")
+    shape = reference[1].shape[1:]
+    if len(shape) == 3 and shape[1] * shape[2] * num_classes > limits.image_classes:
+        raise DataError(f"{root}: images {shape[1]}x{shape[2]} with {num_classes:,} classes "
+                        f"ask for a last layer of about {2 * shape[1] * shape[2] * num_classes:,}"
+                        f" weights; height x width x classes may be at most "
+                        f"{limits.image_classes:,} (docs/own-data.md#limits)")
     natural = folder is not None or facts[root].client_sizes is not None
     return DataLayout(root, clients, test, reference[1].shape[1:], num_classes, natural,
                       tuple(sizes))

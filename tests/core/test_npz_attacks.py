@@ -155,6 +155,16 @@ def test_a_client_id_of_a_billion_is_refused_before_counting(tmp_path: Path) -> 
     _one_line(error, "ids.npz", "1,000,000,000", "clients")
 
 
+def test_large_images_with_many_classes_are_refused_before_the_model(tmp_path: Path) -> None:
+    """1024x1024 images and 100 classes, each within its bound: the default ConvNet's last
+    layer would hold 210 million weights (840 MB) for two records."""
+    x = np.zeros((2, 1, 1024, 1024), np.uint8)
+    path = records(tmp_path / "big.npz", x, np.array([0, 1]), num_classes=np.array(100))
+    with pytest.raises(DataError) as error:
+        probe(path)
+    _one_line(error, "big.npz", "1024x1024 with 100 classes")
+
+
 def _outside(tmp_path: Path) -> Path:
     x, y = blobs(20, 5)
     np.savez(tmp_path / "secret.npz", x=x, y=y)
