@@ -165,6 +165,21 @@ def test_large_images_with_many_classes_are_refused_before_the_model(tmp_path: P
     _one_line(error, "big.npz", "1024x1024 with 100 classes")
 
 
+def test_an_idx_pair_declaring_gigabytes_is_refused_from_its_header(tmp_path: Path) -> None:
+    """audit's IMAGES,LABELS: a gzipped IDX header declaring 2,000 images of 1024x1024 is
+    refused before its body is inflated (the body used to be read up to the declared size)."""
+    import gzip
+    import struct
+
+    with gzip.open(tmp_path / "images.gz", "wb") as f:
+        f.write(struct.pack(">4i", 2051, 2000, 1024, 1024) + bytes(1 << 16))
+    with gzip.open(tmp_path / "labels.gz", "wb") as f:
+        f.write(struct.pack(">2i", 2049, 2000) + bytes(2000))
+    with pytest.raises(DataError) as error:
+        load_records(f"{tmp_path / 'images.gz'},{tmp_path / 'labels.gz'}")
+    _one_line(error, "images.gz", "2,097,152,000 bytes", "limit")
+
+
 def _outside(tmp_path: Path) -> Path:
     x, y = blobs(20, 5)
     np.savez(tmp_path / "secret.npz", x=x, y=y)
