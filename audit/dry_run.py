@@ -33,7 +33,7 @@ from fedlap_privacy.audit.report import load_run_records, parse_attacks, rebuilt
 from fedlap_privacy.dataset_files import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.model_factory import BUILTIN_FACTORIES
-from fedlap_privacy.user_data import npz_headers
+from fedlap_privacy.user_data import record_headers
 
 __all__ = ["AuditPlan", "RecordFile", "plan_audit", "plan_external_audit", "time_features"]
 
@@ -168,9 +168,8 @@ def record_file(spec: str) -> RecordFile:
             raise DataError(f"{labels}: {count} labels for {dims[0]} images in {images}")
         return RecordFile(spec, count, (1, dims[1], dims[2]))
     path = Path(spec)
-    if not path.is_file():
-        raise DataError(f"no such file: {path}")
-    shapes = _npz_shapes(path)
+    shapes = _npz_shapes(path)  # the reader refuses a missing or irregular file
+
     if "x" not in shapes or "y" not in shapes:
         raise DataError(f"{path}: an .npz of records needs arrays 'x' and 'y'")
     x, y = shapes["x"], shapes["y"]
@@ -180,10 +179,10 @@ def record_file(spec: str) -> RecordFile:
 
 
 def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """The shape of every array of an ``.npz``, from the .npy headers (no data read; object
-    arrays refused: :func:`fedlap_privacy.user_data.npz_headers`)."""
+    """The shape of every array of an ``.npz``, from the .npy headers, checked as reading
+    them would check them (no data read: :func:`fedlap_privacy.user_data.record_headers`)."""
     return {name: tuple(int(v) for v in header.shape)
-            for name, header in npz_headers(path).items()}
+            for name, header in record_headers(path).items()}
 
 
 def _idx_dims(path: Path, magic: int, ndim: int) -> list[int]:

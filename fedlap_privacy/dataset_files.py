@@ -2,8 +2,9 @@
 (docs/algorithms.md#model-and-data).
 
 * IDX files (MNIST, Fashion-MNIST, a user's own), gzipped or not: header, magic number and
-  exact size checked; a user's ``.npz`` arrays read without pickles and without trusting
-  their header.
+  exact size checked, the size within the limit of one array of a user's records
+  (:attr:`fedlap_privacy.npz_reader.NpzLimits.member_bytes`: a gzip bomb is refused from its
+  header). A user's ``.npz`` archives are :mod:`fedlap_privacy.npz_reader`'s.
 * CIFAR-10 "python version" batches are pickles, i.e. untrusted input, so they are read with
   an unpickler that can only rebuild dicts, lists, bytes, ints and uint8 numpy arrays;
   anything else (``os.system``, ``eval``, ...) is refused unrun.
@@ -26,7 +27,6 @@ import struct
 import tarfile
 import urllib.error
 import urllib.request
-import zipfile
 import zlib
 from pathlib import Path
 from typing import IO, Any
@@ -35,6 +35,7 @@ import numpy as np
 
 from fedlap_privacy.atomic import atomic_file
 from fedlap_privacy.errors import DataError
+from fedlap_privacy.npz_reader import LIMITS
 
 IDX_FILES = (
     "train-images-idx3-ubyte",
@@ -104,6 +105,9 @@ def read_idx(path: Path, magic: int, ndim: int) -> np.ndarray:
             if dims[0] < 1 or min(dims) < 0:
                 raise DataError(f"{path}: bad dimensions {dims} in the IDX header")
             count = math.prod(dims)
+            if count > LIMITS.member_bytes:
+                raise DataError(f"{path}: dimensions {dims} declare {count:,} bytes, above the "
+                                f"limit of {LIMITS.member_bytes:,} (docs/own-data.md#limits)")
             if path.suffix != ".gz" and path.stat().st_size != header_size + count:
                 raise DataError(
                     f"{path}: file size {path.stat().st_size} does not match its "
@@ -132,36 +136,6 @@ def read_idx_records(images: Path, labels: Path, normalise: tuple[float, float] 
     if normalise is not None:
         x = (x - normalise[0]) / normalise[1]
     return x, y
-
-
-def read_npz_array(path: Path, key: str) -> np.ndarray:
-    """Array ``key`` of a user's ``.npz``, read without pickles and without trusting its
-    header: the declared shape must fit in the bytes the member holds (a forged shape cannot
-    make us allocate), and a truncated or corrupt archive is a DataError naming the file."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            info = next((i for i in archive.infolist() if i.filename in (key, f"{key}.npy")),
-                        None)
-            if info is None:
-                raise DataError(f"{path}: an .npz of records needs arrays 'x' and 'y'")
-            with archive.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                if version not in ((1, 0), (2, 0)):
-                    raise DataError(f"{path}: array {key!r} has .npy format {version}")
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, fortran, dtype = read_header(f)
-                if dtype.hasobject:
-                    raise DataError(f"{path}: array {key!r} holds Python objects (pickles are "
-                                    "not read)")
-                size = math.prod(shape) * dtype.itemsize
-                body = _read_at_most(f, min(size, info.file_size))
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as exc:
-        raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None
-    if len(body) != size:
-        raise DataError(f"{path}: array {key!r} declares shape {shape} ({size:,} bytes) but "
-                        f"holds {len(body):,}: the file is truncated or forged")
-    return np.frombuffer(body, dtype).reshape(shape, order="F" if fortran else "C")
 
 
 def _read_at_most(f: IO[bytes], limit: int) -> bytes:

@@ -20,13 +20,18 @@ client, from the run's seed) is held out of training and used for the per-round 
 accuracy, so that accuracy is computed from private records: the run declares it public
 (:data:`HELD_OUT_NOTE`), it is not covered by epsilon.
 
-Checks, each one :class:`~fedlap_privacy.errors.DataError` line naming the file: a folder
-without client ``.npz`` files, missing arrays, clients (or the test set) that disagree on
-the feature count, image shape or dtype of ``x``, disagreeing ``num_classes``, a test label
-the clients' classes do not cover, labels out of range, an empty client, NaN or inf in
-``x``. :func:`probe` reads the archives' array headers and the labels only, so that the run
-can refuse a bad layout (or a model, :mod:`fedlap_privacy.model_factory`) before any
-record's features are read; :func:`load_user_data` then reads and checks everything.
+Every archive is read by :mod:`fedlap_privacy.npz_reader` (forged files: links, duplicate
+or unexpected members, zip bombs, non-numeric dtypes), under :class:`~fedlap_privacy.
+npz_reader.NpzLimits`. Checks here, each one :class:`~fedlap_privacy.errors.DataError` line
+naming the file: a folder without client ``.npz`` files, missing arrays, records beyond the
+limits (features, image size and channels, records, classes, clients, float32 bytes), clients
+(or the test set) that disagree on the feature count, image shape or dtype of ``x``,
+disagreeing ``num_classes``, a test label the clients' classes do not cover, labels out of
+range, an empty client, NaN or inf in ``x`` once cast to float32. :func:`probe` reads the
+archives' array headers and the labels only, so that the run can refuse a bad layout (or a
+model, :mod:`fedlap_privacy.model_factory`, built only for a layout within the limits)
+before any record's features are read; :func:`load_user_data` then reads each file again,
+once, and checks everything (a file changed since the probe is refused).
 :func:`load_records` reads ONE party's file under the same checks (a Flower node's
 ``data-file``, audit's ``--members`` / ``--nonmembers``): the package's one reader of a
 file of records. :func:`load_run_data` reads a saved run's dataset again.
@@ -34,7 +39,8 @@ file of records. :func:`load_run_data` reads a saved run's dataset again.
 
 from __future__ import annotations
 
-import zipfile
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,27 +49,29 @@ from typing import Any
 import numpy as np
 
 from fedlap_privacy.data import CUSTOM, Dataset, load_dataset
-from fedlap_privacy.dataset_files import read_idx_records, read_npz_array
+from fedlap_privacy.dataset_files import read_idx_records
 from fedlap_privacy.errors import DataError
+from fedlap_privacy.npz_reader import (
+    LIMITS,
+    NpyHeader,
+    NpzArchive,
+    NpzLimits,
+    folder_entries,
+    open_npz,
+)
 
-__all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "TEST_FILE", "DataLayout", "NpyHeader",
-           "Records", "describe_shape", "held_out_count", "load_records", "load_run_data",
-           "load_user_data", "npz_headers", "probe"]
+__all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "RECORD_ARRAYS", "TEST_FILE", "DataLayout",
+           "NpyHeader", "Records", "describe_shape", "held_out_count", "load_records",
+           "load_run_data", "load_user_data", "probe", "record_headers"]
 
 TEST_FILE = "test.npz"
+#: the arrays a file of records may hold (any other member is refused)
+RECORD_ARRAYS = ("x", "y", "num_classes", "client")
 #: share of each client's records held out for evaluation when there is no test set
 HOLDOUT_FRACTION = 0.2
 #: what a run without a test set declares public (its accuracy is measured on private records)
 HELD_OUT_NOTE = ("the test accuracy and loss of every round, measured on records held out of "
                  "the clients' own data (no test.npz): not covered by epsilon")
-
-
-@dataclass(frozen=True)
-class NpyHeader:
-    """What an ``.npy`` member's header says, read without its data."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,11 @@ class DataLayout:
     @property
     def tabular(self) -> bool:
         return len(self.input_shape) == 1
+
+    @property
+    def folder(self) -> Path | None:
+        """The ``--data`` folder its files are entries of, None for a single file."""
+        return None if self.clients == (self.path,) else self.path
 
     def training_records(self) -> int:
         """How many records the clients train on: all of them with a test set, else what
@@ -104,80 +117,112 @@ class Records:
         return tuple(self.x.shape[1:])
 
 
-def npz_headers(path: Path) -> dict[str, NpyHeader]:
-    """The arrays of an ``.npz`` and their headers; object arrays (pickles) are refused."""
-    if not path.is_file():
-        raise DataError(f"no such file: {path}")
-    out: dict[str, NpyHeader] = {}
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for info in archive.infolist():
-                if not info.filename.endswith(".npy"):
-                    continue
-                with archive.open(info) as f:
-                    version = np.lib.format.read_magic(f)
-                    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                            else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = read(f)
-                out[info.filename[:-4]] = NpyHeader(tuple(shape), np.dtype(dtype))
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise DataError(f"cannot read {path} as .npz: {str(exc)[:120]}") from None
-    for name, header in out.items():
-        if header.dtype.hasobject:
-            raise DataError(f"{path}: array {name!r} holds Python objects (a pickle), which "
-                            "is never loaded; save plain numbers")
-    return out
+@dataclass(frozen=True)
+class _FileFacts:
+    """What one file's headers and small arrays say (:func:`_probe_file`)."""
+
+    x: NpyHeader
+    top: int  # its largest label
+    declared: int | None  # its num_classes
+    client_sizes: tuple[int, ...] | None  # records per id of its ``client`` array
 
 
-def _check_x(path: Path | str, header: NpyHeader) -> None:
-    if len(header.shape) not in (2, 4):
-        raise DataError(f"{path}: x has shape {header.shape}; expected images (N, C, H, W) "
+def _records_archive(path: Path, folder: Path | None, limits: NpzLimits) -> NpzArchive:
+    """A file of records opened by the one reader (:mod:`fedlap_privacy.npz_reader`)."""
+    return open_npz(path, RECORD_ARRAYS, ("x", "y"), folder, limits)
+
+
+def _check_x(path: Path | str, header: NpyHeader, limits: NpzLimits) -> None:
+    """The shape and dtype of ``x`` from its header, within ``limits`` (docs/own-data.md)."""
+    shape = header.shape
+    if len(shape) not in (2, 4):
+        raise DataError(f"{path}: x has shape {shape}; expected images (N, C, H, W) "
                         "or feature rows (N, D)")
     if header.dtype.kind not in "fiu":
         raise DataError(f"{path}: x has dtype {header.dtype}; expected numbers")
-    if header.shape[0] == 0:
+    if shape[0] == 0:
         raise DataError(f"{path}: an empty client (x has no records)")
-    if 0 in header.shape[1:]:
-        raise DataError(f"{path}: x has shape {header.shape}; a record cannot be empty")
+    if 0 in shape[1:]:
+        raise DataError(f"{path}: x has shape {shape}; a record cannot be empty")
+    where = "(docs/own-data.md#limits)"
+    if shape[0] > limits.records:
+        raise DataError(f"{path}: x holds {shape[0]:,} records, more than the "
+                        f"{limits.records:,} one file may hold {where}")
+    if len(shape) == 2 and shape[1] > limits.features:
+        raise DataError(f"{path}: x has {shape[1]:,} features, more than the "
+                        f"{limits.features:,} a record may have {where}")
+    if len(shape) == 4 and shape[1] > limits.channels:
+        raise DataError(f"{path}: x has images of {shape[1]:,} channels, more than the "
+                        f"{limits.channels} an image may have {where}")
+    if len(shape) == 4 and max(shape[2:]) > limits.image_side:
+        raise DataError(f"{path}: x has images {shape[2]}x{shape[3]}, larger than "
+                        f"{limits.image_side}x{limits.image_side} {where}")
 
 
-def _records_header(path: Path, members: dict[str, NpyHeader]) -> NpyHeader:
+def _feature_bytes(headers: list[NpyHeader]) -> int:
+    """The bytes the features of ``headers`` take as float32 (the training dtype)."""
+    return sum(math.prod(h.shape) for h in headers) * 4
+
+
+def _check_data_bytes(path: Path, headers: list[NpyHeader], limits: NpzLimits) -> None:
+    if (size := _feature_bytes(headers)) > limits.data_bytes:
+        raise DataError(f"{path}: the features take {size:,} bytes as float32, more than the "
+                        f"{limits.data_bytes:,} a run reads (docs/own-data.md#limits)")
+
+
+def _records_header(path: Path, members: dict[str, NpyHeader], limits: NpzLimits) -> NpyHeader:
     """The header of ``x`` in a file of records, checked (arrays ``x`` and ``y`` present)."""
     missing = [a for a in ("x", "y") if a not in members]
     if missing:
         raise DataError(f"{path}: an .npz of records needs arrays 'x' and 'y' "
                         f"(missing {', '.join(missing)})")
     header = members["x"]
-    _check_x(path, header)
+    _check_x(path, header, limits)
     return header
 
 
-def _labels(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
-    return _checked_labels(path, NpyHeader(members["y"].shape, members["y"].dtype), records,
-                           lambda: read_npz_array(path, "y"))
+def record_headers(path: Path, limits: NpzLimits = LIMITS) -> dict[str, NpyHeader]:
+    """The headers of a file of records, checked as :func:`load_records` checks them before
+    it reads anything (``audit --dry-run``)."""
+    with _records_archive(path, None, limits) as archive:
+        headers = archive.headers
+    _records_header(path, headers, limits)
+    return headers
+
+
+def _labels(path: Path, archive: NpzArchive, records: int, limits: NpzLimits) -> np.ndarray:
+    header = archive.headers["y"]
+    return _checked_labels(path, header, records, lambda: archive.read("y"), limits)
 
 
 def _checked_labels(path: Path | str, header: NpyHeader, records: int,
-                    read: Callable[[], np.ndarray]) -> np.ndarray:
-    """The labels ``read()`` returns, once ``header`` says one integer per record; >= 0."""
+                    read: Callable[[], np.ndarray], limits: NpzLimits) -> np.ndarray:
+    """The labels ``read()`` returns, once ``header`` says one integer per record; in
+    ``0..limits.classes - 1``."""
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: y must hold one integer label per record of x ({records}), "
                         f"found {header.dtype} {header.shape}")
     y = read().astype(np.int64)
     if len(y) and y.min() < 0:
         raise DataError(f"{path}: label {int(y.min())} is out of range (labels are 0..K-1)")
+    if len(y) and y.max() >= limits.classes:
+        raise DataError(f"{path}: label {int(y.max()):,} asks for more than the "
+                        f"{limits.classes:,} classes a run may have (docs/own-data.md#limits)")
     return y
 
 
-def _declared_classes(path: Path, members: dict[str, NpyHeader]) -> int | None:
-    if "num_classes" not in members:
+def _declared_classes(path: Path, archive: NpzArchive, limits: NpzLimits) -> int | None:
+    if "num_classes" not in archive.headers:
         return None
-    header = members["num_classes"]
+    header = archive.headers["num_classes"]
     if header.shape not in ((), (1,)) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: num_classes must be one integer")
-    value = int(read_npz_array(path, "num_classes").reshape(-1)[0])
+    value = int(archive.read("num_classes").reshape(-1)[0])
     if value < 2:
         raise DataError(f"{path}: num_classes {value} must be >= 2")
+    if value > limits.classes:
+        raise DataError(f"{path}: num_classes {value:,} is more than the {limits.classes:,} "
+                        "classes a run may have (docs/own-data.md#limits)")
     return value
 
 
@@ -187,29 +232,47 @@ def describe_shape(shape: tuple[int, ...]) -> str:
             else "images " + "x".join(str(d) for d in shape))
 
 
-def probe(path: str | Path) -> DataLayout:
-    """The layout of a user's data (module docstring): array headers and labels, checked;
-    no feature is read."""
-    root = Path(path).expanduser()
+def _data_files(root: Path, limits: NpzLimits) -> tuple[tuple[Path, ...], Path | None]:
+    """The client files and the test file of ``--data ROOT`` (a folder or one file)."""
     if root.is_dir():
-        files = sorted(p for p in root.iterdir() if p.suffix == ".npz" and p.is_file())
+        files = folder_entries(root, limits)  # each a regular file, none skipped
         clients = tuple(p for p in files if p.name != TEST_FILE)
-        test = root / TEST_FILE if (root / TEST_FILE).is_file() else None
         if not clients:
             raise DataError(f"{root} holds no client .npz files (one per client, with arrays "
                             "x and y)")
-    elif root.is_file():
-        clients, test = (root,), None
-    else:
+        return clients, (root / TEST_FILE if len(files) > len(clients) else None)
+    if not os.path.lexists(root):
         raise DataError(f"--data {root}: no such file or folder")
+    return (root,), None  # the reader refuses anything but a regular file
+
+
+def _probe_file(file: Path, folder: Path | None, limits: NpzLimits) -> _FileFacts:
+    """One file's headers, labels, num_classes and client ids, checked; x is not read."""
+    with _records_archive(file, folder, limits) as archive:
+        header = _records_header(file, archive.headers, limits)
+        y = _labels(file, archive, header.shape[0], limits)
+        declared = _declared_classes(file, archive, limits)
+        sizes = None
+        if folder is None and "client" in archive.headers:
+            ids = _client_ids(file, archive, header.shape[0], limits)
+            sizes = tuple(int(n) for n in np.bincount(ids))
+    return _FileFacts(header, int(y.max()), declared, sizes)
+
+
+def probe(path: str | Path, limits: NpzLimits = LIMITS) -> DataLayout:
+    """The layout of a user's data (module docstring): array headers and labels, checked
+    against ``limits`` before anything they describe is allocated; no feature is read."""
+    root = Path(path).expanduser()
+    clients, test = _data_files(root, limits)
+    folder = root if root.is_dir() else None
     reference: tuple[Path, NpyHeader] | None = None
     declared: tuple[Path, int] | None = None
     top = -1
-    natural = root.is_dir()
     sizes: list[int] = []
+    facts: dict[Path, _FileFacts] = {}
     for file in (*clients, *((test,) if test else ())):
-        members = npz_headers(file)
-        header = _records_header(file, members)
+        facts[file] = fact = _probe_file(file, folder, limits)
+        header = fact.x
         if reference is None:
             reference = (file, header)
         elif header.shape[1:] != reference[1].shape[1:]:
@@ -219,42 +282,51 @@ def probe(path: str | Path) -> DataLayout:
         elif header.dtype != reference[1].dtype:
             raise DataError(f"{file}: x is {header.dtype}, {reference[0].name}'s is "
                             f"{reference[1].dtype}: every file must hold x of one dtype")
-        y = _labels(file, members, header.shape[0])
-        classes = _declared_classes(file, members)
-        if classes is not None:
-            if declared is not None and classes != declared[1]:
-                raise DataError(f"{file} declares num_classes {classes}, {declared[0].name} "
-                                f"{declared[1]}: the clients' label sets disagree")
-            declared = (file, classes)
+        if fact.declared is not None:
+            if declared is not None and fact.declared != declared[1]:
+                raise DataError(f"{file} declares num_classes {fact.declared}, "
+                                f"{declared[0].name} {declared[1]}: the clients' label sets "
+                                "disagree")
+            declared = (file, fact.declared)
         if file == test:
-            if top >= 0 and declared is None and int(y.max()) > top:
-                raise DataError(f"{file}: label {int(y.max())} is not among the clients' "
+            if top >= 0 and declared is None and fact.top > top:
+                raise DataError(f"{file}: label {fact.top} is not among the clients' "
                                 f"labels 0..{top} (declare num_classes in every file)")
         else:
-            top = max(top, int(y.max()))
+            top = max(top, fact.top)
             sizes.append(header.shape[0])
-        if file == root and "client" in members:
-            natural = True
-            sizes = np.bincount(_client_ids(file, members, header.shape[0])).tolist()
+        if fact.client_sizes is not None:
+            sizes = list(fact.client_sizes)
     assert reference is not None
+    _check_data_bytes(root, [f.x for f in facts.values()], limits)
     num_classes = declared[1] if declared is not None else top + 1
-    for file in (*clients, *((test,) if test else ())):
-        y = read_npz_array(file, "y")
-        if int(y.max()) >= num_classes:
-            raise DataError(f"{file}: label {int(y.max())} is out of range 0..{num_classes - 1}")
+    for file, fact in facts.items():
+        if fact.top >= num_classes:
+            raise DataError(f"{file}: label {fact.top} is out of range 0..{num_classes - 1}")
     if num_classes < 2:
         raise DataError(f"{root}: every label is 0; a classifier needs at least two classes")
+    shape = reference[1].shape[1:]
+    if len(shape) == 3 and shape[1] * shape[2] * num_classes > limits.image_classes:
+        raise DataError(f"{root}: images {shape[1]}x{shape[2]} with {num_classes:,} classes "
+                        f"ask for a last layer of about {2 * shape[1] * shape[2] * num_classes:,}"
+                        f" weights; height x width x classes may be at most "
+                        f"{limits.image_classes:,} (docs/own-data.md#limits)")
+    natural = folder is not None or facts[root].client_sizes is not None
     return DataLayout(root, clients, test, reference[1].shape[1:], num_classes, natural,
-                      tuple(int(n) for n in sizes))
+                      tuple(sizes))
 
 
-def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.ndarray:
-    header = members["client"]
+def _client_ids(path: Path, archive: NpzArchive, records: int, limits: NpzLimits
+                ) -> np.ndarray:
+    header = archive.headers["client"]
     if header.shape != (records,) or header.dtype.kind not in "iu":
         raise DataError(f"{path}: client must hold one integer per record of x ({records})")
-    ids = read_npz_array(path, "client").astype(np.int64)
+    ids = archive.read("client").astype(np.int64)
     if ids.min() < 0:
         raise DataError(f"{path}: client id {int(ids.min())} is negative (ids are 0..K-1)")
+    if ids.max() >= limits.clients:
+        raise DataError(f"{path}: client id {int(ids.max()):,} asks for more than the "
+                        f"{limits.clients:,} clients a run may have (docs/own-data.md#limits)")
     counts = np.bincount(ids)
     if (empty := np.flatnonzero(counts == 0)).size:
         raise DataError(f"{path}: an empty client: id {int(empty[0])} has no records (client "
@@ -262,19 +334,37 @@ def _client_ids(path: Path, members: dict[str, NpyHeader], records: int) -> np.n
     return ids
 
 
-def _features(path: Path) -> np.ndarray:
-    return _checked_features(path, read_npz_array(path, "x"))
-
-
 def _checked_features(path: Path | str, x: np.ndarray) -> np.ndarray:
     """``x`` as a float32 array of its own (writable, C order), refused if it holds NaN or
-    inf."""
-    finite = np.isfinite(x) if x.dtype.kind == "f" else np.ones(1, dtype=bool)
+    inf once cast: a float64 beyond float32's range (3.4e38) becomes inf in the cast, so
+    finiteness is checked after it, on what training reads."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = x.astype(np.float32, order="C", copy=not x.flags.writeable)
+    finite = np.isfinite(x)
     if not finite.all():
         bad = int(np.argwhere(~finite)[0][0])
-        raise DataError(f"{path}: x holds NaN or inf (record {bad}): remove or impute "
-                        "the NaN or infinite values")
-    return np.array(x, dtype=np.float32, order="C")
+        raise DataError(f"{path}: x holds NaN or inf (record {bad}) as float32, the training "
+                        "dtype: remove or impute the NaN or infinite values (float32 ends at "
+                        "+-3.4e38)")
+    return x
+
+
+def _read_file(file: Path, layout: DataLayout, limits: NpzLimits
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """One file of ``layout`` read (x as float32, y, client ids), under the checks of
+    :func:`probe` again: a file changed since it was probed is refused."""
+    with _records_archive(file, layout.folder, limits) as archive:
+        header = _records_header(file, archive.headers, limits)
+        if header.shape[1:] != layout.input_shape:
+            raise DataError(f"{file} changed while it was read: x now holds "
+                            f"{describe_shape(header.shape[1:])}")
+        y = _labels(file, archive, header.shape[0], limits)
+        if y.max() >= layout.num_classes:
+            raise DataError(f"{file}: label {int(y.max())} is out of range "
+                            f"0..{layout.num_classes - 1}")
+        ids = (_client_ids(file, archive, header.shape[0], limits)
+               if layout.folder is None and "client" in archive.headers else None)
+        return _checked_features(file, archive.read("x")), y, ids
 
 
 def held_out_count(n: int) -> int:
@@ -289,26 +379,34 @@ def _holdout(n: int, client: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(n, held_out_count(n), replace=False))
 
 
-def load_user_data(path: str | Path, seed: int = 0) -> Dataset:
+def load_user_data(path: str | Path, seed: int = 0, limits: NpzLimits = LIMITS) -> Dataset:
     """A user's data as a :class:`~fedlap_privacy.data.Dataset` named ``custom``, with its
     natural ``partition`` when it has one, and held out per client when it has no test set
-    (module docstring). Everything is checked first (:func:`probe`)."""
-    layout = probe(path)
-    if layout.natural and layout.clients[0] == layout.path:
-        x_all, y_all = _features(layout.path), read_npz_array(layout.path, "y").astype(np.int64)
-        ids = _client_ids(layout.path, npz_headers(layout.path), len(y_all))
+    (module docstring). Everything is checked first (:func:`probe`), under ``limits``."""
+    layout = probe(path, limits)
+    read: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+    for file in (*layout.clients, *((layout.test,) if layout.test else ())):
+        read.append(_read_file(file, layout, limits))
+        if (size := sum(x.nbytes for x, _, _ in read)) > limits.data_bytes:
+            raise DataError(f"{file} changed while it was read: the features now take "
+                            f"{size:,} bytes, more than the {limits.data_bytes:,} a run reads")
+    if layout.test is not None:
+        x_test, y_test, _ = read.pop()
+    if layout.natural and layout.folder is None:
+        x_all, y_all, ids = read[0]
+        assert ids is not None
         # grouped by id in one stable sort (each client's records in file order): linear in
         # the records, not records x clients, for thousands of clients
         order = np.argsort(ids, kind="stable")
         cuts = np.cumsum(np.bincount(ids))[:-1]
         pieces = list(zip(np.split(x_all[order], cuts), np.split(y_all[order], cuts),
                           strict=True))
+        del x_all
     else:
-        pieces = [(_features(p), read_npz_array(p, "y").astype(np.int64)) for p in layout.clients]
+        pieces = [(x, y) for x, y, _ in read]
+    del read
     held_out = layout.test is None
     if layout.test is not None:
-        x_test = _features(layout.test)
-        y_test = read_npz_array(layout.test, "y").astype(np.int64)
         train = pieces
     elif layout.natural:
         masks = []
@@ -355,30 +453,32 @@ def load_run_data(dataset: str, config: dict[str, Any], split_seed: int | None,
     return load_user_data(used, seed)
 
 
-def load_records(spec: str | Path, normalise: tuple[float, float] | None = None) -> Records:
+def load_records(spec: str | Path, normalise: tuple[float, float] | None = None,
+                 limits: NpzLimits = LIMITS) -> Records:
     """ONE party's records, the one reader of a file of records: a Flower node's
     ``data-file``, ``audit``'s ``--members`` / ``--nonmembers``. ``spec`` is an ``.npz`` with
     ``x`` and ``y`` and optionally ``num_classes``, under the checks of one file of
-    :func:`probe` and :func:`load_user_data` (headers first, then the features, then the
-    labels; no pickle), or ``IMAGES,LABELS``, a pair of IDX files
+    :func:`probe` and :func:`load_user_data` (headers and ``limits`` first, then the labels,
+    then the features; no pickle), or ``IMAGES,LABELS``, a pair of IDX files
     (:func:`fedlap_privacy.dataset_files.read_idx_records`; ``normalise``: their ``(mean, std)``)
     under the same checks. Its labels need not cover every class (a node may hold one); a
     ``client`` array is refused: the file is the party's own records."""
     if "," in str(spec):
         images, labels = (Path(p.strip()).expanduser() for p in str(spec).split(",", 1))
         x, y = read_idx_records(images, labels, normalise)
-        _check_x(spec, NpyHeader(x.shape, x.dtype))
-        y = _checked_labels(spec, NpyHeader(y.shape, y.dtype), len(x), lambda: y)
+        _check_x(spec, NpyHeader(x.shape, x.dtype), limits)
+        y = _checked_labels(spec, NpyHeader(y.shape, y.dtype), len(x), lambda: y, limits)
         return Records(images, _checked_features(spec, x), y, None)
     file = Path(spec).expanduser()
-    members = npz_headers(file)
-    header = _records_header(file, members)
-    if "client" in members:
-        raise DataError(f"{file}: a client array splits a file among clients (--data); a "
-                        "node's data file holds its own records only")
-    x = _features(file)  # a header that declares more than the file holds is refused here
-    y = _labels(file, members, header.shape[0])
-    declared = _declared_classes(file, members)
-    if declared is not None and int(y.max()) >= declared:
-        raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
+    with _records_archive(file, None, limits) as archive:
+        header = _records_header(file, archive.headers, limits)
+        if "client" in archive.headers:
+            raise DataError(f"{file}: a client array splits a file among clients (--data); a "
+                            "node's data file holds its own records only")
+        _check_data_bytes(file, [header], limits)
+        y = _labels(file, archive, header.shape[0], limits)
+        declared = _declared_classes(file, archive, limits)
+        if declared is not None and int(y.max()) >= declared:
+            raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
+        x = _checked_features(file, archive.read("x"))
     return Records(file, x, y, declared)

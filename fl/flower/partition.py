@@ -5,7 +5,8 @@ never from a value the server chose, except in simulation:
 
 * ``data-file`` (the real deployment): ONE ``.npz`` of the node's own records, in the formats
   of ``train --data`` (docs/own-data.md), read by
-  :func:`fedlap_privacy.user_data.load_records` under its checks and never unpickled: ``x``
+  :func:`fedlap_privacy.user_data.load_records` under its checks and limits (a forged or
+  oversized archive, or a path that is not a regular file, is one line) and never unpickled: ``x``
   images ``(N, C, H, W)`` or feature rows ``(N, D)`` (numbers of any dtype, used as float32,
   normalised as the run's model expects), ``y`` integer labels, optionally a 0-d
   ``num_classes``. Whether they fit the server's model (shape, classes) is checked by

@@ -121,11 +121,11 @@ def test_each_bad_input_is_one_line(tmp_path: Path, name: str) -> None:
 def test_probe_reads_no_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layout and labels come from headers and y alone: x is never loaded."""
     root = tabular_folder(tmp_path / "d")
-    import fedlap_privacy.user_data as user_data
+    from fedlap_privacy.npz_reader import NpzArchive
 
     read = []
-    real = user_data.read_npz_array
-    monkeypatch.setattr(user_data, "read_npz_array", lambda p, n: read.append(n) or real(p, n))
+    real = NpzArchive.read
+    monkeypatch.setattr(NpzArchive, "read", lambda a, n: read.append(n) or real(a, n))
     layout = probe(root)
     assert layout.input_shape == (FEATURES,) and layout.num_classes == CLASSES
     assert "x" not in read and layout.natural and len(layout.clients) == 3
