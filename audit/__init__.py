@@ -54,6 +54,7 @@ __all__ = [
     "AttackResult",
     "AuditReport",
     "CanaryClientEstimate",
+    "GradientCanaries",
     "MLPAttack",
     "MembershipSplit",
     "OneRunResult",
@@ -97,6 +98,7 @@ _LAZY = {
     "audit_model": "fedlap_privacy.audit.external",
     "load_external_model": "fedlap_privacy.audit.external",
     "run_canary_audits": "fedlap_privacy.audit.canary_audit",
+    "GradientCanaries": "fedlap_privacy.audit.gradient_canaries",
 }
 
 
