@@ -32,7 +32,8 @@ from torch import nn
 
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["accountant_of", "hook_dp_optimizer", "loader_sampling", "optimizer_sample_rate"]
+__all__ = ["accountant_of", "attach_to_parameter", "check_dp_optimizer", "hook_dp_optimizer",
+           "loader_sampling", "optimizer_sample_rate"]
 
 _REQUIRED = ("add_noise", "pre_step", "original_optimizer", "noise_multiplier", "max_grad_norm",
              "loss_reduction", "expected_batch_size", "accumulated_iterations")
@@ -138,3 +139,17 @@ def hook_dp_optimizer(canaries: Any, optimizer: Any, block: nn.Parameter) -> Non
 
     optimizer.add_noise = add_noise
     optimizer.pre_step = pre_step
+
+
+def attach_to_parameter(canaries: Any, optimizer: Any, parameter: nn.Parameter,
+                        sample_rate: float) -> None:
+    """Canaries on the first ``m`` coordinates of one of the optimiser's own parameters
+    instead of the dedicated block, Poisson at ``sample_rate``: only to measure why the block
+    is needed (every record's gradient reaches these coordinates and drowns the canaries;
+    benchmarks/opacus_canaries.py). :meth:`GradientCanaries.attach` always uses the block."""
+    if parameter.numel() < canaries.m:
+        raise ConfigError(f"{canaries.m} canaries need a parameter of at least "
+                          f"{canaries.m} entries, got {parameter.numel()}")
+    canaries._set_sampling(sample_rate, None)
+    hook_dp_optimizer(canaries, optimizer, parameter)
+    canaries._optimizer = optimizer
