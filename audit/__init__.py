@@ -6,7 +6,8 @@ FPR, epsilon lower bound) and ``report`` (:func:`run_audit`, JSON and ROC plot).
 this package does not import torch; :func:`run_audit` and ``compute_features`` load it.
 
 Canary audits (torch-free): ``score_audit`` (:func:`audit_canary_scores`, the one-run audit
-of canary scores from any framework, :class:`ClaimedMechanism`), ``one_run`` (one-run
+of canary scores from any framework, :class:`ClaimedMechanism`), ``record_canaries``
+(:class:`RecordCanaries`, black-box canary records for any training), ``one_run`` (one-run
 epsilon lower bound, Steinke, Nasr, Jagielski 2023), ``canary_clients`` (canary-client
 epsilon estimate, Andrew et al. 2024) and ``reference_attacks`` (offline LiRA, Carlini et al.
 2022, and offline RMIA, Zarifzadeh, Liu, Shokri 2024).
@@ -41,6 +42,7 @@ from fedlap_privacy.audit.one_run import (
     one_run_lower_bound,
     one_run_p_value,
 )
+from fedlap_privacy.audit.record_canaries import RecordCanaries
 from fedlap_privacy.audit.reference_attacks import (
     RmiaTuning,
     lira_offline_scores,
@@ -65,6 +67,7 @@ __all__ = [
     "MembershipSplit",
     "OneRunResult",
     "PrivacyClaim",
+    "RecordCanaries",
     "RmiaTuning",
     "ScoreAuditResult",
     "ThresholdAttack",
