@@ -28,7 +28,7 @@ from fedlap_privacy.cli.common import (
 if TYPE_CHECKING:
     from fedlap_privacy.audit.results import AuditReport
 
-__all__ = ["audit", "render_report"]
+__all__ = ["audit", "render_one_run", "render_report"]
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -95,7 +95,7 @@ def render_report(report: dict[str, Any]) -> None:
         )
     one_run = report.get("one_run")
     if one_run:
-        _render_one_run(one_run)
+        render_one_run(one_run)
     if report["violation"]:
         console.print(
             f"[bold red]VIOLATION: the empirical lower bound {report['max_eps_lb']:.3f} exceeds "
@@ -104,7 +104,7 @@ def render_report(report: dict[str, Any]) -> None:
         )
 
 
-def _render_one_run(one_run: dict[str, Any]) -> None:
+def render_one_run(one_run: dict[str, Any]) -> None:
     """The canary audits: every method's bound (or p-value), ceiling and verdict per audit."""
     table = Table(title=f"one-run canary audits ({one_run['kind']} canaries)")
     for column in ("audit", "canaries", "guesses", "correct", "Steinke LB", "ceiling",
@@ -155,11 +155,11 @@ def _pair(text: str | None) -> tuple[float, float] | None:
 
 
 def audit(
-    model: Annotated[Path, typer.Option("--model", help=(
+    model: Annotated[Path | None, typer.Option("--model", help=(
         "checkpoint written by train; with --members / --nonmembers: an exported program "
         "(.pt2, read without unpickling or running anything from it), a TorchScript module "
         "(loading TorchScript runs the file's code: only audit TorchScript files you trust), "
-        "or a state dict with --model-factory"))],
+        "or a state dict with --model-factory"))] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option("--data-dir", help="dataset folder (default: the checkpoint's)"),
@@ -207,11 +207,41 @@ def audit(
         "torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=DRY_RUN_HELP)] = False,
+    canary_scores: Annotated[Path | None, typer.Option("--canary-scores", help=(
+        "instead of --model: an .npz with 'scores' (one float per canary, higher = more "
+        "likely included) and 'included' (the secret bits) from a training run anywhere "
+        "(JAX, TensorFlow, ...); needs --claimed-eps and --delta"))] = None,
+    noise_multiplier: Annotated[float | None, typer.Option("--noise-multiplier", help=(
+        "--canary-scores: the claimed mechanism's noise multiplier (with --sample-rate and "
+        "--steps: the claim-curve test)"))] = None,
+    sample_rate: Annotated[float | None, typer.Option("--sample-rate", help=(
+        "--canary-scores: the claimed Poisson sample rate"))] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help=(
+        "--canary-scores: the claimed number of noisy steps"))] = None,
 ) -> None:
     """Membership-inference audit: attack a model's training records, bound epsilon.
 
     A checkpoint written by train is audited with its run's members and ledger (and
-    canaries); any other model with --members / --nonmembers."""
+    canaries); any other model with --members / --nonmembers; canary scores from any
+    training with --canary-scores."""
+    from fedlap_privacy.cli.audit_scores import audit_scores_command
+
+    if canary_scores is not None:
+        others = {"--model": model, "--members": members, "--nonmembers": nonmembers,
+                  "--model-factory": model_factory, "--data-dir": data_dir,
+                  "--normalise": normalise, "--max-per-half": max_per_half}
+        given = [flag for flag, value in others.items() if value is not None]
+        given += ["--reference-models"] * bool(reference_models) + ["--dry-run"] * dry_run
+        if given:
+            fail(f"--canary-scores audits a score file alone; drop {', '.join(given)}")
+        audit_scores_command(canary_scores, claimed_eps, delta, out, json_output,
+                             fail_on_violation, (noise_multiplier, sample_rate, steps))
+        return
+    if noise_multiplier is not None or sample_rate is not None or steps is not None:
+        fail("--noise-multiplier, --sample-rate and --steps describe the claim of "
+             "--canary-scores")
+    if model is None:
+        fail("give --model (a checkpoint or a model trained elsewhere) or --canary-scores FILE")
 
     from fedlap_privacy.threads import apply_cpu_policy
 
