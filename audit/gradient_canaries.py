@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from torch import nn
 
 from fedlap_privacy.audit import gradient_canary_scores as gcs
 from fedlap_privacy.audit.canary_block import add_canary_block, canary_block
+from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["MAX_CANARIES", "MIN_CANARIES", "CanaryRun", "GradientCanaries"]
@@ -68,32 +68,6 @@ def _secret_coins(m: int) -> np.ndarray:
 def _step_generator() -> np.random.Generator:
     """The generator of the per-step sampling draws, seeded with 128 bits from the OS."""
     return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
-
-
-@dataclass(frozen=True)
-class CanaryRun:
-    """What the canaries saw: ``steps`` released steps, the sampling rule (``sample_rate``,
-    and ``steps_per_epoch`` for shuffled batches, None for Poisson), the noise multiplier and
-    clipping norm the optimiser used (single values, or None when they changed), and the
-    noise multiplier measured on the block (units of ``C``)."""
-
-    canaries: int
-    steps: int
-    sample_rate: float
-    steps_per_epoch: int | None
-    noise_multiplier: float | None
-    max_grad_norm: float | None
-    measured_noise_multiplier: float
-
-    @property
-    def sampling(self) -> str:
-        return "poisson" if self.steps_per_epoch is None else "shuffle"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"canaries": self.canaries, "steps": self.steps, "sampling": self.sampling,
-                "sample_rate": self.sample_rate, "steps_per_epoch": self.steps_per_epoch,
-                "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
-                "measured_noise_multiplier": self.measured_noise_multiplier}
 
 
 class GradientCanaries:

@@ -26,10 +26,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.audit.gradient_canaries import CanaryRun, GradientCanaries
+from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
 from fedlap_privacy.audit.score_audit import (
     ClaimedMechanism,
     ScoreAuditResult,
@@ -37,6 +37,9 @@ from fedlap_privacy.audit.score_audit import (
 )
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.jsonsafe import json_safe
+
+if TYPE_CHECKING:
+    from fedlap_privacy.audit.gradient_canaries import GradientCanaries
 
 __all__ = ["AUDIT_SCORE", "GradientCanaryAudit", "audit_gradient_canaries",
            "described_mechanism"]

@@ -32,16 +32,45 @@ noise is too small is seen as such.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.special import logsumexp
 
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["measured_noise_multiplier", "poisson_scores", "shuffle_scores", "summed_scores"]
+__all__ = ["CanaryRun", "measured_noise_multiplier", "poisson_scores", "shuffle_scores",
+           "summed_scores"]
 
 #: MAD of a standard normal (Phi^-1(3/4)): MAD / this estimates its scale
 _MAD_NORMAL = 0.6744897501960817
+
+
+@dataclass(frozen=True)
+class CanaryRun:
+    """What the canaries saw: ``steps`` released steps, the sampling rule (``sample_rate``,
+    and ``steps_per_epoch`` for shuffled batches, None for Poisson), the noise multiplier and
+    clipping norm the optimiser used (single values, or None when they changed), and the
+    noise multiplier measured on the block (units of ``C``)."""
+
+    canaries: int
+    steps: int
+    sample_rate: float
+    steps_per_epoch: int | None
+    noise_multiplier: float | None
+    max_grad_norm: float | None
+    measured_noise_multiplier: float
+
+    @property
+    def sampling(self) -> str:
+        return "poisson" if self.steps_per_epoch is None else "shuffle"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"canaries": self.canaries, "steps": self.steps, "sampling": self.sampling,
+                "sample_rate": self.sample_rate, "steps_per_epoch": self.steps_per_epoch,
+                "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
+                "measured_noise_multiplier": self.measured_noise_multiplier}
 
 
 def _releases(releases: np.ndarray) -> np.ndarray:
