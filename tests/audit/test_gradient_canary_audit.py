@@ -132,3 +132,19 @@ def test_the_documented_opacus_script_runs(monkeypatch, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "consistent" in printed, printed
     assert (tmp_path / "runs" / "opacus-audit" / "report.html").exists()
+
+
+def test_a_plain_loop_that_releases_without_noise_is_a_violation():
+    """The documented hooks in a loop whose noise is missing (noise multiplier 0 recorded):
+    the mechanism is then calibrated to the claimed epsilon, and the audit refutes it."""
+    from fedlap_privacy.audit import GradientCanaries
+
+    canaries = GradientCanaries(m=200)
+    for _ in range(100):
+        block = torch.zeros(200)
+        canaries.add_to_clipped_sum(block, max_grad_norm=1.0, sample_rate=0.05)
+        canaries.record_release(block.clone(), noise_multiplier=0.0, max_grad_norm=1.0)
+    result = canaries.audit(claimed_epsilon=1.0, delta=DELTA)
+    assert result.run.measured_noise_multiplier == 0.0
+    assert result.mechanism_source == "calibrated to the claimed epsilon"
+    assert result.violation and result.epsilon_lower_bound > 1.0
