@@ -1,7 +1,7 @@
 """White-box gradient canaries for a DP-SGD training run elsewhere (Opacus, or a plain loop).
 
 The one-run audit of Steinke, Nasr, Jagielski (NeurIPS 2023) with Dirac gradient canaries
-(SPEC of this package, section 6; Nasr et al., USENIX Security 2023): ``m`` canaries, each
+(Nasr, Hayes, Steinke et al., USENIX Security 2023; docs/audit.md): ``m`` canaries, each
 included with a secret fair coin drawn from the operating system before training; each owns
 one coordinate of a block of weights that no record's gradient reaches
 (:mod:`.canary_block`); at every step each included canary is sampled as the optimiser

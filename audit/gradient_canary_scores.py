@@ -9,7 +9,7 @@ mechanism's noise, ``N(0, sigma^2)`` for DP-SGD with noise multiplier ``sigma``.
 Scores (higher = more likely included):
 
 * :func:`poisson_scores`: the log-likelihood ratio of "included" against "not included" for a
-  canary Poisson-sampled at rate ``q`` per step (SPEC section 6; the Neyman-Pearson statistic
+  canary Poisson-sampled at rate ``q`` per step (the Neyman-Pearson statistic
   for one canary, the releases of a step being independent given the coins):
   ``sum_t log(1 - q + q exp((u_t - 1/2) / s^2))``, where ``N(1, s^2) / N(0, s^2)`` at ``u`` is
   ``exp((u - 1/2) / s^2)``;
