@@ -48,7 +48,9 @@ class CanaryBlockModel(nn.Module):
             device, dtype = torch.device("cpu"), torch.get_default_dtype()
         self.model = model
         setattr(self, BLOCK_NAME, nn.Linear(m, 1, bias=False, device=device, dtype=dtype))
-        nn.init.zeros_(getattr(self, BLOCK_NAME).weight)
+        weight = getattr(self, BLOCK_NAME).weight
+        nn.init.zeros_(weight)
+        weight.fedlap_canary_block = True  # kept by Opacus's clone_module (ModuleValidator.fix)
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         output = self.model(*args, **kwargs)

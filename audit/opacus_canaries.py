@@ -99,14 +99,22 @@ def check_dp_optimizer(optimizer: Any) -> None:
         raise ConfigError(f"the optimiser needs one max_grad_norm > 0, got {clip!r}")
 
 
-def _join(optimizer: Any, block: nn.Parameter) -> None:
-    """Make ``block`` one of the optimiser's parameters (an optimiser built from the model
-    before ``wrap`` lacks it): one more parameter group of the wrapped optimiser, so that
-    Opacus clips, noises and releases it as every other."""
-    if any(p is block for group in optimizer.param_groups for p in group["params"]):
-        return
+def _join(optimizer: Any, block: nn.Parameter) -> nn.Parameter:
+    """The canary block as one of the optimiser's parameters. An optimiser built from a copy
+    of the wrapped model (``ModuleValidator.fix`` clones it) holds the copy's block, marked:
+    that one. One built from the model before ``wrap`` lacks it: ``block`` becomes one more
+    parameter group of the wrapped optimiser, so that Opacus clips, noises and releases it
+    as every other."""
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    if any(p is block for p in held):
+        return block
+    copies = [p for p in held if getattr(p, "fedlap_canary_block", False)
+              and p.shape == block.shape]
+    if len(copies) == 1:
+        return copies[0]
     block.summed_grad = None  # what DPOptimizer.__init__ sets on each of its parameters
     optimizer.original_optimizer.add_param_group({"params": [block]})
+    return block
 
 
 def hook_dp_optimizer(canaries: Any, optimizer: Any, block: nn.Parameter) -> None:
@@ -114,7 +122,7 @@ def hook_dp_optimizer(canaries: Any, optimizer: Any, block: nn.Parameter) -> Non
     ``canaries`` (a :class:`~.gradient_canaries.GradientCanaries`) enter and record each
     step; ``block`` is the canary block's weight."""
     check_dp_optimizer(optimizer)
-    _join(optimizer, block)
+    block = _join(optimizer, block)
     opacus_add_noise = optimizer.add_noise
     opacus_pre_step = optimizer.pre_step
 

@@ -176,3 +176,28 @@ def test_the_recorded_scores_are_not_fooled_by_a_larger_block():
     assert torch.equal(block.reshape(-1)[:20] > 0, torch.from_numpy(canaries.included))
     canaries.record_release(block, noise_multiplier=0.0, max_grad_norm=1.0)
     assert np.array_equal(canaries.releases()[0], canaries.included.astype(float))
+
+
+def test_a_model_fixed_by_opacus_after_wrap_keeps_its_canaries():
+    """``ModuleValidator.fix`` clones the wrapped model: the optimiser then holds the copy's
+    block, and the canaries enter that one."""
+    from opacus import PrivacyEngine
+    from opacus.validators import ModuleValidator
+
+    torch.manual_seed(7)
+    canaries = GradientCanaries(m=200)
+    model = ModuleValidator.fix(canaries.wrap(mlp()))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(digits(), batch_size=120)
+    model, optimizer, loader = PrivacyEngine().make_private(
+        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+        max_grad_norm=1.0)
+    canaries.attach(optimizer)
+    for x, y in loader:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert canaries.steps == 15 and canaries._sampled.sum() > 0
+    assert abs(canaries.run().measured_noise_multiplier - 1.0) < 0.1
+    block = model._module.fedlap_canary_block.weight
+    assert block.grad is not None and block is not canaries._block.weight
