@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from fedlap_privacy.audit import gradient_canary_scores as gcs
-from fedlap_privacy.audit.canary_block import add_canary_block, canary_block
+from fedlap_privacy.audit.canary_block import add_canary_block, canary_block, remove_canary_block
 from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
 from fedlap_privacy.errors import ConfigError
 
@@ -108,6 +108,12 @@ class GradientCanaries:
         wrapped = add_canary_block(model, self.m)
         self._block = canary_block(wrapped)
         return wrapped
+
+    @staticmethod
+    def unwrap(model: nn.Module) -> nn.Module:
+        """The model :meth:`wrap` was given, without its block (from the wrapped model or
+        from the Opacus module around it): what to save or deploy after training."""
+        return remove_canary_block(model)
 
     def attach(self, optimizer: Any, *, data_loader: Any = None,
                sample_rate: float | None = None) -> None:
@@ -266,6 +272,13 @@ class GradientCanaries:
                                                              1e-3))
         out["summed release"] = gcs.summed_scores(releases)
         return out
+
+    def accountant(self) -> Any | None:
+        """The Opacus accountant ``make_private`` hooked to the attached optimiser, if any."""
+        from fedlap_privacy.audit import opacus_canaries
+
+        return None if self._optimizer is None else opacus_canaries.accountant_of(
+            self._optimizer)
 
     @property
     def included(self) -> np.ndarray:

@@ -10,7 +10,8 @@ and the test against the claimed mechanism's own trade-off curve, each at its Bo
 share of the confidence.
 
 The claim: ``claimed_epsilon`` at ``delta``, or what an Opacus accountant (or
-``PrivacyEngine``) passed as ``accountant`` reports at ``delta``. The claimed mechanism, for
+``PrivacyEngine``) passed as ``accountant`` reports at ``delta``, or, with neither, what the
+accountant ``make_private`` hooked to the attached optimiser reports. The claimed mechanism, for
 the curve test: the one given; otherwise the subsampled Gaussian at the run's sample rate and
 number of steps, with the optimiser's noise multiplier; when that noise would not give the
 claimed epsilon (by this package's PLD accountant, more than 1% above the claim: the
@@ -163,6 +164,8 @@ def audit_gradient_canaries(
     folder for ``report.json`` / ``report.md`` / ``report.html`` / ``scores.png`` and
     ``canaries.json``."""
     run = canaries.run()
+    if claimed_epsilon is None and accountant is None:
+        accountant = canaries.accountant()  # the one make_private attached, if any
     claim = _claimed_epsilon(claimed_epsilon, delta, accountant)
     if not (isinstance(claim, int | float) and math.isfinite(claim) and claim >= 0.0):
         raise ConfigError(f"the claimed epsilon must be finite and >= 0, got {claim!r}")

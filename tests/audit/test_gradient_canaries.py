@@ -26,7 +26,7 @@ def test_wrap_leaves_the_outputs_unchanged_whatever_the_block_holds():
         wrapped.fedlap_canary_block.weight.normal_(0.0, 100.0)
     assert torch.equal(wrapped(x), before)
     assert wrapped.classes == 10 and wrapped.model is model  # its attributes still answer
-    assert remove_canary_block(wrapped) is model
+    assert remove_canary_block(wrapped) is model and GradientCanaries.unwrap(wrapped) is model
 
 
 def test_the_canaries_enter_the_clipped_sum_before_the_noise(monkeypatch):
