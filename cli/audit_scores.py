@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from fedlap_privacy.cli.canary_table import render_one_run
 from fedlap_privacy.cli.common import check_writable, console, fail, guarded, print_json
 
 __all__ = ["audit_scores_command"]
@@ -45,8 +46,6 @@ def audit_scores_command(
     if json_output:
         print_json(result.to_json())
     else:
-        from fedlap_privacy.cli.audit import render_one_run
-
         render_one_run(result.to_json()["one_run"])
         p = result.claim_curve_p_value
         colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
