@@ -43,6 +43,10 @@ def render_one_run(one_run: dict[str, Any]) -> None:
             f"[{colour[a['verdict']]}]{a['verdict']}[/] ({a.get('verdict_method', 'steinke')})",
         )
     console.print(table)
+    for a in one_run["audits"]:
+        if a.get("epsilon_estimate_skipped"):
+            console.print(f"{a['audit']}: no epsilon estimate (the bounds do not need it): "
+                          f"{a['epsilon_estimate_skipped']}", highlight=False)
     console.print(
         "Steinke LB: Steinke-Nasr-Jagielski one-run bound; f-DP LB: Mahloujifar-Melis-"
         "Chaudhuri bound of the Gaussian trade-off family (* : the claimed mechanism is not "
