@@ -195,11 +195,11 @@ def audit(
                   "--model-factory": model_factory, "--data-dir": data_dir,
                   "--normalise": normalise, "--max-per-half": max_per_half}
         given = [flag for flag, value in others.items() if value is not None]
-        given += ["--reference-models"] * bool(reference_models) + ["--dry-run"] * dry_run
+        given += ["--reference-models"] * bool(reference_models)
         if given:
             fail(f"--canary-scores audits a score file alone; drop {', '.join(given)}")
         audit_scores_command(canary_scores, claimed_eps, delta, out, json_output,
-                             fail_on_violation, (noise_multiplier, sample_rate, steps))
+                             fail_on_violation, (noise_multiplier, sample_rate, steps), dry_run)
         return
     if noise_multiplier is not None or sample_rate is not None or steps is not None:
         fail("--noise-multiplier, --sample-rate and --steps describe the claim of "
