@@ -157,6 +157,17 @@ def test_forged_headers_and_bombs_are_refused(tmp_path: Path) -> None:
         _zip_with(tmp_path, {"scores.npy": short, "included.npy": bits}))
 
 
+def test_a_duplicated_member_is_refused(tmp_path: Path) -> None:
+    bits = _npy({"descr": "|b1", "fortran_order": False, "shape": (20,)}, bytes(20))
+    honest = _npy({"descr": "<f8", "fortran_order": False, "shape": (20,)}, bytes(160))
+    path = tmp_path / "twice.npz"
+    with zipfile.ZipFile(path, "w") as z, pytest.warns(UserWarning, match="Duplicate name"):
+        z.writestr("scores.npy", honest)
+        z.writestr("scores.npy", honest)
+        z.writestr("included.npy", bits)
+    assert "ambiguous" in _fails(path)
+
+
 def test_a_file_above_the_size_cap_is_refused(tmp_path: Path, monkeypatch) -> None:
     path = _file(tmp_path, scores=np.zeros(20), included=_bits(20))
     monkeypatch.setattr(score_file, "MAX_FILE_BYTES", 100)
