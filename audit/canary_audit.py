@@ -27,6 +27,7 @@ the ledger composes to (recomputed, never read from a stored number).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -76,11 +77,11 @@ def run_canary_audits(
     scores = {**canary_scores(state, model), **(extra_scores or {})}
     audits = audit_scores(scores, state.included.numpy(), claimed_epsilon, delta, confidence,
                           curve)
+    included = state.included.numpy().astype(bool)
     out = []
     for audit in audits:
         values = np.asarray(scores[audit.name], dtype=np.float64)
-        included = state.included.numpy().astype(bool)
-        extra: dict = {}
+        extra: dict[str, Any] = {}
         if state.kind == CanaryKind.CLIENTS and state.dimension is not None:
             extra = _client_estimate(audit.name, values, included, state.dimension, delta)
         if state.kind == CanaryKind.WHITE_BOX:

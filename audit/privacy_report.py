@@ -52,7 +52,8 @@ METHOD_TEXT = {
            "trade-off family; it tests the claim only where the claimed mechanism is at least "
            "as private as that Gaussian curve)",
     "claim-curve": "a test of the guesses against the trade-off curve of the exact mechanism "
-                   "the ledger describes (a p-value below its level is a violation)",
+                   "claimed (for a run of this package, the one its ledger describes; a "
+                   "p-value below its level is a violation)",
 }
 VERDICT_TEXT = {
     "violation": "VIOLATION: the audit shows more leakage than the claim allows",

@@ -42,7 +42,7 @@ from fedlap_privacy.audit.claim_curve import ClaimCurve
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["MIN_CANARIES", "ClaimedMechanism", "ScoreAuditResult", "audit_canary_scores",
-           "check_bits", "check_scores"]
+           "check_bits", "check_claim", "check_scores"]
 
 #: fewest canaries an audit of scores accepts (below it no bound can exceed a tiny epsilon)
 MIN_CANARIES = 10
@@ -220,7 +220,9 @@ def check_bits(values: Any, m: int) -> np.ndarray:
     return arr.astype(bool)
 
 
-def _check_claim(claimed_epsilon: float, delta: float, confidence: float) -> None:
+def check_claim(claimed_epsilon: float, delta: float, confidence: float) -> None:
+    """A ConfigError unless the claim is finite epsilon >= 0, 0 < delta < 1 and
+    0 < confidence < 1."""
     for name, value in (("claimed epsilon", claimed_epsilon), ("delta", delta),
                         ("confidence", confidence)):
         if not _is_number(value):
@@ -252,7 +254,7 @@ def audit_canary_scores(
     the claim-curve test. ``out``: a folder for ``report.json`` / ``report.md`` /
     ``report.html`` / ``scores.png``. Bad input is a one-line ConfigError.
     """
-    _check_claim(claimed_epsilon, delta, confidence)
+    check_claim(claimed_epsilon, delta, confidence)
     named = dict(scores) if isinstance(scores, Mapping) else {"scores": scores}
     if not named:
         raise ConfigError("no scores given")

@@ -45,14 +45,18 @@ def _read_exactly(f: IO[bytes], size: int) -> bytes:
 
 
 def _member(path: Path, archive: zipfile.ZipFile, key: str) -> np.ndarray:
-    info = next((i for i in archive.infolist() if i.filename == f"{key}.npy"), None)
+    found = [i for i in archive.infolist() if i.filename == f"{key}.npy"]
+    if len(found) > 1:
+        raise DataError(f"{path}: holds {len(found)} arrays named {key!r}: which one is meant "
+                        "is ambiguous")
+    info = found[0] if found else None
     if info is None:
         names = sorted(i.filename.removesuffix(".npy") for i in archive.infolist())
         raise DataError(f"{path}: needs arrays 'scores' and 'included' (np.savez(FILE, "
                         f"scores=..., included=...)); it holds {names or 'nothing'}")
     with archive.open(info) as f:
         version = np.lib.format.read_magic(f)
-        if version not in ((1, 0), (2, 0), (3, 0)):
+        if version not in ((1, 0), (2, 0)):
             raise DataError(f"{path}: array {key!r} has .npy format {version}")
         read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                        else np.lib.format.read_array_header_2_0)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from fedlap_privacy.cli.canary_table import render_one_run
 from fedlap_privacy.cli.common import (
     DRY_RUN_HELP,
     check_writable,
@@ -102,43 +103,6 @@ def render_report(report: dict[str, Any]) -> None:
             f"the promised epsilon {tested:.3f} -- the DP implementation or its accounting "
             "is wrong[/]"
         )
-
-
-def render_one_run(one_run: dict[str, Any]) -> None:
-    """The canary audits: every method's bound (or p-value), ceiling and verdict per audit."""
-    table = Table(title=f"one-run canary audits ({one_run['kind']} canaries)")
-    for column in ("audit", "canaries", "guesses", "correct", "Steinke LB", "ceiling",
-                   "f-DP LB", "ceiling", "claim-curve p", "claimed", "verdict"):
-        table.add_column(column, justify="left" if column in ("audit", "verdict") else "right")
-    colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
-    for a in one_run["audits"]:
-        estimate = a.get("epsilon_estimate")
-        gdp = a.get("gdp_estimate")
-        name = a["audit"] + ("" if estimate is None else
-                             f" (estimate eps {estimate['epsilon']:.2f})") + (
-            "" if gdp is None else f" (GDP estimate eps {gdp['epsilon']:.2f}, not a bound)")
-        methods = a.get("methods", {})
-        steinke = methods.get("steinke", a)
-        fdp = methods.get("fdp")
-        curve = methods.get("claim-curve")
-        fdp_cells = ("-", "-") if fdp is None else (
-            _fmt(fdp["epsilon_lower_bound"]) + ("" if fdp["valid"] else "*"),
-            _fmt(fdp["ceiling"]))
-        table.add_row(
-            name, str(steinke["canaries"]), str(steinke["guesses"]), str(steinke["correct"]),
-            _fmt(steinke["epsilon_lower_bound"]), _fmt(steinke["ceiling"]), *fdp_cells,
-            "-" if curve is None else f"{curve['p_value']:.2g}", _fmt(a["claimed_epsilon"]),
-            f"[{colour[a['verdict']]}]{a['verdict']}[/] ({a.get('verdict_method', 'steinke')})",
-        )
-    console.print(table)
-    console.print(
-        "Steinke LB: Steinke-Nasr-Jagielski one-run bound; f-DP LB: Mahloujifar-Melis-"
-        "Chaudhuri bound of the Gaussian trade-off family (* : the claimed mechanism is not "
-        "that Gaussian-private, so its verdict does not count); claim-curve p: p-value of the "
-        "counts under the ledger's own trade-off curve; every test at confidence "
-        f"{one_run['confidence']:.3g}; ceiling: the largest bound an audit could reach; "
-        "inconclusive: the claim is above it; verdict: the strongest valid one (its method)",
-        highlight=False)
 
 
 def _pair(text: str | None) -> tuple[float, float] | None:
@@ -231,11 +195,11 @@ def audit(
                   "--model-factory": model_factory, "--data-dir": data_dir,
                   "--normalise": normalise, "--max-per-half": max_per_half}
         given = [flag for flag, value in others.items() if value is not None]
-        given += ["--reference-models"] * bool(reference_models) + ["--dry-run"] * dry_run
+        given += ["--reference-models"] * bool(reference_models)
         if given:
             fail(f"--canary-scores audits a score file alone; drop {', '.join(given)}")
         audit_scores_command(canary_scores, claimed_eps, delta, out, json_output,
-                             fail_on_violation, (noise_multiplier, sample_rate, steps))
+                             fail_on_violation, (noise_multiplier, sample_rate, steps), dry_run)
         return
     if noise_multiplier is not None or sample_rate is not None or steps is not None:
         fail("--noise-multiplier, --sample-rate and --steps describe the claim of "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from fedlap_privacy.cli.canary_table import render_one_run
 from fedlap_privacy.cli.common import check_writable, console, fail, guarded, print_json
 
 __all__ = ["audit_scores_command"]
@@ -21,10 +22,17 @@ def audit_scores_command(
     json_output: bool,
     fail_on_violation: bool,
     mechanism: tuple[float | None, float | None, int | None],
+    dry_run: bool = False,
 ) -> None:
     """Audit the claim ``(claimed_eps, delta)`` from the scores in ``path``; exit 1 on a
-    violation with ``fail_on_violation``, 2 (one line) on bad input."""
-    from fedlap_privacy.audit.score_audit import ClaimedMechanism, audit_canary_scores
+    violation with ``fail_on_violation``, 2 (one line) on bad input. ``dry_run``: check the
+    flags and the file, say what would be audited, write nothing."""
+    from fedlap_privacy.audit.score_audit import (
+        MIN_CANARIES,
+        ClaimedMechanism,
+        audit_canary_scores,
+        check_claim,
+    )
     from fedlap_privacy.audit.score_file import load_score_file
 
     if claimed_eps is None or delta is None:
@@ -37,16 +45,31 @@ def audit_scores_command(
         sigma, q, steps = mechanism
         claimed = guarded(lambda: ClaimedMechanism(sigma, q, steps).validate())  # type: ignore[arg-type]
     if out is not None:
-        guarded(lambda: check_writable(out))
+        guarded(lambda: check_writable(out, probe=not dry_run))
     scores, included = guarded(lambda: load_score_file(path))
+    if dry_run:
+        guarded(lambda: check_claim(claimed_eps, delta, 0.95))
+        if len(scores) < MIN_CANARIES:
+            fail(f"the audit needs at least {MIN_CANARIES} canaries, got {len(scores)}")
+        plan = {"dry_run": True, "canary_scores": str(path), "canaries": len(scores),
+                "claimed_epsilon": claimed_eps, "delta": delta,
+                "mechanism": None if claimed is None else claimed.to_json(),
+                "out": None if out is None else str(out)}
+        if json_output:
+            print_json(plan)
+        else:
+            console.print(f"[bold]dry run[/]: nothing audited, nothing written; would audit "
+                          f"{len(scores):,} canary scores from {path} against epsilon "
+                          f"{claimed_eps:g} at delta {delta:g}"
+                          + ("" if claimed is None else " and the claimed mechanism's curve")
+                          + ("" if out is None else f", report into {out}"), highlight=False)
+        return
     result = guarded(lambda: audit_canary_scores(
         scores, included, claimed_epsilon=claimed_eps, delta=delta, mechanism=claimed,
         out=out, title=f"the canary scores in {path.name}"))
     if json_output:
         print_json(result.to_json())
     else:
-        from fedlap_privacy.cli.audit import render_one_run
-
         render_one_run(result.to_json()["one_run"])
         p = result.claim_curve_p_value
         colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}

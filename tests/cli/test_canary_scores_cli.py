@@ -157,6 +157,17 @@ def test_forged_headers_and_bombs_are_refused(tmp_path: Path) -> None:
         _zip_with(tmp_path, {"scores.npy": short, "included.npy": bits}))
 
 
+def test_a_duplicated_member_is_refused(tmp_path: Path) -> None:
+    bits = _npy({"descr": "|b1", "fortran_order": False, "shape": (20,)}, bytes(20))
+    honest = _npy({"descr": "<f8", "fortran_order": False, "shape": (20,)}, bytes(160))
+    path = tmp_path / "twice.npz"
+    with zipfile.ZipFile(path, "w") as z, pytest.warns(UserWarning, match="Duplicate name"):
+        z.writestr("scores.npy", honest)
+        z.writestr("scores.npy", honest)
+        z.writestr("included.npy", bits)
+    assert "ambiguous" in _fails(path)
+
+
 def test_a_file_above_the_size_cap_is_refused(tmp_path: Path, monkeypatch) -> None:
     path = _file(tmp_path, scores=np.zeros(20), included=_bits(20))
     monkeypatch.setattr(score_file, "MAX_FILE_BYTES", 100)
@@ -172,3 +183,15 @@ def test_flags_that_do_not_fit(tmp_path: Path) -> None:
         "audit", "--canary-scores", str(path), "--claimed-eps", "1", "--delta", "2"]).stderr
     result = runner.invoke(app, ["audit"])
     assert result.exit_code == 2 and "--canary-scores" in result.stderr
+
+
+def test_dry_run_checks_the_file_and_writes_nothing(tmp_path: Path) -> None:
+    path = _file(tmp_path, scores=np.zeros(20), included=_bits(20))
+    result = _run(path, "--dry-run", "--out", str(tmp_path / "report"))
+    assert result.exit_code == 0, result.stderr
+    assert "dry run" in result.stdout and "20 canary scores" in result.stdout
+    assert not (tmp_path / "report").exists()
+    plan = json.loads(_run(path, "--dry-run", "--json").stdout)
+    assert plan["dry_run"] is True and plan["canaries"] == 20
+    bad = _file(tmp_path, "bad.npz", scores=np.zeros(20))
+    assert "needs arrays" in _fails(bad, "--dry-run")
