@@ -136,7 +136,7 @@ class GradientCanaries:
                               "make_private, then attach(optimizer)")
         opacus_canaries.check_dp_optimizer(optimizer)
         if sample_rate is not None:
-            rate, epoch = float(sample_rate), None
+            rate, epoch = sample_rate, None
         elif data_loader is not None:
             rate, epoch = opacus_canaries.loader_sampling(data_loader)
         else:
