@@ -26,7 +26,8 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
-__all__ = ["Block", "fmt", "ledger_summary", "literal", "render_blocks", "to_html",
+__all__ = ["Block", "canary_blocks", "fmt", "ledger_summary", "literal", "render_blocks",
+           "to_html",
            "to_markdown", "write_privacy_report"]
 
 #: who each threat model's epsilon holds against (fedlap_privacy.ledger, module docstring)
@@ -55,7 +56,8 @@ METHOD_TEXT = {
            "trade-off family; it tests the claim only where the claimed mechanism is at least "
            "as private as that Gaussian curve)",
     "claim-curve": "a test of the guesses against the trade-off curve of the exact mechanism "
-                   "the ledger describes (a p-value below its level is a violation)",
+                   "claimed (for a run of this package, the one its ledger describes; a "
+                   "p-value below its level is a violation)",
 }
 VERDICT_TEXT = {
     "violation": "VIOLATION: the audit shows more leakage than the claim allows",
@@ -211,7 +213,8 @@ def _attacks(report: dict[str, Any]) -> list[Block]:
     ]
 
 
-def _canaries(report: dict[str, Any]) -> list[Block]:
+def canary_blocks(report: dict[str, Any]) -> list[Block]:
+    """The canary audits of ``report`` (its ``one_run`` and ``confidence``) as blocks."""
     one_run = report.get("one_run")
     if not one_run:
         return [Block("heading", "Canary audits"),
@@ -254,6 +257,11 @@ def _canaries(report: dict[str, Any]) -> list[Block]:
         out.append(Block("text", f"{literal(audit['audit'])}: the canary clients' epsilon ESTIMATE "
                                  f"(Andrew et al.; an estimate, not a bound) is "
                                  f"{fmt(est['epsilon'])} at delta {fmt(est['delta'])}."))
+    for audit in one_run["audits"]:
+        if audit.get("epsilon_estimate_skipped"):
+            out.append(Block("text", f"{literal(audit['audit'])}: no epsilon ESTIMATE (the bounds "
+                                     f"above do not need it): "
+                                     f"{audit['epsilon_estimate_skipped']}."))
     return out
 
 
@@ -284,7 +292,7 @@ def render_blocks(report: dict[str, Any], figure: str | None = "roc.png") -> lis
     blocks = [Block("title", title),
               Block("text", f"Model: {literal(report['checkpoint'])}.")]
     blocks += _verdict(report) + _guarantee(report) + _release(report)
-    blocks += _attacks(report) + _canaries(report)
+    blocks += _attacks(report) + canary_blocks(report)
     if figure is not None:
         blocks += [Block("heading", "Figures"),
                    Block("text", "ROC curves of the attacks (linear and log-log) and, for each "

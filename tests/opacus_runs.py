@@ -1,0 +1,90 @@
+"""A tiny real Opacus DP-SGD run on scikit-learn's digits, with gradient canaries: what the
+gradient-canary tests train (an MLP 64-16-10, Poisson rate 1/15, one thread)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedlap_privacy.audit import gradient_canaries
+from fedlap_privacy.audit.gradient_canaries import GradientCanaries
+
+SIGMA = 1.0
+CLIP = 1.0
+DELTA = 1e-5
+
+
+def digits() -> torch.utils.data.TensorDataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
+    return torch.utils.data.TensorDataset(x, torch.tensor(d.target))
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+
+
+@dataclass
+class Run:
+    canaries: GradientCanaries
+    engine: Any
+    model: nn.Module
+    optimizer: Any
+    loader: Any
+
+
+def seeded_coins(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """Replace the OS coins and draws by seeded ones: a test's verdict is then the same on
+    every run (the product has no such switch)."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(gradient_canaries, "_secret_coins", lambda m: rng.random(m) < 0.5)
+    monkeypatch.setattr(gradient_canaries, "_step_generator",
+                        lambda: np.random.default_rng(seed + 1))
+
+
+def train(seed: int, *, factor: float = 1.0, epochs: int = 12, batch: int = 120,
+          m: int = 1000, mode: str = "hooks", poisson: bool = True,
+          attach_loader: bool = False, optimizer_first: bool = True) -> Run:
+    """Opacus DP-SGD with noise multiplier ``SIGMA * factor`` and canaries attached (told
+    the data loader when ``attach_loader``)."""
+    from opacus import PrivacyEngine
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    loader = torch.utils.data.DataLoader(digits(), batch_size=batch, shuffle=not poisson)
+    model = mlp()
+    canaries = GradientCanaries(m=m)
+    if optimizer_first:  # as most scripts do: the optimiser from the model before wrap
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        model = canaries.wrap(model)
+    else:
+        model = canaries.wrap(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    engine = PrivacyEngine(accountant="rdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                   noise_multiplier=SIGMA * factor, max_grad_norm=CLIP,
+                                   poisson_sampling=poisson, grad_sample_mode=mode)
+    if mode == "ghost":
+        model, optimizer, criterion, loader = made
+    else:
+        model, optimizer, loader = made
+        criterion = nn.CrossEntropyLoss()
+    canaries.attach(optimizer, data_loader=loader if attach_loader else None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(epochs):
+            for x, y in loader:
+                optimizer.zero_grad()
+                criterion(model(x), y).backward()
+                optimizer.step()
+    return Run(canaries, engine, model, optimizer, loader)
