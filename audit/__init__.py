@@ -8,7 +8,9 @@ this package does not import torch; :func:`run_audit` and ``compute_features`` l
 Canary audits (torch-free): ``one_run`` (one-run epsilon lower bound, Steinke, Nasr,
 Jagielski 2023), ``canary_clients`` (canary-client epsilon estimate, Andrew et al. 2024)
 and ``reference_attacks`` (offline LiRA, Carlini et al. 2022, and offline RMIA,
-Zarifzadeh, Liu, Shokri 2024).
+Zarifzadeh, Liu, Shokri 2024). ``CanaryClients`` (``flower_canaries``) puts canary clients
+into any Flower strategy's aggregation, and ``rehearse_flower`` (``flower_rehearsal``) drives
+a strategy in-process with synthetic clients (both need the ``flower`` extra).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "AttackResult",
     "AuditReport",
     "CanaryClientEstimate",
+    "CanaryClients",
     "MLPAttack",
     "MembershipSplit",
     "OneRunResult",
@@ -81,6 +84,7 @@ __all__ = [
     "one_run_ceiling",
     "one_run_lower_bound",
     "one_run_p_value",
+    "rehearse_flower",
     "rmia_offline_scores",
     "run_audit",
     "run_canary_audits",
@@ -97,6 +101,8 @@ _LAZY = {
     "audit_model": "fedlap_privacy.audit.external",
     "load_external_model": "fedlap_privacy.audit.external",
     "run_canary_audits": "fedlap_privacy.audit.canary_audit",
+    "CanaryClients": "fedlap_privacy.audit.flower_canaries",
+    "rehearse_flower": "fedlap_privacy.audit.flower_rehearsal",
 }
 
 
@@ -104,5 +110,6 @@ def __getattr__(name: str) -> Any:  # lazy: these need torch
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        attribute = "rehearse" if name == "rehearse_flower" else name
+        return getattr(importlib.import_module(_LAZY[name]), attribute)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,7 +39,8 @@ stays valid. It is the likelihood-ratio test of one round of a subsampled Gaussi
 score goes through :func:`~fedlap_privacy.audit.canary_audit.run_canary_audits`: Steinke's
 bound, the f-DP bound and the test against the claimed mechanism's own trade-off curve
 (a Poisson-subsampled Gaussian with noise ``z`` at rate ``q`` for ``T`` rounds), Bonferroni
-over all of them, plus the Andrew et al. epsilon ESTIMATE for the two cosine statistics.
+over all of them, plus the Andrew et al. epsilon ESTIMATE (not a bound) for the two cosine
+statistics.
 
 The audit sees what the server's aggregation releases: it tests the clipping, the
 weighting, the noise and its calibration as they run, not the clients' own training, and
@@ -51,7 +52,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -300,7 +301,9 @@ class CanaryClientRounds:
     def audit(self, noise_multiplier: float, delta: float = 1e-5, *,
               sample_rate: float | None = None, rounds: int | None = None,
               claimed_epsilon: float | None = None, confidence: float = 0.95) -> FlowerAudit:
-        """Score the canaries and test the claim (module docstring); ``out``-free."""
+        """Score the canaries and test the claim (module docstring)."""
+        if not self.projections:
+            raise ConfigError("no aggregation was observed: nothing to audit")
         claim = self.claim(noise_multiplier, delta, sample_rate, rounds, claimed_epsilon)
         if self.included.sum() < 2 or (~self.included).sum() < 2:
             raise ConfigError("the coins left fewer than 2 canaries in or out: use more canaries")
@@ -308,8 +311,9 @@ class CanaryClientRounds:
         curve = ClaimCurve.from_steps({(claim.noise_multiplier, claim.sample_rate): claim.rounds},
                                       delta)
         state = self.state()
-        audits = run_canary_audits(state, None, claim.epsilon, delta, confidence,
-                                   extra_scores=scores, curve=curve)
+        audits = [a if a.name != LIKELIHOOD else replace(a, estimate=None)  # not a cosine
+                  for a in run_canary_audits(state, None, claim.epsilon, delta, confidence,
+                                             extra_scores=scores, curve=curve)]
         included = self.included
         return FlowerAudit(claim, audits, self.size, int(included.sum()),
                            len(self.projections), int(self.dimension or 0),
