@@ -37,8 +37,9 @@ which removes what the real clients' common training direction adds along ``c_j`
 every round (a canary takes part in few rounds). The coins are not used, so the score
 stays valid. It is the likelihood-ratio test of one round of a subsampled Gaussian,
 summed over rounds. Each score goes through
-:func:`~fedlap_privacy.audit.canary_audit.run_canary_audits`: Steinke's bound, the f-DP bound and the test against the claimed mechanism's own trade-off curve
-(a Poisson-subsampled Gaussian with noise ``z`` at rate ``q`` for ``T`` rounds), Bonferroni
+:func:`~fedlap_privacy.audit.canary_audit.run_canary_audits`: Steinke's bound, the f-DP
+bound and the test against the claimed mechanism's own trade-off curve (a
+Poisson-subsampled Gaussian with noise ``z`` at rate ``q`` for ``T`` rounds), Bonferroni
 over all of them, plus the Andrew et al. epsilon ESTIMATE (not a bound) for the two cosine
 statistics.
 
