@@ -5,12 +5,15 @@ gradient norm), ``attacks`` (MLP and threshold attacks), ``metrics`` (ROC, AUC, 
 FPR, epsilon lower bound) and ``report`` (:func:`run_audit`, JSON and ROC plot). Importing
 this package does not import torch; :func:`run_audit` and ``compute_features`` load it.
 
-Canary audits (torch-free): ``one_run`` (one-run epsilon lower bound, Steinke, Nasr,
-Jagielski 2023), ``canary_clients`` (canary-client epsilon estimate, Andrew et al. 2024)
-and ``reference_attacks`` (offline LiRA, Carlini et al. 2022, and offline RMIA,
-Zarifzadeh, Liu, Shokri 2024). ``CanaryClients`` (``flower_canaries``) puts canary clients
-into any Flower strategy's aggregation, and ``rehearse_flower`` (``flower_rehearsal``) drives
-a strategy in-process with synthetic clients (both need the ``flower`` extra).
+Canary audits (torch-free): ``score_audit`` (:func:`audit_canary_scores`, the one-run audit
+of canary scores from any framework, :class:`ClaimedMechanism`), ``record_canaries``
+(:class:`RecordCanaries`, black-box canary records for any training), ``one_run`` (one-run
+epsilon lower bound, Steinke, Nasr, Jagielski 2023), ``canary_clients`` (canary-client
+epsilon estimate, Andrew et al. 2024) and ``reference_attacks`` (offline LiRA, Carlini et al.
+2022, and offline RMIA, Zarifzadeh, Liu, Shokri 2024). ``CanaryClients``
+(``flower_canaries``) puts canary clients into any Flower strategy's aggregation, and
+``rehearse_flower`` (``flower_rehearsal``) drives a strategy in-process with synthetic
+clients (both need the ``flower`` extra).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from fedlap_privacy.audit.one_run import (
     one_run_lower_bound,
     one_run_p_value,
 )
+from fedlap_privacy.audit.record_canaries import RecordCanaries
 from fedlap_privacy.audit.reference_attacks import (
     RmiaTuning,
     lira_offline_scores,
@@ -51,19 +55,28 @@ from fedlap_privacy.audit.reference_attacks import (
     tune_rmia_a,
 )
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
+from fedlap_privacy.audit.score_audit import (
+    ClaimedMechanism,
+    ScoreAuditResult,
+    audit_canary_scores,
+)
 
 __all__ = [
     "AttackResult",
     "AuditReport",
     "CanaryClientEstimate",
     "CanaryClients",
+    "ClaimedMechanism",
     "MLPAttack",
     "MembershipSplit",
     "OneRunResult",
     "PrivacyClaim",
+    "RecordCanaries",
     "RmiaTuning",
+    "ScoreAuditResult",
     "ThresholdAttack",
     "attack_metrics",
+    "audit_canary_scores",
     "audit_model",
     "canary_client_epsilon",
     "canary_cosines",

@@ -62,8 +62,10 @@ import torch
 
 from fedlap_privacy.accountant.pld import pld_epsilons
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.audit.canary_audit import CanaryAudit, run_canary_audits
+from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.audit.canary_verdicts import CanaryAudit
 from fedlap_privacy.audit.claim_curve import ClaimCurve
+from fedlap_privacy.audit.score_audit import ClaimedMechanism, ScoreAuditResult
 from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.jsonsafe import json_safe
@@ -169,18 +171,23 @@ class FlowerAudit:
                          f"p {p}  estimate {est}  {a.verdict}")
         return "\n".join(lines)
 
-    def write(self, out: str | Path) -> Path:
-        """Write ``report.json`` (and ``report.md``, the summary) into ``out``."""
-        folder = Path(out)
+    def write(self, out: str | Path) -> dict[str, Path]:
+        """Write the audit report of :meth:`ScoreAuditResult.write
+        <fedlap_privacy.audit.score_audit.ScoreAuditResult.write>` (``report.json``,
+        ``report.md``, ``report.html``, ``scores.png``) and ``flower-canaries.json`` (this
+        record: the claim, the canaries' participation) into ``out``; the paths by kind."""
+        c = self.claim
+        report = ScoreAuditResult(
+            self.audits, c.epsilon, c.delta,
+            ClaimedMechanism(c.noise_multiplier, c.sample_rate, c.rounds),
+            title="Flower canary clients", mechanism_epsilon=c.epsilon)
+        paths = report.write(out)
+        path = Path(out) / "flower-canaries.json"
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            path = folder / "report.json"
             write_text_atomic(path, json.dumps(json_safe(self.to_json()), indent=2))
-            write_text_atomic(folder / "report.md", "# Flower canary-client audit\n\n```\n"
-                              + self.summary() + "\n```\n")
         except OSError as exc:
-            raise ConfigError(f"cannot write the audit report to {folder}: {exc}") from None
-        return path
+            raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
+        return {**paths, "flower": path}
 
 
 class CanaryClientRounds:

@@ -23,8 +23,8 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
-__all__ = ["Block", "fmt", "ledger_summary", "render_blocks", "to_html", "to_markdown",
-           "write_privacy_report"]
+__all__ = ["Block", "canary_blocks", "fmt", "ledger_summary", "render_blocks", "to_html",
+           "to_markdown", "write_privacy_report"]
 
 #: who each threat model's epsilon holds against (fedlap_privacy.ledger, module docstring)
 THREAT_MODEL_TEXT = {
@@ -169,7 +169,8 @@ def _attacks(report: dict[str, Any]) -> list[Block]:
     ]
 
 
-def _canaries(report: dict[str, Any]) -> list[Block]:
+def canary_blocks(report: dict[str, Any]) -> list[Block]:
+    """The canary audits of ``report`` (its ``one_run`` and ``confidence``) as blocks."""
     one_run = report.get("one_run")
     if not one_run:
         return [Block("heading", "Canary audits"),
@@ -211,6 +212,11 @@ def _canaries(report: dict[str, Any]) -> list[Block]:
         out.append(Block("text", f"`{audit['audit']}`: the canary clients' epsilon ESTIMATE "
                                  f"(Andrew et al.; an estimate, not a bound) is "
                                  f"{fmt(est['epsilon'])} at delta {fmt(est['delta'])}."))
+    for audit in one_run["audits"]:
+        if audit.get("epsilon_estimate_skipped"):
+            out.append(Block("text", f"`{audit['audit']}`: no epsilon ESTIMATE (the bounds "
+                                     f"above do not need it): "
+                                     f"{audit['epsilon_estimate_skipped']}."))
     return out
 
 
@@ -241,7 +247,7 @@ def render_blocks(report: dict[str, Any], figure: str | None = "roc.png") -> lis
     blocks = [Block("title", title),
               Block("text", f"Model: `{report['checkpoint']}`.")]
     blocks += _verdict(report) + _guarantee(report) + _release(report)
-    blocks += _attacks(report) + _canaries(report)
+    blocks += _attacks(report) + canary_blocks(report)
     if figure is not None:
         blocks += [Block("heading", "Figures"),
                    Block("text", "ROC curves of the attacks (linear and log-log) and, for each "

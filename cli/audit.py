@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from fedlap_privacy.cli.canary_table import render_one_run
 from fedlap_privacy.cli.common import (
     DRY_RUN_HELP,
     check_writable,
@@ -28,7 +29,7 @@ from fedlap_privacy.cli.common import (
 if TYPE_CHECKING:
     from fedlap_privacy.audit.results import AuditReport
 
-__all__ = ["audit", "render_report"]
+__all__ = ["audit", "render_one_run", "render_report"]
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
@@ -95,50 +96,13 @@ def render_report(report: dict[str, Any]) -> None:
         )
     one_run = report.get("one_run")
     if one_run:
-        _render_one_run(one_run)
+        render_one_run(one_run)
     if report["violation"]:
         console.print(
             f"[bold red]VIOLATION: the empirical lower bound {report['max_eps_lb']:.3f} exceeds "
             f"the promised epsilon {tested:.3f} -- the DP implementation or its accounting "
             "is wrong[/]"
         )
-
-
-def _render_one_run(one_run: dict[str, Any]) -> None:
-    """The canary audits: every method's bound (or p-value), ceiling and verdict per audit."""
-    table = Table(title=f"one-run canary audits ({one_run['kind']} canaries)")
-    for column in ("audit", "canaries", "guesses", "correct", "Steinke LB", "ceiling",
-                   "f-DP LB", "ceiling", "claim-curve p", "claimed", "verdict"):
-        table.add_column(column, justify="left" if column in ("audit", "verdict") else "right")
-    colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
-    for a in one_run["audits"]:
-        estimate = a.get("epsilon_estimate")
-        gdp = a.get("gdp_estimate")
-        name = a["audit"] + ("" if estimate is None else
-                             f" (estimate eps {estimate['epsilon']:.2f})") + (
-            "" if gdp is None else f" (GDP estimate eps {gdp['epsilon']:.2f}, not a bound)")
-        methods = a.get("methods", {})
-        steinke = methods.get("steinke", a)
-        fdp = methods.get("fdp")
-        curve = methods.get("claim-curve")
-        fdp_cells = ("-", "-") if fdp is None else (
-            _fmt(fdp["epsilon_lower_bound"]) + ("" if fdp["valid"] else "*"),
-            _fmt(fdp["ceiling"]))
-        table.add_row(
-            name, str(steinke["canaries"]), str(steinke["guesses"]), str(steinke["correct"]),
-            _fmt(steinke["epsilon_lower_bound"]), _fmt(steinke["ceiling"]), *fdp_cells,
-            "-" if curve is None else f"{curve['p_value']:.2g}", _fmt(a["claimed_epsilon"]),
-            f"[{colour[a['verdict']]}]{a['verdict']}[/] ({a.get('verdict_method', 'steinke')})",
-        )
-    console.print(table)
-    console.print(
-        "Steinke LB: Steinke-Nasr-Jagielski one-run bound; f-DP LB: Mahloujifar-Melis-"
-        "Chaudhuri bound of the Gaussian trade-off family (* : the claimed mechanism is not "
-        "that Gaussian-private, so its verdict does not count); claim-curve p: p-value of the "
-        "counts under the ledger's own trade-off curve; every test at confidence "
-        f"{one_run['confidence']:.3g}; ceiling: the largest bound an audit could reach; "
-        "inconclusive: the claim is above it; verdict: the strongest valid one (its method)",
-        highlight=False)
 
 
 def _pair(text: str | None) -> tuple[float, float] | None:
@@ -155,11 +119,11 @@ def _pair(text: str | None) -> tuple[float, float] | None:
 
 
 def audit(
-    model: Annotated[Path, typer.Option("--model", help=(
+    model: Annotated[Path | None, typer.Option("--model", help=(
         "checkpoint written by train; with --members / --nonmembers: an exported program "
         "(.pt2, read without unpickling or running anything from it), a TorchScript module "
         "(loading TorchScript runs the file's code: only audit TorchScript files you trust), "
-        "or a state dict with --model-factory"))],
+        "or a state dict with --model-factory"))] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option("--data-dir", help="dataset folder (default: the checkpoint's)"),
@@ -207,11 +171,41 @@ def audit(
         "torch threads (default: "
         "OMP_NUM_THREADS, else usable CPUs / FEDLAP_WORKERS)."))] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help=DRY_RUN_HELP)] = False,
+    canary_scores: Annotated[Path | None, typer.Option("--canary-scores", help=(
+        "instead of --model: an .npz with 'scores' (one float per canary, higher = more "
+        "likely included) and 'included' (the secret bits) from a training run anywhere "
+        "(JAX, TensorFlow, ...); needs --claimed-eps and --delta"))] = None,
+    noise_multiplier: Annotated[float | None, typer.Option("--noise-multiplier", help=(
+        "--canary-scores: the claimed mechanism's noise multiplier (with --sample-rate and "
+        "--steps: the claim-curve test)"))] = None,
+    sample_rate: Annotated[float | None, typer.Option("--sample-rate", help=(
+        "--canary-scores: the claimed Poisson sample rate"))] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help=(
+        "--canary-scores: the claimed number of noisy steps"))] = None,
 ) -> None:
     """Membership-inference audit: attack a model's training records, bound epsilon.
 
     A checkpoint written by train is audited with its run's members and ledger (and
-    canaries); any other model with --members / --nonmembers."""
+    canaries); any other model with --members / --nonmembers; canary scores from any
+    training with --canary-scores."""
+    from fedlap_privacy.cli.audit_scores import audit_scores_command
+
+    if canary_scores is not None:
+        others = {"--model": model, "--members": members, "--nonmembers": nonmembers,
+                  "--model-factory": model_factory, "--data-dir": data_dir,
+                  "--normalise": normalise, "--max-per-half": max_per_half}
+        given = [flag for flag, value in others.items() if value is not None]
+        given += ["--reference-models"] * bool(reference_models) + ["--dry-run"] * dry_run
+        if given:
+            fail(f"--canary-scores audits a score file alone; drop {', '.join(given)}")
+        audit_scores_command(canary_scores, claimed_eps, delta, out, json_output,
+                             fail_on_violation, (noise_multiplier, sample_rate, steps))
+        return
+    if noise_multiplier is not None or sample_rate is not None or steps is not None:
+        fail("--noise-multiplier, --sample-rate and --steps describe the claim of "
+             "--canary-scores")
+    if model is None:
+        fail("give --model (a checkpoint or a model trained elsewhere) or --canary-scores FILE")
 
     from fedlap_privacy.threads import apply_cpu_policy
 
