@@ -15,7 +15,8 @@ the PLD accountant). Two configurations:
   reporting num_examples = 1x, 3x, 10x, 100x the real clients' 100 (FedAvg's weighting).
 
 Columns: the verdict; the largest valid bound with its score; the smallest claim-curve
-p-value (each corrected for the 3 scores x 3 tests: a violation below 0.05); Andrew et al.'s
+p-value (corrected over its candidate guesses; a violation below 0.05 / 9, the 3 scores x 3
+tests); Andrew et al.'s
 epsilon ESTIMATE (final model / all iterates; an estimate, never a verdict). Flower's noise
 draws from ``np.random`` (seeded with the seed), the canaries' coins from their own seed.
 
