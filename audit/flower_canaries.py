@@ -257,8 +257,8 @@ class CanaryClientRounds:
         return self.directions[j].astype(np.float64) * norm
 
     def drop(self, count: int) -> np.ndarray:
-        """``count`` distinct indices in 0..count-1 order drawn at random (which real
-        replies a canary replaces): a permutation prefix of the caller's list."""
+        """A random order of a round's ``count`` real replies (the canaries take the places
+        of the first ones)."""
         return self._rng.permutation(count)
 
     def observe(self, delta: np.ndarray, clip: float, denominator: float) -> None:
