@@ -11,9 +11,9 @@ of canary scores from any framework, :class:`ClaimedMechanism`), ``record_canari
 epsilon lower bound, Steinke, Nasr, Jagielski 2023), ``canary_clients`` (canary-client
 epsilon estimate, Andrew et al. 2024) and ``reference_attacks`` (offline LiRA, Carlini et al.
 2022, and offline RMIA, Zarifzadeh, Liu, Shokri 2024). ``CanaryClients``
-(``flower_canaries``) puts canary clients into any Flower strategy's aggregation, and
-``rehearse_flower`` (``flower_rehearsal``) drives a strategy in-process with synthetic
-clients (both need the ``flower`` extra).
+(``flower_audit``, ``flower_canaries``) puts canary clients into any Flower strategy's
+aggregation, and ``rehearse_flower`` (``flower_rehearsal``) drives a strategy in-process
+with synthetic clients (both need the ``flower`` extra).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ _LAZY = {
     "audit_model": "fedlap_privacy.audit.external",
     "load_external_model": "fedlap_privacy.audit.external",
     "run_canary_audits": "fedlap_privacy.audit.canary_audit",
-    "CanaryClients": "fedlap_privacy.audit.flower_canaries",
+    "CanaryClients": "fedlap_privacy.audit.flower_audit",
     "rehearse_flower": "fedlap_privacy.audit.flower_rehearsal",
 }
 

@@ -4,10 +4,11 @@ G. Andrew, P. Kairouz, S. Oh, A. Oprea, H. B. McMahan, V. M. Suriyakumar, "One-s
 empirical privacy estimation for federated learning", ICLR 2024 (arXiv:2302.03098), run
 as the one-run audit of T. Steinke, M. Nasr, M. Jagielski (NeurIPS 2023).
 
-:func:`CanaryClients` wraps a Flower strategy (a legacy ``flwr.server.strategy`` one such as
-``DifferentialPrivacyServerSideFixedClipping(FedAvg(...))``, or a Message-API one from
-``flwr.serverapp.strategy``) and, in every round's aggregation, adds the replies of canary
-clients to the real ones before the strategy clips, averages and noises them:
+:func:`~fedlap_privacy.audit.flower_audit.CanaryClients` wraps a Flower strategy (a legacy
+``flwr.server.strategy`` one such as ``DifferentialPrivacyServerSideFixedClipping(FedAvg(...))``,
+or a Message-API one from ``flwr.serverapp.strategy``) and, in every round's aggregation,
+adds the replies of canary clients to the real ones before the strategy clips, averages
+and noises them:
 
 * ``m`` canaries, each included by a secret coin (probability 1/2, OS entropy unless a
   ``seed`` is given), each with a fixed random unit direction ``c_j`` in ``R^d`` (``d``: the
@@ -75,7 +76,6 @@ __all__ = [
     "MAX_DIRECTION_BYTES",
     "SERVER_SIDE_SCALE",
     "CanaryClientRounds",
-    "CanaryClients",
     "FlowerAudit",
     "FlowerClaim",
 ]
@@ -192,9 +192,9 @@ class FlowerAudit:
 
 class CanaryClientRounds:
     """The canaries of one run and what the aggregation did with them (framework-free:
-    :func:`CanaryClients` feeds it from Flower). ``seed``: None draws the coins and
-    directions from the OS (keep it None for a real audit: a known seed makes the secret
-    coins public)."""
+    :func:`~fedlap_privacy.audit.flower_audit.CanaryClients` feeds it from Flower).
+    ``seed``: None draws the coins and directions from the OS (keep it None for a real
+    audit: a known seed makes the secret coins public)."""
 
     def __init__(self, m: int, seed: int | None = None) -> None:
         if not (isinstance(m, int) and m >= 4):
@@ -326,25 +326,3 @@ class CanaryClientRounds:
         return FlowerAudit(claim, audits, self.size, int(included.sum()),
                            len(self.projections), int(self.dimension or 0),
                            float(self.participations[included].mean()))
-
-
-def CanaryClients(strategy: Any, m: int = 500, *, clip_norm: float | None = None,
-                  update_scale: float | None = None, num_examples: float | None = None,
-                  replace_clients: bool = True, seed: int | None = None) -> Any:
-    """Wrap a Flower strategy with ``m`` canary clients (module docstring); returns a
-    strategy of the same API (legacy ``flwr.server.strategy.Strategy`` or Message-API
-    ``flwr.serverapp.strategy.Strategy``) with ``.canaries`` (:class:`CanaryClientRounds`)
-    and ``.audit(...)``. Put it OUTSIDE the DP wrapper, so that the canaries are clipped,
-    averaged and noised like every client. ``clip_norm``: the clip to scale the canaries by
-    (default: the wrapper's ``clipping_norm``, read every round); ``update_scale``: the
-    canary update in units of the clip (default 10, or 1 for the client-side clipping
-    wrappers); ``num_examples``: the canary's aggregation weight (default: the median of
-    the round's real replies). Needs the ``flower`` extra."""
-    try:
-        from fedlap_privacy.audit import flower_strategies
-    except ImportError as exc:  # flwr missing
-        raise ConfigError(f"CanaryClients needs Flower: pip install 'fedlap-privacy[flower]' "
-                          f"({exc})") from None
-    return flower_strategies.wrap(strategy, CanaryClientRounds(m, seed), clip_norm=clip_norm,
-                                  update_scale=update_scale, num_examples=num_examples,
-                                  replace_clients=replace_clients)

@@ -2,7 +2,7 @@
 
 :func:`rehearse` drives any Flower strategy (legacy ``flwr.server.strategy`` or Message-API
 ``flwr.serverapp.strategy``, wrapped or not in
-:func:`~fedlap_privacy.audit.flower_canaries.CanaryClients`) through its own
+:func:`~fedlap_privacy.audit.flower_audit.CanaryClients`) through its own
 ``configure_fit`` / ``aggregate_fit`` (or ``configure_train`` / ``aggregate_train``) calls,
 without a deployment: a population of ``population`` clients is available, the strategy
 samples among them as it would, and every sampled client answers with the round's model

@@ -3,7 +3,7 @@
 of ``flwr.serverapp.strategy`` (``configure_train`` / ``aggregate_train``). Both delegate every
 call to the wrapped strategy and, in the training aggregation, add the round's canary replies
 (replacing as many sampled real replies by default) before calling it, then record the
-aggregated model's change. Imported only when :func:`~.flower_canaries.CanaryClients` is
+aggregated model's change. Imported only when :func:`~.flower_audit.CanaryClients` is
 called (Flower is an optional extra).
 """
 
