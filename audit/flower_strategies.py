@@ -111,8 +111,9 @@ class _Canaries:
     def _clip(self) -> float:
         clip = self.settings.clip_norm or find_attribute(self.strategy, "clipping_norm")
         if clip is None or not clip > 0:
-            raise ConfigError("the strategy has no clipping_norm: pass clip_norm= to "
-                              "CanaryClients (the clip the canaries are scaled to)")
+            raise ConfigError("the strategy has no clipping_norm: CanaryClients goes OUTSIDE "
+                              "Flower's DP wrapper (for a strategy without one, pass "
+                              "clip_norm=, the clip the canaries are scaled to)")
         return float(clip)
 
     def _round(self, weights: list[float]) -> tuple[list[tuple[np.ndarray, float]], set[int]]:
