@@ -12,7 +12,10 @@ epsilon lower bound, Steinke, Nasr, Jagielski 2023), ``canary_clients`` (canary-
 epsilon estimate, Andrew et al. 2024) and ``reference_attacks`` (offline LiRA, Carlini et al.
 2022, and offline RMIA, Zarifzadeh, Liu, Shokri 2024). ``gradient_canaries``
 (:class:`GradientCanaries`, white-box gradient canaries inside an Opacus or a plain torch
-DP-SGD run) needs torch and loads on first use.
+DP-SGD run) needs torch and loads on first use. ``CanaryClients``
+(``flower_audit``, ``flower_canaries``) puts canary clients into any Flower strategy's
+aggregation, and ``rehearse_flower`` (``flower_rehearsal``) drives a strategy in-process
+with synthetic clients (both need the ``flower`` extra).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ __all__ = [
     "AttackResult",
     "AuditReport",
     "CanaryClientEstimate",
+    "CanaryClients",
     "ClaimedMechanism",
     "GradientCanaries",
     "MLPAttack",
@@ -96,6 +100,7 @@ __all__ = [
     "one_run_ceiling",
     "one_run_lower_bound",
     "one_run_p_value",
+    "rehearse_flower",
     "rmia_offline_scores",
     "run_audit",
     "run_canary_audits",
@@ -113,6 +118,8 @@ _LAZY = {
     "load_external_model": "fedlap_privacy.audit.external",
     "run_canary_audits": "fedlap_privacy.audit.canary_audit",
     "GradientCanaries": "fedlap_privacy.audit.gradient_canaries",
+    "CanaryClients": "fedlap_privacy.audit.flower_audit",
+    "rehearse_flower": "fedlap_privacy.audit.flower_rehearsal",
 }
 
 
@@ -120,5 +127,6 @@ def __getattr__(name: str) -> Any:  # lazy: these need torch
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        attribute = "rehearse" if name == "rehearse_flower" else name
+        return getattr(importlib.import_module(_LAZY[name]), attribute)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
