@@ -51,7 +51,7 @@ def test_one_unobserved_canary_client_skips_the_estimate_not_the_audit() -> None
     report = {"confidence": 0.95, "one_run": {"canaries": 3, "kind": "clients",
                                               "audits": [a.to_json() for a in audits]}}
     text = to_markdown(canary_blocks(report))
-    assert "`clients/all-iterates`: no epsilon ESTIMATE" in text
+    assert "<code>clients/all-iterates</code>: no epsilon ESTIMATE" in text
 
 
 def test_every_canary_client_included_still_gives_bounds() -> None:
