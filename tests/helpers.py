@@ -33,6 +33,16 @@ def repo_root() -> Path:
     raise FileNotFoundError(f"no pyproject.toml above {here}")
 
 
+def documented_script(name: str, doc: str = "auditing.md") -> str:
+    """The ``# NAME`` Python block of docs/DOC, as a reader copies it."""
+    import re
+
+    text = (repo_root() / "docs" / doc).read_text()
+    found = re.search(rf"^```python\n# {re.escape(name)}\n(.*?)^```", text, re.S | re.M)
+    assert found, f"docs/{doc} shows no {name}"
+    return found.group(1)
+
+
 def save_run_files(
     checkpoint: Path, release: dict, client_indices: list, data_dir: str | None = None
 ) -> Path:

@@ -5,12 +5,11 @@ is caught, and the documented script of docs/auditing.md runs as shown."""
 from __future__ import annotations
 
 import json
-import re
 import runpy
 
 import pytest
 import torch
-from helpers import repo_root
+from helpers import documented_script
 from opacus_runs import DELTA, SIGMA, seeded_coins, train
 
 from fedlap_privacy.audit.score_audit import ClaimedMechanism
@@ -114,12 +113,6 @@ def test_audit_refusals():
         canaries.audit(delta=DELTA)
 
 
-def _documented_script(name: str) -> str:
-    text = (repo_root() / "docs" / "auditing.md").read_text()
-    found = re.search(rf"^```python\n# {re.escape(name)}\n(.*?)^```", text, re.S | re.M)
-    assert found, f"docs/auditing.md shows no {name}"
-    return found.group(1)
-
 
 @pytest.mark.parametrize("name", ["opacus_audit.py", "plain_dp_sgd_audit.py"])
 def test_the_documented_scripts_run(name, monkeypatch, tmp_path, capsys):
@@ -127,7 +120,7 @@ def test_the_documented_scripts_run(name, monkeypatch, tmp_path, capsys):
     verdict is the documented one on every run)."""
     seeded_coins(monkeypatch, 13)
     script = tmp_path / name
-    script.write_text(_documented_script(name))
+    script.write_text(documented_script(name))
     monkeypatch.chdir(tmp_path)
     torch.set_num_threads(1)
     runpy.run_path(str(script), run_name="__main__")

@@ -3,9 +3,12 @@ without them is consistent."""
 
 from __future__ import annotations
 
+import runpy
+
 import numpy as np
 import pytest
 import torch
+from helpers import documented_script
 from sklearn.datasets import load_digits
 from sklearn.neighbors import KNeighborsClassifier
 
@@ -104,3 +107,15 @@ def test_coins_are_secret_draws() -> None:
     first, second = RecordCanaries(1000), RecordCanaries(1000)
     assert not np.array_equal(first.included, second.included)
     assert 400 < first.included.sum() < 600
+
+
+def test_the_documented_script_runs(monkeypatch, tmp_path, capsys) -> None:
+    """docs/auditing.md's record-canary script as a reader copies it: a scikit-learn model
+    that memorises refutes a claim of 1 (a violation whatever the secret coins)."""
+    script = tmp_path / "record_canary_audit.py"
+    script.write_text(documented_script("record_canary_audit.py"))
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(script), run_name="__main__")
+    verdict, bound = capsys.readouterr().out.split()
+    assert verdict == "violation" and float(bound) > 1.0
+    assert (tmp_path / "runs" / "record-canary-audit" / "report.html").exists()
