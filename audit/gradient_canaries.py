@@ -237,7 +237,10 @@ class GradientCanaries:
     def releases(self) -> np.ndarray:
         """The recorded ``(steps, m)`` releases in units of ``C`` (no secret in them)."""
         if not self._releases:
-            raise ConfigError("no step was recorded: train (optimizer.step) before the audit")
+            hint = ("call canaries.attach(optimizer) after make_private (or record_release "
+                    "each step of a plain loop), then train"
+                    if self._optimizer is None else "train (optimizer.step) before the audit")
+            raise ConfigError(f"no step was recorded: {hint}")
         return np.vstack(self._releases).astype(np.float64)
 
     def run(self) -> CanaryRun:

@@ -126,7 +126,7 @@ def test_refusals_are_one_line_config_errors():
         canaries.wrap(mlp())
     with pytest.raises(ConfigError, match="DPOptimizer"):
         canaries.attach(torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(ConfigError, match="no step was recorded"):
+    with pytest.raises(ConfigError, match=r"no step was recorded: call canaries\.attach"):
         canaries.run()
     with pytest.raises(ConfigError, match="at least 50 entries"):
         canaries.add_to_clipped_sum(torch.zeros(49), max_grad_norm=1.0, sample_rate=0.1)
