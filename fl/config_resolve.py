@@ -12,12 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import PRESETS, TrainConfig, field_types, optional_field
-from fedlap_privacy.fl.methods.method_table import method_spec
-from fedlap_privacy.fl.methods.schedule import SCHEDULED_METHOD, ClientSchedule, choose_schedule
+from fedlap_privacy.fl.config import (
+    DEFAULT_SIGMA,
+    PRESETS,
+    TrainConfig,
+    field_types,
+    optional_field,
+)
+from fedlap_privacy.fl.methods.schedule import (
+    SCHEDULED_METHOD,
+    ClientSchedule,
+    CrossDevice,
+    choose_schedule,
+    cross_device,
+)
 
 __all__ = [
-    "check_resume_flags", "config_value", "fedlap_schedule", "parse_overrides",
+    "check_resume_flags", "config_value", "cross_device_defaults", "fedlap_schedule",
+    "parse_overrides",
     "resolve_config", "resumed_config", "typed_value",
 ]
 
@@ -90,7 +102,9 @@ def resolve_config(
     """The one way from what a user typed to a validated configuration.
 
     Layers, each over the previous: the defaults, FedLAP-DP's ``schedule`` (``auto``: picked
-    from the client size, :mod:`~fedlap_privacy.fl.methods.schedule`), ``preset`` (:data:`PRESETS`),
+    from the client size, :mod:`~fedlap_privacy.fl.methods.schedule`) or the cross-device
+    defaults of the other methods (many clients of few records each, the same module),
+    ``preset`` (:data:`PRESETS`),
     ``flags`` (None: not given) and ``settings`` (``--set KEY=VALUE``). Then, with
     ``plan_sigma_for_target``, a target epsilon given without a sigma (neither as a flag nor
     as a setting) plans sigma for the rounds, except for methods whose budget rule keeps a
@@ -104,9 +118,14 @@ def resolve_config(
     chosen = fedlap_schedule(schedule, values)
     if chosen is not None:
         values = {**chosen.values(values.get("rounds", TrainConfig.rounds)), **values}
-    if plan_sigma_for_target and given.get("target_eps") is not None and "sigma" not in given:
-        if not method_spec(values.get("method", TrainConfig.method)).target_is_budget:
-            values["sigma"] = None
+    scale = cross_device_defaults(values)
+    if scale is not None:
+        values = {**scale.values(), **values}
+    if "sigma" not in given:
+        if plan_sigma_for_target and given.get("target_eps") is not None:
+            values.pop("sigma", None)  # a preset's sigma too: TrainConfig plans it (plans_sigma)
+        elif "sigma" not in values:
+            values["sigma"] = DEFAULT_SIGMA
     return TrainConfig.from_dict(values).validate()
 
 
@@ -192,3 +211,13 @@ def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | 
         requested, *(values.get(key, getattr(default, key)) for key in
                      ("dataset", "clients", "client_records", "validation_records", "data")),
     )
+
+
+def cross_device_defaults(values: dict[str, Any]) -> CrossDevice | None:
+    """The cross-device defaults :func:`resolve_config` lays under ``values`` (configuration
+    keys, the defaults where absent; :func:`~fedlap_privacy.fl.methods.schedule.cross_device`),
+    None where the run is not cross-device or is FedLAP's."""
+    default = TrainConfig()
+    return cross_device(*(values.get(key, getattr(default, key)) for key in
+                          ("method", "dataset", "clients", "client_records",
+                           "validation_records", "data", "model")))

@@ -25,7 +25,7 @@ def constant_timing(monkeypatch):
     """A fixed round timing (the real one is tested below, on one method)."""
     from fedlap_privacy.fl.engine import dry_run
 
-    monkeypatch.setattr(dry_run, "time_rounds",
+    monkeypatch.setattr(dry_run, "time_steps",
                         lambda cfg, data, device: dry_run.RoundTiming(1, 2, 0.5, 1, 0, "cpu"))
 
 
@@ -96,9 +96,9 @@ def test_compare_dry_run_plans_every_method(tmp_path, constant_timing):
 
 
 def test_the_timing_reads_shapes_and_sizes_only():
-    """time_rounds gets a dataset whose images cannot be read: it times random ones."""
+    """time_steps gets a dataset whose images cannot be read: it times random ones."""
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.engine.dry_run import time_rounds
+    from fedlap_privacy.fl.engine.dry_run import time_steps
 
     class Unreadable:
         shape = (300, 1, 8, 8)
@@ -110,7 +110,7 @@ def test_the_timing_reads_shapes_and_sizes_only():
     data = Dataset("digits", Unreadable(), y, Unreadable(), y[:50], 10, (0.3,), (0.4,))  # type: ignore[arg-type]
     cfg = TrainConfig(method="dp-fedavg", width=4, local_steps=3, clients=2, split="iid",
                       batch_size=16)
-    timing = time_rounds(cfg, data, "cpu")
+    timing = time_steps(cfg, data, "cpu")
     assert timing.fixed >= 0 and timing.per_access >= 0 and timing.server > 0
     assert timing.per_access > 0 or timing.fixed > 0
     assert timing.seconds(cfg, 10, 3) > timing.seconds(cfg, 1, 3)
