@@ -29,7 +29,7 @@ from fedlap_privacy.fl.methods.schedule import (
 
 __all__ = [
     "check_resume_flags", "config_value", "cross_device_defaults", "fedlap_schedule",
-    "parse_overrides",
+    "number_text", "parse_overrides",
     "resolve_config", "resumed_config", "typed_value",
 ]
 
@@ -38,7 +38,8 @@ def config_value(key: str, raw: Any, *, text: bool) -> Any:
     """The ONE parser of a configuration value: ``raw`` for field ``key`` as its type.
 
     ``text=True`` (``--set KEY=VALUE``): ``raw`` is text, read as the field's type
-    (``none``/``null``/empty for an optional field; true/false/1/0 for a bool). ``text=False``
+    (``none``/``null``/empty for an optional field; true/false/1/0 for a bool; a number
+    also as a fraction, ``1/30``: :func:`number_text`). ``text=False``
     (a Flower run config, TOML-typed): ``raw`` must already have the field's type (an
     integral float for an int), ``""`` standing for None; nothing is converted from text.
     Ranges are not checked here: :meth:`TrainConfig.validate` does (:data:`FIELD_RULES`).
@@ -54,12 +55,25 @@ def config_value(key: str, raw: Any, *, text: bool) -> Any:
         try:
             if kind is bool:
                 return {"true": True, "false": False, "1": True, "0": False}[word.lower()]
-            return kind(word)
+            return number_text(word) if kind is float else kind(word)
         except (KeyError, ValueError):
             raise ConfigError(f"{key}: {word!r} is not a valid {kind.__name__}") from None
     if raw == "" and optional_field(key):
         return None
     return typed_value(key.replace("_", "-"), kind, raw)
+
+
+def number_text(text: str) -> float:
+    """A number typed as text: a float (``0.05``, ``1e-5``) or a fraction of two (``1/30``,
+    a client fraction as a user writes it). A ValueError (:class:`ConfigError`) otherwise."""
+    top, slash, bottom = text.strip().partition("/")
+    try:
+        if not slash:
+            return float(top)
+        value = float(top) / float(bottom)
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"{text!r} is not a number (e.g. 0.05 or 1/30)") from None
+    return value
 
 
 def typed_value(name: str, kind: type, raw: Any) -> Any:

@@ -97,7 +97,7 @@ def test_the_planned_epsilon_is_dp_accountings_for_the_schedule(accountant: str)
 def test_train_says_the_cross_device_defaults(tmp_path) -> None:
     """The line train prints and the dry run's JSON (digits: 1,000 clients of 1 record)."""
     args = ["train", "--method", "dp-fedavg-client", "--split", "iid", "--clients", "1000",
-            "--client-fraction", "0.01", "--rounds", "1", "--out", str(tmp_path / "r"),
+            "--client-fraction", "1/100", "--rounds", "1", "--out", str(tmp_path / "r"),
             "--dry-run"]
     shown = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
     assert shown.exit_code == 0, shown.output
@@ -106,6 +106,10 @@ def test_train_says_the_cross_device_defaults(tmp_path) -> None:
     run = json.loads(planned.stdout)["run"]
     assert run["defaults"].startswith("Cross-device defaults")
     assert (run["config"]["batch_size"], run["config"]["lr_local"]) == (10, 0.1)
+    assert run["config"]["client_fraction"] == 0.01  # a fraction as the README writes it
+    bad = CliRunner().invoke(app, [*args[:-7], "--client-fraction", "1/zero", "--dry-run"],
+                             env={"COLUMNS": "300"})
+    assert bad.exit_code == 2 and "'1/zero' is not a number" in bad.output
 
 
 # ------------------------------------------------------------------- the Python API (item 6)
