@@ -56,11 +56,14 @@ DRY_RUN_HELP = (
 def print_schedule(requested: str, *cfgs: TrainConfig) -> None:
     """The line naming FedLAP-DP's schedule and the runs' resolved B and T, one configuration
     per round count, as "T = 200 / 50 for 1 / 3 rounds" where T differs (nothing for the
-    other methods)."""
-    from fedlap_privacy.fl.config_resolve import fedlap_schedule
+    other methods), or the cross-device defaults where the rule picked them."""
+    from fedlap_privacy.fl.config_resolve import cross_device_defaults, fedlap_schedule
 
     chosen = fedlap_schedule(requested, cfgs[-1].to_dict())
     if chosen is None:
+        scale = cross_device_defaults(cfgs[-1].to_dict())
+        if scale is not None:
+            console.print(scale.describe(cfgs[-1]), highlight=False)
         return
     accesses = [c.accesses_per_round for c in cfgs]
     t = str(accesses[0]) if len(set(accesses)) == 1 else (
@@ -237,10 +240,13 @@ def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
                       highlight=False)
     print_run_plan(plan.run)
     run = plan.run
+    timing = run.timing
+    how = "not timed" if timing is None else timing.describe()
+    per_round = ("" if timing is None or not run.rounds_run or run.seconds is None else
+                 f", {human_seconds((run.seconds - timing.setup) / run.rounds_run)} a round")
     console.print(
-        f"time: about {human_seconds(run.seconds)} on this machine ({engine} engine; one "
-        f"round timed on random data of the dataset's shape, with the machine's load now)",
-        highlight=False)
+        f"time: about {human_seconds(run.seconds)} on this machine{per_round} ({engine} "
+        f"engine; {how}; with the machine's load now)", highlight=False)
     console.print(f"would write: {plan.out}" + (" (continuing the run there)" if plan.resume
                                                  else " (ckpt.pt, private.pt, metrics.jsonl, "
                                                  "plots)"), highlight=False)

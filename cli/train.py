@@ -31,6 +31,7 @@ from fedlap_privacy.cli.common import (
     privacy_sentence,
 )
 from fedlap_privacy.fl.config import PRESETS
+from fedlap_privacy.fl.config_resolve import number_text
 from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
@@ -59,8 +60,9 @@ def train(
     alpha: float = typer.Option(0.5, "--alpha", help="Dirichlet concentration."),
     clients: int = typer.Option(5, "--clients"),
     client_fraction: float | None = typer.Option(
-        None, "--client-fraction", help="Poisson client sampling: each client takes part in "
-        "a round with this probability."),
+        None, "--client-fraction", parser=number_text, metavar="FLOAT",
+        help="Poisson client sampling: each client takes part in a round with this "
+        "probability (0.05, or a fraction: 1/30)."),
     clients_per_round: int | None = typer.Option(
         None, "--clients-per-round", help="Fixed-size cohorts: this many clients per round, "
         "drawn without replacement (dp-fedavg-client accounts it)."),

@@ -22,7 +22,31 @@ from fedlap_privacy.fl.methods.schedule import AUTHORS_DP
 from fedlap_privacy.ledger import selection_withheld
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, CanaryKind, NoiseKind, Notion
 
-__all__ = ["PRESETS", "RECORDED_ACCOUNTANT", "TrainConfig", "field_types", "optional_field"]
+__all__ = [
+    "DEFAULT_SIGMA", "PRESETS", "RECORDED_ACCOUNTANT", "TrainConfig", "field_types",
+    "optional_field", "plans_sigma",
+]
+
+#: sigma when neither a sigma nor a target epsilon is given
+DEFAULT_SIGMA = 1.5
+
+
+class _DefaultSigma(float):
+    """The default sigma as a marker: :class:`TrainConfig` tells it from a sigma its caller
+    passed (``TrainConfig(sigma=1.5)``), which a target epsilon then leaves alone. Replaced
+    by the plain number (or None) as the configuration is built, never stored."""
+
+
+_SIGMA_NOT_GIVEN = _DefaultSigma(DEFAULT_SIGMA)
+
+
+def plans_sigma(method: str, target_eps: float | None) -> bool:
+    """The one rule of the CLI and the Python API: a target epsilon given without a sigma
+    plans sigma for the rounds (sigma None, planned by the driver), except for a method whose
+    budget rule keeps a fixed sigma (ALI-DPFL). With a sigma given too, the target is a
+    budget the run stops before exceeding."""
+    return (target_eps is not None and method in METHOD_TABLE
+            and not method_spec(method).target_is_budget)
 
 
 @dataclass
@@ -65,8 +89,9 @@ class TrainConfig:
     split_seed: int | None = None
     width: int | None = None  # ConvNet channels; None: 128 (docs/algorithms.md#convnet), 8x8: 32
     depth: int | None = None  # ConvNet blocks; None: 3 (docs/algorithms.md#convnet), 8x8: 2
-    # privacy (record level)
-    sigma: float | None = 1.5
+    # privacy (record level). Not given: DEFAULT_SIGMA, or None (planned for the rounds)
+    # where a target epsilon is given (plans_sigma: the CLI's rule)
+    sigma: float | None = _SIGMA_NOT_GIVEN
     clip: float = 1.0
     delta: float = 1e-5
     target_eps: float | None = None
@@ -121,6 +146,10 @@ class TrainConfig:
     # the model packs (the fastest there: docs/train.md, "Cross-device scale"), else the loop;
     # vectorised on an accelerator where the model allows. The same result up to rounding
     cohort_training: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.sigma is _SIGMA_NOT_GIVEN:  # no sigma passed: the CLI's rule (plans_sigma)
+            self.sigma = None if plans_sigma(self.method, self.target_eps) else DEFAULT_SIGMA
 
     @property
     def spec(self) -> MethodSpec:

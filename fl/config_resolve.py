@@ -12,12 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import PRESETS, TrainConfig, field_types, optional_field
-from fedlap_privacy.fl.methods.method_table import method_spec
-from fedlap_privacy.fl.methods.schedule import SCHEDULED_METHOD, ClientSchedule, choose_schedule
+from fedlap_privacy.fl.config import (
+    DEFAULT_SIGMA,
+    PRESETS,
+    TrainConfig,
+    field_types,
+    optional_field,
+)
+from fedlap_privacy.fl.methods.schedule import (
+    SCHEDULED_METHOD,
+    ClientSchedule,
+    CrossDevice,
+    choose_schedule,
+    cross_device,
+)
 
 __all__ = [
-    "check_resume_flags", "config_value", "fedlap_schedule", "parse_overrides",
+    "check_resume_flags", "config_value", "cross_device_defaults", "fedlap_schedule",
+    "number_text", "parse_overrides",
     "resolve_config", "resumed_config", "typed_value",
 ]
 
@@ -26,7 +38,8 @@ def config_value(key: str, raw: Any, *, text: bool) -> Any:
     """The ONE parser of a configuration value: ``raw`` for field ``key`` as its type.
 
     ``text=True`` (``--set KEY=VALUE``): ``raw`` is text, read as the field's type
-    (``none``/``null``/empty for an optional field; true/false/1/0 for a bool). ``text=False``
+    (``none``/``null``/empty for an optional field; true/false/1/0 for a bool; a number
+    also as a fraction, ``1/30``: :func:`number_text`). ``text=False``
     (a Flower run config, TOML-typed): ``raw`` must already have the field's type (an
     integral float for an int), ``""`` standing for None; nothing is converted from text.
     Ranges are not checked here: :meth:`TrainConfig.validate` does (:data:`FIELD_RULES`).
@@ -42,12 +55,25 @@ def config_value(key: str, raw: Any, *, text: bool) -> Any:
         try:
             if kind is bool:
                 return {"true": True, "false": False, "1": True, "0": False}[word.lower()]
-            return kind(word)
+            return number_text(word) if kind is float else kind(word)
         except (KeyError, ValueError):
             raise ConfigError(f"{key}: {word!r} is not a valid {kind.__name__}") from None
     if raw == "" and optional_field(key):
         return None
     return typed_value(key.replace("_", "-"), kind, raw)
+
+
+def number_text(text: str) -> float:
+    """A number typed as text: a float (``0.05``, ``1e-5``) or a fraction of two (``1/30``,
+    a client fraction as a user writes it). A ValueError (:class:`ConfigError`) otherwise."""
+    top, slash, bottom = text.strip().partition("/")
+    try:
+        if not slash:
+            return float(top)
+        value = float(top) / float(bottom)
+    except (ValueError, ZeroDivisionError):
+        raise ConfigError(f"{text!r} is not a number (e.g. 0.05 or 1/30)") from None
+    return value
 
 
 def typed_value(name: str, kind: type, raw: Any) -> Any:
@@ -90,7 +116,9 @@ def resolve_config(
     """The one way from what a user typed to a validated configuration.
 
     Layers, each over the previous: the defaults, FedLAP-DP's ``schedule`` (``auto``: picked
-    from the client size, :mod:`~fedlap_privacy.fl.methods.schedule`), ``preset`` (:data:`PRESETS`),
+    from the client size, :mod:`~fedlap_privacy.fl.methods.schedule`) or the cross-device
+    defaults of the other methods (many clients of few records each, the same module),
+    ``preset`` (:data:`PRESETS`),
     ``flags`` (None: not given) and ``settings`` (``--set KEY=VALUE``). Then, with
     ``plan_sigma_for_target``, a target epsilon given without a sigma (neither as a flag nor
     as a setting) plans sigma for the rounds, except for methods whose budget rule keeps a
@@ -104,9 +132,14 @@ def resolve_config(
     chosen = fedlap_schedule(schedule, values)
     if chosen is not None:
         values = {**chosen.values(values.get("rounds", TrainConfig.rounds)), **values}
-    if plan_sigma_for_target and given.get("target_eps") is not None and "sigma" not in given:
-        if not method_spec(values.get("method", TrainConfig.method)).target_is_budget:
-            values["sigma"] = None
+    scale = cross_device_defaults(values)
+    if scale is not None:
+        values = {**scale.values(), **values}
+    if "sigma" not in given:
+        if plan_sigma_for_target and given.get("target_eps") is not None:
+            values.pop("sigma", None)  # a preset's sigma too: TrainConfig plans it (plans_sigma)
+        elif "sigma" not in values:
+            values["sigma"] = DEFAULT_SIGMA
     return TrainConfig.from_dict(values).validate()
 
 
@@ -198,3 +231,13 @@ def fedlap_schedule(requested: str, values: dict[str, Any]) -> ClientSchedule | 
         requested, *(values.get(key, getattr(default, key)) for key in
                      ("dataset", "clients", "client_records", "validation_records", "data")),
     )
+
+
+def cross_device_defaults(values: dict[str, Any]) -> CrossDevice | None:
+    """The cross-device defaults :func:`resolve_config` lays under ``values`` (configuration
+    keys, the defaults where absent; :func:`~fedlap_privacy.fl.methods.schedule.cross_device`),
+    None where the run is not cross-device or is FedLAP's."""
+    default = TrainConfig()
+    return cross_device(*(values.get(key, getattr(default, key)) for key in
+                          ("method", "dataset", "clients", "client_records",
+                           "validation_records", "data", "model")))

@@ -11,13 +11,19 @@ What it reads: the dataset files, to validate them and split the labels over the
 (client sizes set the sampling rate, hence sigma and epsilon), exactly as the run does; it
 computes nothing from the images. It never downloads, never writes or locks ``--out``.
 
-The time estimate (:func:`time_rounds`) never touches a private record: one round of the
-method runs on RANDOM data of the dataset's shape and sizes (balanced labels, so the split
-has the real one's structure), twice, with one and with two accesses per client-round, and
-the run's time is extrapolated linearly to its accesses per round, its expected clients per
-round and its rounds. An estimate: FedLAP's trust region may end a round's loops early,
-ALI-DPFL adapts tau (the estimate uses its first tau), and other jobs sharing the machine
-change it.
+The time estimate (:func:`time_steps`) never touches a private record and never trains a
+whole round: the run's model and method are built on RANDOM data of the dataset's shape and
+sizes (balanced labels, so the split has the real one's structure), and a few client steps
+are timed the way the run trains them (the packed or vectorised cohort of up to
+:data:`TIMED_COHORT` clients at once, else :data:`TIMED_LOOP` clients one by one), at one
+and at three accesses per client-round after an untimed warm-up; the server's aggregation of
+those replies and an evaluation of :data:`TIMED_EVAL` test records are timed once. The run's
+time is extrapolated linearly: to its accesses per round, its expected clients per round
+(the aggregation too), its test records and its rounds. An estimate (docs/performance.md
+says how far off it was): a cohort packs more clients per call in the run than in the
+timing (the estimate errs high there), FedLAP's trust region may end a round's loops early,
+ALI-DPFL adapts tau (the estimate uses its first tau), checkpoints are not timed, and other
+jobs sharing the machine change it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.data import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_resolve import cross_device_defaults
 from fedlap_privacy.fl.run.privacy import build_ledger, privacy_statement, with_planned_sigma
 from fedlap_privacy.fl.run.run_files import (
     check_new_run_dir,
@@ -44,16 +51,27 @@ from fedlap_privacy.fl.run.run_files import (
     load_release,
 )
 from fedlap_privacy.fl.run.run_records import PrivacyStatement
-from fedlap_privacy.vocabulary import Notion
+from fedlap_privacy.threads import follow_load
+from fedlap_privacy.vocabulary import NoiseKind, Notion
 
 __all__ = [
-    "ComparePlan", "DataPlan", "RoundTiming", "RunPlan", "TrainPlan", "plan_compare",
-    "plan_run", "plan_train", "read_data", "time_rounds",
+    "TIMED_COHORT", "TIMED_EVAL", "TIMED_LOOP", "ComparePlan", "DataPlan", "RoundTiming",
+    "RunPlan", "TrainPlan", "plan_compare", "plan_run", "plan_train", "read_data",
+    "time_steps",
 ]
 
 #: the noise of the timing rounds: it does not change their time, and it is large enough
 #: that ALI-DPFL's own budget (its target) leaves room for the two timing rounds
 _TIMING_SIGMA = 50.0
+#: the most clients a dry run trains at once to time a cohort's steps (packed, vectorised)
+TIMED_COHORT = 16
+#: the clients a dry run times one by one (the loop: a client's cost does not depend on
+#: how many others train in the round)
+TIMED_LOOP = 2
+#: the test records a dry run evaluates (the rest extrapolated)
+TIMED_EVAL = 512
+#: the accesses per client-round of the two timed calls (after a warm-up at the first)
+TIMED_ACCESSES = (1, 3)
 
 
 @dataclass(frozen=True)
@@ -80,10 +98,12 @@ class DataPlan:
 
 @dataclass(frozen=True)
 class RoundTiming:
-    """A method's round measured on random data: ``setup`` (model, method, ledger) once,
+    """A method's client steps timed on random data: ``setup`` (model, method, ledger) once,
     ``per_access`` and ``fixed`` seconds of one client's round (``fixed + per_access x T``)
-    and ``server`` seconds per round (aggregation and evaluation), plus ``per_epoch`` for
-    each epoch of FedLAP's server optimisation."""
+    and ``server`` seconds per round (aggregation of the expected cohort and evaluation),
+    plus ``per_epoch`` for each epoch of FedLAP's server optimisation. ``steps``: the client
+    steps (accesses) timed, warm-up included; ``cohort``: the clients timed, trained as
+    ``mode`` (``packed``, ``vectorised`` or ``loop``)."""
 
     setup: float
     fixed: float
@@ -91,13 +111,28 @@ class RoundTiming:
     server: float
     per_epoch: float
     device: str
+    steps: int = 0
+    cohort: int = 0
+    mode: str = "loop"
 
     def seconds(self, cfg: TrainConfig, rounds: int, accesses: int) -> float:
-        """The estimated time of ``rounds`` rounds of ``cfg`` at ``accesses`` per client-round."""
+        """The estimated time of ``rounds`` rounds of ``cfg`` at ``accesses`` per client-round
+        (T accounted: a client-level method's clients take ``local_steps`` steps in it)."""
+        return self.setup + rounds * self.round_seconds(cfg, accesses)
+
+    def round_seconds(self, cfg: TrainConfig, accesses: int) -> float:
+        """The estimated time of one round of ``cfg`` at ``accesses`` per client-round."""
         clients = cfg.sampling.expected_cohort
         server = self.server + (self.per_epoch * cfg.server_epochs if cfg.is_fedlap else 0.0)
-        return self.setup + rounds * (clients * (self.fixed + self.per_access * accesses)
-                                      + server)
+        steps = accesses if cfg.is_fedlap or cfg.notion != Notion.CLIENT else cfg.local_steps
+        return clients * (self.fixed + self.per_access * steps) + server
+
+    def describe(self) -> str:
+        """How the estimate was made, in words."""
+        how = "one by one" if self.mode == "loop" else f"at once ({self.mode} cohort)"
+        return (f"an estimate from {self.steps} client steps of {self.cohort} client"
+                f"{'s' if self.cohort != 1 else ''} trained {how} on random data of the "
+                "dataset's shape, extrapolated to the run's clients, steps and rounds")
 
 
 @dataclass(frozen=True)
@@ -112,6 +147,9 @@ class RunPlan:
     stop: str | None  # why it stops before its rounds, when it does
     seconds: float | None  # estimated time on this machine (None: not timed)
     start_round: int = 1  # > 1: a resumed run
+    timing: RoundTiming | None = None  # what the estimate was made from
+    # the cross-device defaults the run got (fl.methods.schedule), as train's line says them
+    defaults: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -198,8 +236,8 @@ def _synthetic(data: Dataset, seed: int = 0) -> Dataset:
 
 
 def _timing_knobs(cfg: TrainConfig, step: int) -> dict[str, Any]:
-    """The keys of timing round ``step`` (1 or 2): ``step`` accesses per client-round (and
-    FedLAP: ``2 x step`` server epochs)."""
+    """The keys of a timed call of ``step`` accesses per client-round (and FedLAP: ``2 x
+    step`` server epochs)."""
     if cfg.is_fedlap:
         return {"reinits": 1, "max_loops": 1, "real_batches": step, "server_epochs": 2 * step}
     return {"local_steps": step}
@@ -207,52 +245,78 @@ def _timing_knobs(cfg: TrainConfig, step: int) -> dict[str, Any]:
 
 def _warm_up() -> None:
     """Imports torch makes on first use (the optimisers pull in torch._dynamo: seconds),
-    so that the first timing round does not pay them."""
+    so that the first timed call does not pay them."""
     import torch
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def time_rounds(cfg: TrainConfig, data: Dataset, device: str = "auto") -> RoundTiming:
-    """Time one round of ``cfg``'s method on random data shaped like ``data`` (module
-    docstring), with one and with two accesses per client-round, every client taking part;
-    nothing is written."""
-    from fedlap_privacy.fl.engine.simulation import resolve_device, train
+def time_steps(cfg: TrainConfig, data: Dataset, device: str = "auto") -> RoundTiming:
+    """Time a few client steps of ``cfg``'s method on random data shaped like ``data``, as the
+    run trains its cohort, and one aggregation and evaluation (module docstring); nothing
+    is written, no round is run, nothing is accounted."""
+    import torch
 
-    fake = _synthetic(data)
+    from fedlap_privacy.fl.engine.simulation import resolve_device
+    from fedlap_privacy.fl.engine.training_run import TrainingRun, evaluate
+    from fedlap_privacy.fl.methods.interface import build_method
+    from fedlap_privacy.fl.run.randomness import SERVER_KEY, seeded_generator
+
     _warm_up()
-    measured = []
-    for step in (1, 2):
-        timed = dataclasses.replace(
-            cfg, rounds=1, client_fraction=1.0, sigma=_TIMING_SIGMA, data_dir=None,
-            target_eps=cfg.target_eps if cfg.spec.target_is_budget else None,
-            **_timing_knobs(cfg, step),
-        )
-        marks: dict[str, float] = {"begin": time.perf_counter()}
-
-        def mark(event: str, info: dict[str, Any], marks: dict[str, float] = marks) -> None:
-            if event in ("round_start", "client_done", "round_end"):
-                marks[event] = time.perf_counter()
-
-        result = train(timed.validate(), None, device, mark, data=fake)
-        if "round_end" not in marks:
-            raise ConfigError(f"{cfg.method}: a timing round did not run "
-                              f"({result.summary.stopped})")
-        measured.append((marks["round_start"] - marks["begin"],
-                         marks["client_done"] - marks["round_start"],
-                         marks["round_end"] - marks["client_done"]))
-    (setup, one, server_one), (_, two, server_two) = measured
-    per_access = max(two - one, 0.0) / cfg.clients
-    fixed = max(one / cfg.clients - per_access, 0.0)
-    if cfg.is_fedlap:  # 2 and 4 server epochs
-        per_epoch = max(server_two - server_one, 0.0) / 2
-        server = max(server_one - 2 * per_epoch, 0.0)
+    start = time.perf_counter()
+    base = dataclasses.replace(
+        cfg, rounds=1, sigma=_TIMING_SIGMA, data_dir=None,
+        target_eps=cfg.target_eps if cfg.spec.target_is_budget else None).validate()
+    with torch.random.fork_rng(devices=[]):
+        run = TrainingRun(base, resolve_device(device), None, data=_synthetic(data))
+        setup = time.perf_counter() - start
+        expected = max(cfg.sampling.expected_cohort, 1.0)
+        limit = TIMED_COHORT if run.vectorised else TIMED_LOOP
+        count = max(1, min(cfg.clients, limit, round(expected)))
+        chosen = sorted(np.random.default_rng(0).choice(cfg.clients, count, replace=False))
+        calls = []
+        for step in (TIMED_ACCESSES[0], *TIMED_ACCESSES):  # a warm-up, then the two timed
+            timed = dataclasses.replace(base, **_timing_knobs(cfg, step))
+            method = build_method(timed, run.device)
+            info = method.round_info(1, run.server_state)
+            gens = [seeded_generator(run.device, k) for k in chosen]
+            if cfg.noise != NoiseKind.SEEDED:  # the threads the run's clients get
+                follow_load()
+            begin = time.perf_counter()
+            if run.vectorised:
+                replies = method.cohort_client(
+                    run.model, run.x_train, run.y_train, [run.client_index[k] for k in chosen],
+                    info, gens, packed=run.cohort_mode == "packed")
+            else:
+                replies = [method.client(run.model, *run.client_records(k), {}, info, gen)
+                           for k, gen in zip(chosen, gens, strict=True)]
+            clients_s = time.perf_counter() - begin
+            begin = time.perf_counter()
+            method.aggregate(run.model, replies, run.server_state, info,
+                             seeded_generator(run.device, SERVER_KEY))
+            calls.append((clients_s, time.perf_counter() - begin))
+        evaluate(run.model, run.x_test[:64], run.y_test[:64])  # warm-up
+        n_eval = min(TIMED_EVAL, len(run.y_test))
+        begin = time.perf_counter()
+        evaluate(run.model, run.x_test[:n_eval], run.y_test[:n_eval])
+        evaluated = (time.perf_counter() - begin) / max(n_eval, 1) * (
+            len(run.y_test) + len(run.y_val))
+    (_, _), (one, server_one), (three, server_three) = calls
+    spread = TIMED_ACCESSES[1] - TIMED_ACCESSES[0]
+    per_access = max(three - one, 0.0) / spread / count
+    fixed = max(one / count - per_access * TIMED_ACCESSES[0], 0.0)
+    scale = expected / count  # the aggregation grows with the replies
+    if cfg.is_fedlap:  # 2 and 6 server epochs
+        per_epoch = max(server_three - server_one, 0.0) / (2 * spread) * scale
+        server = max(server_one * scale - 2 * TIMED_ACCESSES[0] * per_epoch, 0.0) + evaluated
     else:
-        per_epoch, server = 0.0, (server_one + server_two) / 2
-    return RoundTiming(setup, fixed, per_access, server, per_epoch, str(resolve_device(device)))
+        per_epoch, server = 0.0, (server_one + server_three) / 2 * scale + evaluated
+    steps = count * (2 * TIMED_ACCESSES[0] + TIMED_ACCESSES[1])
+    return RoundTiming(setup, fixed, per_access, server, per_epoch, str(run.device), steps,
+                       count, run.cohort_mode)
 
 
-#: how a plan times a configuration (None: :func:`time_rounds`)
+#: how a plan times a configuration (None: :func:`time_steps`)
 Timer = Callable[[TrainConfig, Dataset, str], RoundTiming]
 
 
@@ -278,12 +342,14 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
         ledger.record(m, steps, everyone, local_steps=steps)
         rounds_run += 1
     seconds = None if timing is None else timing.seconds(planned, rounds_run, steps)
+    scale = cross_device_defaults(planned.to_dict())
     return RunPlan(
         config=planned,
         sigma_planned=(planned.sigma != cfg.sigma) if sigma_planned is None else sigma_planned,
         accesses_per_round=steps, rounds_run=rounds_run,
         privacy=privacy_statement(planned, ledger), stop=stop, seconds=seconds,
-        start_round=start_round,
+        start_round=start_round, timing=timing,
+        defaults=None if scale is None else scale.describe(planned),
     )
 
 
@@ -313,7 +379,7 @@ def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume:
         check_new_run_dir(out)
     cfg.validate()
     cfg, data_plan, data = read_data(cfg, split_seed)
-    timing = (timer or time_rounds)(cfg, data, device)
+    timing = (timer or time_steps)(cfg, data, device)
     run = plan_run(cfg, data_plan.client_sizes, timing, start, entries, planned_before)
     return TrainPlan(data_plan, run, str(out), resume)
 
@@ -335,7 +401,7 @@ def plan_compare(jobs: Sequence[Any], out: Path, device: str = "auto",
         key = job.method + repr(dataclasses.replace(
             job.config, sigma=None, target_eps=None, ldp_epsilon=None, seed=0, rounds=1))
         if key not in timings:
-            timings[key] = (timer or time_rounds)(job.config, data, device)
+            timings[key] = (timer or time_steps)(job.config, data, device)
         folder = run_dir(out, job, several)
         history = load_history(folder) if holds_run(folder) else []
         done = len(history) >= job.rounds

@@ -35,6 +35,19 @@ evaluation without a test set (:meth:`fedlap_privacy.user_data.DataLayout.traini
 over the natural partition's clients, or ``clients`` when the records are split. The
 schedule fills the keys it sets under the preset and everything the user gave
 (``--batch-size``, ``--set``).
+
+Cross-device defaults (every method but the FedLAP family, which keeps its ConvNet and
+schedule): a run of at least :data:`CROSS_DEVICE_MIN_CLIENTS` = 1,000 clients holding fewer
+than :data:`CROSS_DEVICE_MAX_RECORDS` = 100 records each on average (the same mean as
+above, before any record is read) gets :data:`CROSS_DEVICE`: the small CNN (ConvNet width 32,
+depth 2, about 12x fewer weights than the 128-channel, 3-block one: a 100-client round of
+the packed cohort takes about a second on 2 cores, and client-level noise, whose norm grows
+with the square root of the weights, costs less accuracy), B 10 (a 20-record client's
+batches are Poisson at rate 0.5; B 64 would take every record every step), 10 local steps
+at learning rate 0.1: the values of docs/train.md's measured cross-device runs (FashionMNIST,
+3,000 clients). The model keys apply to the built-in image datasets without ``--model``.
+Like the FedLAP schedule, these fill the keys under the preset and everything the user
+gave (``--set width=128`` wins).
 """
 
 from __future__ import annotations
@@ -46,8 +59,10 @@ from fedlap_privacy.data import CUSTOM
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
-    "AUTHORS_DP", "LARGE_MIN_RECORDS", "SCHEDULED_METHOD", "SCHEDULES", "SCHEDULE_CHOICES",
-    "ClientSchedule", "choose_schedule", "large_reinits", "mean_client_records",
+    "AUTHORS_DP", "CROSS_DEVICE", "CROSS_DEVICE_MAX_RECORDS", "CROSS_DEVICE_MIN_CLIENTS",
+    "LARGE_MIN_RECORDS", "SCHEDULED_METHOD", "SCHEDULES", "SCHEDULE_CHOICES", "ClientSchedule",
+    "CrossDevice", "choose_schedule", "client_scale", "cross_device", "large_reinits",
+    "mean_client_records",
 ]
 
 #: FedLAP's knobs of the authors' DP run (the ``paper-dp`` preset's values)
@@ -69,6 +84,16 @@ SCHEDULE_CHOICES = ("auto", *SCHEDULES)
 SCHEDULED_METHOD = "fedlap-dp"
 #: the smallest mean client size that gets the large schedule: 4 of its batches
 LARGE_MIN_RECORDS = 4 * SCHEDULES["large"]["batch_size"]
+
+#: the cross-device rule: at least this many clients ...
+CROSS_DEVICE_MIN_CLIENTS = 1_000
+#: ... holding fewer than this many records each on average (module docstring)
+CROSS_DEVICE_MAX_RECORDS = 100
+#: the model keys of the cross-device defaults: the small CNN (built-in image datasets)
+CROSS_DEVICE_MODEL: dict[str, Any] = {"width": 32, "depth": 2}
+#: the cross-device defaults (docs/train.md, "Cross-device scale")
+CROSS_DEVICE: dict[str, Any] = {**CROSS_DEVICE_MODEL, "batch_size": 10, "local_steps": 10,
+                                "lr_local": 0.1}
 
 
 @dataclass(frozen=True)
@@ -105,10 +130,60 @@ def large_reinits(rounds: int) -> int:
     return max(1, AUTHORS_DP["reinits"] // max(rounds, 1))
 
 
+@dataclass(frozen=True)
+class CrossDevice:
+    """The cross-device defaults chosen for a run, and why: its ``clients`` hold ``records``
+    each on average; ``model``: the small CNN's keys apply (a built-in image dataset
+    without ``--model``)."""
+
+    clients: int
+    records: int
+    model: bool
+
+    def values(self) -> dict[str, Any]:
+        """The keys the defaults set (under everything the user gave)."""
+        if self.model:
+            return dict(CROSS_DEVICE)
+        return {k: v for k, v in CROSS_DEVICE.items() if k not in CROSS_DEVICE_MODEL}
+
+    def describe(self, cfg: Any) -> str:
+        """One line for the console with the run's resolved values (a user's win)."""
+        model = f"ConvNet width {cfg.width}, depth {cfg.depth}; " if self.model else ""
+        return (f"Cross-device defaults: {self.clients:,} clients of {self.records:,} records on "
+                f"average (>= {CROSS_DEVICE_MIN_CLIENTS:,} clients, < "
+                f"{CROSS_DEVICE_MAX_RECORDS} records each); this run: {model}B {cfg.batch_size}, "
+                f"{cfg.local_steps} local steps at lr {cfg.lr_local:g} (--set KEY=VALUE "
+                "overrides any)")
+
+
+def cross_device(method: str, dataset: str, clients: int, client_records: int | None = None,
+                 validation_records: int = 0, data: str | None = None,
+                 model: str | None = None) -> CrossDevice | None:
+    """The cross-device defaults of a run (module docstring), None where the rule does not
+    pick them: a FedLAP method, fewer clients or larger ones."""
+    from fedlap_privacy.data import TRAIN_RECORDS
+    from fedlap_privacy.fl.methods.method_table import METHOD_TABLE
+
+    spec = METHOD_TABLE.get(method)
+    if spec is None or spec.fedlap:
+        return None
+    count, records = client_scale(dataset, clients, client_records, validation_records, data)
+    if count < CROSS_DEVICE_MIN_CLIENTS or records >= CROSS_DEVICE_MAX_RECORDS:
+        return None
+    return CrossDevice(count, records, model is None and dataset in TRAIN_RECORDS)
+
+
 def mean_client_records(dataset: str, clients: int, client_records: int | None = None,
                         validation_records: int = 0, data: str | None = None) -> int:
     """The mean number of records a client holds, from the dataset's standard size, or the
     sizes a user's files declare (``data``; module docstring)."""
+    return client_scale(dataset, clients, client_records, validation_records, data)[1]
+
+
+def client_scale(dataset: str, clients: int, client_records: int | None = None,
+                 validation_records: int = 0, data: str | None = None) -> tuple[int, int]:
+    """(clients, the mean number of records a client holds), before any record is read:
+    a user's natural partition sets the clients (module docstring)."""
     from fedlap_privacy.data import TRAIN_RECORDS
 
     if dataset == CUSTOM:
@@ -125,7 +200,7 @@ def mean_client_records(dataset: str, clients: int, client_records: int | None =
     else:
         raise ConfigError(f"dataset {dataset!r} must be one of {', '.join(TRAIN_RECORDS)}")
     mean = max(total - validation_records, 0) // max(clients, 1)
-    return mean if client_records is None else min(mean, client_records)
+    return clients, mean if client_records is None else min(mean, client_records)
 
 
 def choose_schedule(requested: str, dataset: str, clients: int, client_records: int | None = None,

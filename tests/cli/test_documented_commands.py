@@ -186,7 +186,7 @@ def test_documented_command_runs(where, command, workspace, monkeypatch):
     # a new run starts in a fresh clone; --resume and audit read the run train wrote
     workspace = workspace / ("used" if "--resume" in args or args[0] == "audit" else "fresh")
     monkeypatch.chdir(workspace)
-    monkeypatch.setattr(dry_run, "time_rounds",
+    monkeypatch.setattr(dry_run, "time_steps",
                         lambda cfg, data, device: RoundTiming(1.0, 1.0, 0.1, 1.0, 0.0, "cpu"))
     monkeypatch.setattr(audit_dry_run, "time_features", lambda *args: 1.0)
     if args[0] in DRY_RUN:

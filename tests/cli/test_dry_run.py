@@ -25,7 +25,7 @@ def constant_timing(monkeypatch):
     """A fixed round timing (the real one is tested below, on one method)."""
     from fedlap_privacy.fl.engine import dry_run
 
-    monkeypatch.setattr(dry_run, "time_rounds",
+    monkeypatch.setattr(dry_run, "time_steps",
                         lambda cfg, data, device: dry_run.RoundTiming(1, 2, 0.5, 1, 0, "cpu"))
 
 
@@ -96,9 +96,9 @@ def test_compare_dry_run_plans_every_method(tmp_path, constant_timing):
 
 
 def test_the_timing_reads_shapes_and_sizes_only():
-    """time_rounds gets a dataset whose images cannot be read: it times random ones."""
+    """time_steps gets a dataset whose images cannot be read: it times random ones."""
     from fedlap_privacy.fl.config import TrainConfig
-    from fedlap_privacy.fl.engine.dry_run import time_rounds
+    from fedlap_privacy.fl.engine.dry_run import time_steps
 
     class Unreadable:
         shape = (300, 1, 8, 8)
@@ -110,10 +110,39 @@ def test_the_timing_reads_shapes_and_sizes_only():
     data = Dataset("digits", Unreadable(), y, Unreadable(), y[:50], 10, (0.3,), (0.4,))  # type: ignore[arg-type]
     cfg = TrainConfig(method="dp-fedavg", width=4, local_steps=3, clients=2, split="iid",
                       batch_size=16)
-    timing = time_rounds(cfg, data, "cpu")
+    timing = time_steps(cfg, data, "cpu")
+    assert (timing.cohort, timing.mode) == (2, "loop")  # both clients, one by one
+    assert timing.steps == 2 * 5
     assert timing.fixed >= 0 and timing.per_access >= 0 and timing.server > 0
     assert timing.per_access > 0 or timing.fixed > 0
     assert timing.seconds(cfg, 10, 3) > timing.seconds(cfg, 1, 3)
+
+
+def test_a_thousand_client_dry_run_times_a_few_steps_not_rounds(tmp_path, mini_mnist):
+    """Issue 45: the dry run of a 1,000-client dp-fedavg-client command times a few client
+    steps of a cohort (as many for 1,000 clients as for 50) and says it is an estimate."""
+    from fedlap_privacy.fl.engine.dry_run import TIMED_ACCESSES, TIMED_COHORT
+
+    folder = mini_mnist(n_train=2000, n_test=100)
+    args = ["train", "--method", "dp-fedavg-client", "--dataset", "mnist", "--data-dir",
+            str(folder), "--clients", "1000", "--split", "shards", "--client-fraction", "0.05",
+            "--target-eps", "2", "--rounds", "30", "--out", str(tmp_path / "r"), "--dry-run"]
+    planned = _invoke([*args, "--json"])
+    assert planned.exit_code == 0, planned.output
+    run = json.loads(planned.stdout)["run"]
+    timing = run["timing"]
+    # 16 of the 50 expected clients, packed: a warm-up, then 1 and 3 steps each
+    assert (timing["cohort"], timing["mode"]) == (TIMED_COHORT, "packed")
+    assert timing["steps"] == TIMED_COHORT * (2 * TIMED_ACCESSES[0] + TIMED_ACCESSES[1]) == 80
+    assert run["config"]["width"] == 32 and run["rounds_run"] == 30
+    # the run's time: set-up, then 30 rounds of 50 clients x 10 local steps and the server
+    per_client = timing["fixed"] + timing["per_access"] * run["config"]["local_steps"]
+    assert run["seconds"] == pytest.approx(
+        timing["setup"] + 30 * (50 * per_client + timing["server"]), rel=1e-6)
+    shown = _invoke(args)
+    assert shown.exit_code == 0, shown.output
+    assert "an estimate from 80 client steps of 16 clients" in " ".join(shown.output.split())
+    assert not (tmp_path / "r").exists()
 
 
 def test_external_audit_dry_run_checks_headers_and_never_runs_the_factory(tmp_path):
