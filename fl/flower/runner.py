@@ -164,6 +164,7 @@ def run_flower(
     rounds: int | None = None,
     node_policy: str | Path | None = None,
     threads: int | None = None,
+    isolation: str = "process",
 ) -> FlowerResult:
     """Train on a local Flower deployment (``fedlap-privacy train --engine flower``).
 
@@ -175,7 +176,9 @@ def run_flower(
     errors and Ctrl-C. Raises :class:`FlowerError` with the server's one-line message when
     the run fails; the checkpoint in ``out_dir`` has the simulator's format. ``threads``
     (``--threads``) sets every SuperNode's torch threads; by default each takes its share
-    of the machine's CPUs (:mod:`fedlap_privacy.threads`).
+    of the machine's CPUs (:mod:`fedlap_privacy.threads`). ``isolation``: how each SuperNode
+    runs its ClientApp (:data:`.deployment.ISOLATIONS`; ``process``: one long-lived process
+    per node, ``subprocess``: Flower's default, a process per message).
     """
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:
@@ -189,7 +192,7 @@ def run_flower(
             raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
         with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
             with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
-                                 threads=threads) as deployment:
+                                 threads=threads, isolation=isolation) as deployment:
                 return run_on(
                     deployment, None if resume_run else cfg, out, device, callback,
                     allow_client_failures=allow_client_failures, round_timeout=round_timeout,

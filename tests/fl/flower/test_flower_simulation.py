@@ -1,0 +1,162 @@
+"""``train --engine flower-simulation``: the Flower App on Flower's Simulation Engine (Ray).
+
+One Ray instance serves the module (its start is the slow part); each run starts its own
+actor pool on it. The engine's run equals the in-process run bit for bit under
+``--reproducible-noise`` (weights, ledger, metrics); each virtual node keeps its own ledger
+and applies the node policy, as a SuperNode does. The 1,000-client equality is a slow test
+(and ``benchmarks/flower_simulation.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr")
+ray = pytest.importorskip("ray")
+
+import helpers  # noqa: E402
+from flower_grid import write_policy  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
+from fedlap_privacy.cli.main import app  # noqa: E402
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
+from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
+    SimulationResources,
+    node_config_mod,
+)
+from fedlap_privacy.fl.run.run_records import RoundRecord  # noqa: E402
+
+SIM = dict(clients=3, reproducible_noise=True)
+
+
+def _sets(**over) -> list[str]:
+    values = {**helpers.TINY, **SIM, **over}
+    return [f"--set={k}={v}" for k, v in values.items() if k not in ("rounds", "clients")]
+
+
+def _strip(history: list) -> list[dict]:
+    return [{k: v for k, v in (h if isinstance(h, dict) else h.to_json()).items()
+             if k != "seconds"} for h in history]
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory):
+    """On one Ray instance (2 CPUs): a 3-client, 2-round FedLAP-DP run through the CLI with
+    a node policy that admits seeded noise, the same run in-process, and a run whose node
+    policy refuses its sigma. One torch thread everywhere: a thread count reorders sums."""
+    root = tmp_path_factory.mktemp("flower-sim")
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        allow = write_policy(root / "allow.toml", allow_reproducible_noise=True)
+        strict = write_policy(root / "strict.toml", allow_reproducible_noise=True, min_sigma=5.0)
+        runner = CliRunner()
+        base = ["train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "2",
+                "--device", "cpu", "--json", "--client-cpus", "1"]
+        ok = runner.invoke(app, [*base, "--out", str(root / "sim"), "--node-policy",
+                                 str(allow), *_sets()])
+        refused = runner.invoke(app, [*base, "--out", str(root / "refused"), "--node-policy",
+                                      str(strict), *_sets()])
+        local = train(helpers.tiny(**SIM), root / "local", "cpu")
+        yield root, ok, refused, local
+    finally:
+        ray.shutdown()
+        if saved is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
+def test_simulation_engine_equals_in_process_bit_for_bit(engine_runs):
+    root, ok, _, local = engine_runs
+    assert ok.exit_code == 0, ok.output
+    summary = json.loads(ok.output.strip().splitlines()[-1])
+    a = load_checkpoint(root / "sim" / CHECKPOINT)
+    b = load_checkpoint(root / "local" / CHECKPOINT)
+    assert a["ledger"] == b["ledger"] and len(a["ledger"]) == 2
+    assert a["model_state"].keys() == b["model_state"].keys()
+    assert all(torch.equal(a["model_state"][k], b["model_state"][k]) for k in a["model_state"])
+    assert set(a) == set(b) and a["format"] == b["format"]  # audit reads it like train's
+    assert _strip([RoundRecord.from_json(h) for h in a["history"]]) == _strip(local.history)
+    assert summary["epsilon"] == local.summary.privacy.epsilon > 0
+    assert summary["rounds_run"] == 2 and summary["stopped"] == "completed"
+    pa = load_checkpoint(root / "sim" / PRIVATE, PRIVATE_FORMAT)
+    assert pa["client_state"] == [{}, {}, {}]  # FedLAP's synthetic sets stayed on the nodes
+    # the equality is not that of an untrained model: the weights moved from their init
+    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.fl.engine.simulation import default_model_config
+    from fedlap_privacy.models import build_model
+
+    cfg = helpers.tiny(**SIM)
+    torch.manual_seed(cfg.seed)
+    init = build_model(default_model_config(cfg, load_dataset(cfg.dataset))).state_dict()
+    moved = sum(float((a["model_state"][k] - init[k]).pow(2).sum()) for k in init) ** 0.5
+    assert moved > 0.1
+
+
+def test_simulation_engine_applies_the_node_policy(engine_runs):
+    """Each virtual node reads the node policy: a sigma below its minimum is refused at
+    discovery, in one line, before any round (nothing entered in the ledger)."""
+    root, _, refused, _ = engine_runs
+    assert refused.exit_code == 2, refused.output
+    lines = [line for line in refused.output.strip().splitlines() if line.strip()]
+    assert "refused the run" in lines[-1] and "below the node's minimum 5" in lines[-1]
+    assert "Traceback" not in refused.output
+    assert not (root / "refused" / CHECKPOINT).exists()
+
+
+def test_resources_and_flags(tmp_path):
+    res = SimulationResources(cpus=2, gpus=0.25, address="auto")
+    config = res.backend_config()
+    assert config["client_resources"] == {"num_cpus": 2, "num_gpus": 0.25}
+    assert config["init_args"]["address"] == "auto" and res.node_device == "auto"
+    assert SimulationResources().node_device == "cpu"
+    assert "address" not in SimulationResources().backend_config()["init_args"]
+    with pytest.raises(Exception, match="cpus > 0"):
+        SimulationResources(cpus=0).validate()
+    out = CliRunner().invoke(app, ["train", "--client-gpus", "1", "--out", str(tmp_path / "r"),
+                                   "--rounds", "1"])
+    assert out.exit_code == 2 and "apply to --engine flower-simulation only" in out.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_node_config_mod_gives_each_virtual_node_its_state_folder(tmp_path):
+    from flwr.app import Context, RecordDict
+
+    seen = {}
+
+    def call_next(msg, context):
+        seen.update(context.node_config)
+        return msg
+
+    mod = node_config_mod(str(tmp_path), "cpu", "/p.toml")
+    ctx = Context(run_id=1, node_id=9, node_config={"partition-id": 4, "num-partitions": 5},
+                  state=RecordDict(), run_config={})
+    mod("m", ctx, call_next)  # type: ignore[arg-type]
+    assert seen == {"partition-id": 4, "num-partitions": 5, "state-dir": f"{tmp_path}/node-4",
+                    "device": "cpu", "policy-file": "/p.toml"}
+
+
+@pytest.mark.slow
+def test_thousand_virtual_nodes_equal_in_process(tmp_path):
+    """1,000 clients (FashionMNIST shards, FedAvg, a tenth of them per round, seeded
+    batches): the Simulation Engine's checkpoint equals the in-process run's bit for bit."""
+    import subprocess
+    import sys
+
+    data_dir = os.environ.get("FEDLAP_FMNIST", "/work/shared/data/fashion-mnist")
+    if not Path(data_dir).is_dir():
+        pytest.skip("FashionMNIST not found (set FEDLAP_FMNIST)")
+    bench = helpers.repo_root() / "benchmarks" / "flower_simulation.py"
+    done = subprocess.run([sys.executable, str(bench), "--data-dir", data_dir, "--clients",
+                           "1000", "--rounds", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=3000)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "bit for bit: True" in done.stdout, done.stdout
