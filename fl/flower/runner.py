@@ -41,7 +41,7 @@ from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.run.user_runs import prepare_data
 from fedlap_privacy.run_lock import RunLock
 
-__all__ = ["FlowerResult", "run_flower", "run_on"]
+__all__ = ["FlowerResult", "prepare_run", "run_flower", "run_on"]
 
 
 @dataclass
@@ -52,7 +52,7 @@ class FlowerResult:
     history: list[RoundRecord]
 
 
-def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
+def prepare_run(cfg: TrainConfig | None, out: Path, resume_run: bool) -> TrainConfig:
     """The run's configuration; refuses what :func:`simulation.train` / ``resume`` refuse."""
     if resume_run:
         return load_run_config(out)
@@ -110,7 +110,7 @@ def run_on(
                           on_poll=on_poll, lock=held)
     if not lock.covers(out):
         raise ConfigError(f"the lock given holds {lock.folder}, not the run folder {out}")
-    cfg = _prepare(cfg, out, resume_run)
+    cfg = prepare_run(cfg, out, resume_run)
     if deployment.clients != cfg.clients:
         raise ConfigError(f"{deployment.clients} SuperNodes for a run of {cfg.clients} clients")
     callback = callback or (lambda event, info: None)
@@ -184,7 +184,7 @@ def run_flower(
     if not resume_run and cfg is not None:
         cfg.validate()  # a bad configuration is refused before the folder is made
     with lock_run(out, new=not resume_run) as lock:
-        cfg = _prepare(cfg, out, resume_run)
+        cfg = prepare_run(cfg, out, resume_run)
         if node_policy is not None:  # refuse a bad file now
             NodePolicy.from_node_config({"policy-file": str(node_policy)})
         n = cfg.clients if clients is None else clients

@@ -21,14 +21,16 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Message
-from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedlap_privacy.errors import ConfigError, FedlapError
@@ -38,7 +40,7 @@ from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.run_config import run_config_of
-from fedlap_privacy.fl.flower.runner import FlowerResult, _prepare
+from fedlap_privacy.fl.flower.runner import FlowerResult, prepare_run
 from fedlap_privacy.fl.flower.server_app import STATUS, serve
 from fedlap_privacy.fl.run.run_files import load_history, lock_run
 from fedlap_privacy.fl.run.run_records import RunSummary
@@ -159,11 +161,11 @@ def run_simulation_engine(
     if not resume_run and cfg is not None:
         cfg.validate()
     callback = callback or (lambda event, info: None)
-    with lock_run(out, new=not resume_run) as lock:
-        cfg = _prepare(cfg, out, resume_run)
-        policy = None if node_policy is None else str(Path(node_policy).expanduser().resolve())
-        if policy is not None:  # refuse a bad file now
-            NodePolicy.from_node_config({"policy-file": policy})
+    policy = None if node_policy is None else str(Path(node_policy).expanduser().resolve())
+    if policy is not None:  # refuse a bad file now
+        NodePolicy.from_node_config({"policy-file": policy})
+    with _ray(resources), lock_run(out, new=not resume_run) as lock:
+        cfg = prepare_run(cfg, out, resume_run)
         (out / STATUS).unlink(missing_ok=True)
         run_config = run_config_of(
             cfg, out=str(out), device=device, round_timeout=float(round_timeout),
@@ -182,8 +184,9 @@ def run_simulation_engine(
                 client = make_client_app(
                     [node_config_mod(tmp, resources.node_device, policy)])
                 try:
-                    _simulate(run_simulation, _server(run_config, log, callback), client,
-                              cfg.clients, resources)
+                    run_simulation(server_app=_server(run_config, log, callback),
+                                   client_app=client, num_supernodes=cfg.clients,
+                                   backend_config=resources.backend_config())
                 except Exception as exc:  # the ServerApp's failure is in STATUS, one line
                     if not (out / STATUS).exists():
                         if isinstance(exc, FedlapError):
@@ -193,22 +196,43 @@ def run_simulation_engine(
             return _result(out, log_path)
 
 
-def _simulate(run_simulation: Callable[..., None], server: ServerApp, client: ClientApp,
-              clients: int, resources: SimulationResources) -> None:
-    """Flower's Simulation Engine on Ray; the Ray instance it started is shut down after."""
-    import warnings
-
+@contextlib.contextmanager
+def _ray(resources: SimulationResources) -> Iterator[None]:
+    """Ray for one run: started on this machine (or the cluster at ``address`` joined) as
+    Flower's backend starts it, the cluster checked to hold at least one client of
+    ``resources`` (one line otherwise, before the run folder is touched), and shut down (left)
+    after the run, which ends the run's actors: Flower 1.41 asks its actors to exit but they
+    keep their CPUs until the job ends, so a second run on the same Ray job would find none
+    free. A Ray that the caller started is left running."""
     import ray
+    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
 
+    config = resources.backend_config()
     started_here = not ray.is_initialized()
-    try:
-        with _quiet_flower(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # run_simulation's deprecation notice
-            run_simulation(server_app=server, client_app=client, num_supernodes=clients,
-                           backend_config=resources.backend_config())  # type: ignore[arg-type]
-    finally:
-        if started_here and ray.is_initialized():
-            ray.shutdown()
+    with _quiet_flower(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips
+        if started_here:  # the workers import as this process does
+            try:
+                ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+                         include_dashboard=False, **config["init_args"])
+            except Exception as exc:  # e.g. no cluster at the address, a node too slow
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                where = f"the Ray cluster at {resources.address}" if resources.address else (
+                    "Ray on this machine")
+                raise FlowerError(f"{where} did not start: {first[:200]}") from None
+        try:
+            try:
+                pool_size_from_resources(config["client_resources"])
+            except ValueError:
+                total = ray.cluster_resources()
+                raise ConfigError(
+                    f"no Ray node can hold a client with --client-cpus {resources.cpus:g} "
+                    f"--client-gpus {resources.gpus:g} (the cluster has "
+                    f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs)") from None
+            yield
+        finally:
+            if started_here and ray.is_initialized():
+                ray.shutdown()
 
 
 def _result(out: Path, log_path: Path) -> FlowerResult:

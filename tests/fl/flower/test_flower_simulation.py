@@ -1,7 +1,7 @@
 """``train --engine flower-simulation``: the Flower App on Flower's Simulation Engine (Ray).
 
-One Ray instance serves the module (its start is the slow part); each run starts its own
-actor pool on it. The engine's run equals the in-process run bit for bit under
+Each run starts Ray on this machine and stops it after (Ray's start is the slow part). The
+engine's run equals the in-process run bit for bit under
 ``--reproducible-noise`` (weights, ledger, metrics); each virtual node keeps its own ledger
 and applies the node policy, as a SuperNode does. The 1,000-client equality is a slow test
 (and ``benchmarks/flower_simulation.py``).
@@ -20,7 +20,7 @@ flwr = pytest.importorskip("flwr")
 ray = pytest.importorskip("ray")
 
 import helpers  # noqa: E402
-from flower_grid import write_policy  # noqa: E402
+from flower_grid import task_identity, write_policy  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
 
 from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
@@ -47,27 +47,22 @@ def _strip(history: list) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
-    """On one Ray instance (2 CPUs): a 3-client, 2-round FedLAP-DP run through the CLI with
-    a node policy that admits seeded noise, the same run in-process, and a run whose node
-    policy refuses its sigma. One torch thread everywhere: a thread count reorders sums."""
+    """A 3-client, 2-round FedLAP-DP run through the CLI with a node policy that admits
+    seeded noise (Ray started for it on this machine, and stopped) and the same run
+    in-process. One torch thread everywhere: a thread count reorders float sums."""
     root = tmp_path_factory.mktemp("flower-sim")
     saved = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = "1"
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         allow = write_policy(root / "allow.toml", allow_reproducible_noise=True)
-        strict = write_policy(root / "strict.toml", allow_reproducible_noise=True, min_sigma=5.0)
-        runner = CliRunner()
-        base = ["train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "2",
-                "--device", "cpu", "--json", "--client-cpus", "1"]
-        ok = runner.invoke(app, [*base, "--out", str(root / "sim"), "--node-policy",
-                                 str(allow), *_sets()])
-        refused = runner.invoke(app, [*base, "--out", str(root / "refused"), "--node-policy",
-                                      str(strict), *_sets()])
+        ok = CliRunner().invoke(app, [
+            "train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "2",
+            "--device", "cpu", "--json", "--client-cpus", "1", "--out", str(root / "sim"),
+            "--node-policy", str(allow), *_sets()])
         local = train(helpers.tiny(**SIM), root / "local", "cpu")
-        yield root, ok, refused, local
+        yield root, ok, local
     finally:
-        ray.shutdown()
+        assert not ray.is_initialized()  # each run stopped the Ray it started
         if saved is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:
@@ -75,7 +70,7 @@ def engine_runs(tmp_path_factory):
 
 
 def test_simulation_engine_equals_in_process_bit_for_bit(engine_runs):
-    root, ok, _, local = engine_runs
+    root, ok, local = engine_runs
     assert ok.exit_code == 0, ok.output
     summary = json.loads(ok.output.strip().splitlines()[-1])
     a = load_checkpoint(root / "sim" / CHECKPOINT)
@@ -101,15 +96,26 @@ def test_simulation_engine_equals_in_process_bit_for_bit(engine_runs):
     assert moved > 0.1
 
 
-def test_simulation_engine_applies_the_node_policy(engine_runs):
-    """Each virtual node reads the node policy: a sigma below its minimum is refused at
-    discovery, in one line, before any round (nothing entered in the ledger)."""
-    root, _, refused, _ = engine_runs
-    assert refused.exit_code == 2, refused.output
-    lines = [line for line in refused.output.strip().splitlines() if line.strip()]
-    assert "refused the run" in lines[-1] and "below the node's minimum 5" in lines[-1]
-    assert "Traceback" not in refused.output
-    assert not (root / "refused" / CHECKPOINT).exists()
+def test_virtual_nodes_apply_the_node_policy(tmp_path):
+    """A virtual node (the Simulation Engine gives it its partition-id only) reads the node
+    policy the engine's mod gives it: a sigma below the policy's minimum is refused at
+    discovery, in one line naming the rule, before its records are read."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    from fedlap_privacy.fl.flower.client_app import make_client_app
+    from fedlap_privacy.fl.flower.run_config import config_values
+
+    strict = write_policy(tmp_path / "strict.toml", min_sigma=5.0)
+    app_ = make_client_app([node_config_mod(str(tmp_path), "cpu", str(strict))])
+    ctx = Context(run_id=3, node_id=11, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config={})
+    cfg = helpers.tiny(clients=3, split_seed=0)
+    query = Message(RecordDict({"config": ConfigRecord(config_values(cfg))}), 11, "query")
+    reply = app_(query, ctx)
+    refusal = reply.content.config_records["refusal"]
+    assert "below the node's minimum 5" in str(refusal["reason"])
+    assert refusal["partition-id"] == 1
+    assert ctx.node_config["state-dir"] == f"{tmp_path}/node-1"
 
 
 def test_resources_and_flags(tmp_path):
