@@ -9,7 +9,8 @@ ways, each in a fresh process, one after the other so that they see the same mac
 * ``flower, process``: the default now, one long-lived ClientApp process per SuperNode
   (``fl/flower/clientapp_worker.py``).
 
-Prints each run's wall time (start-up included), its rounds' seconds as the run recorded them,
+Prints each run's wall time (start-up included), the CPU time of its whole process tree (the
+steadier figure on a shared machine), its rounds' seconds as the run recorded them,
 the Flower / in-process ratios, and whether the goal of issue 45 holds: the Flower run
 within 2x the in-process run plus 30 s of start-up. Prints the machine's load (``uptime``)
 before and after: on a shared machine compare within one run only.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -72,23 +74,27 @@ def main() -> None:
         for name, isolation in RUNS:
             spec = {"clients": args.clients, "rounds": args.rounds, "sets": args.sets,
                     "isolation": isolation, "out": str(Path(tmp) / name.replace(", ", "-"))}
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
                                   capture_output=True, text=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
             if done.returncode != 0:
                 print(f"{name}: failed\n{done.stderr[-2000:]}")
                 sys.exit(1)
             row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["cpu"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
             rows[name] = row
-            print(f"{name:>20}: {row['wall']:7.1f} s wall, rounds "
+            print(f"{name:>20}: {row['wall']:7.1f} s wall, {row['cpu']:7.1f} CPU s, rounds "
                   + ", ".join(f"{s:.1f}" for s in row["rounds"])
                   + f" s, test accuracy {row['accuracy']:.4f}", flush=True)
     base = rows["in-process"]["wall"]
     for name in ("flower, subprocess", "flower, process"):
         wall = rows[name]["wall"]
         rounds = sum(rows[name]["rounds"]) / max(sum(rows["in-process"]["rounds"]), 1e-9)
-        print(f"{name:>20}: {wall / base:5.2f}x the in-process wall time, rounds "
-              f"{rounds:5.2f}x; goal (<= 2 x {base:.1f} + 30 = {2 * base + 30:.1f} s): "
-              f"{'met' if wall <= 2 * base + 30 else 'missed'}")
+        cpu = rows[name]["cpu"] / max(rows["in-process"]["cpu"], 1e-9)
+        print(f"{name:>20}: {wall / base:5.2f}x the in-process wall time, {cpu:5.2f}x its CPU "
+              f"time, rounds {rounds:5.2f}x; goal (<= 2 x {base:.1f} + 30 = "
+              f"{2 * base + 30:.1f} s): {'met' if wall <= 2 * base + 30 else 'missed'}")
     print(f"load after: {_load()}")
 
 
