@@ -48,7 +48,7 @@ from fedlap_privacy.fl.flower.run_config import CLIENT_APP_REF
 __all__ = ["main", "run_task", "serve"]
 
 #: seconds between two claims of a task while the node is idle
-DEFAULT_POLL = 0.05
+DEFAULT_POLL = 0.25
 
 
 def _client(address: str, component: str, token: str | None = None) -> RuntimeHttpClient:

@@ -45,7 +45,7 @@ from fedlap_privacy.fl.flower.server_app import STATUS, serve
 from fedlap_privacy.fl.run.run_files import load_history, lock_run
 from fedlap_privacy.fl.run.run_records import RunSummary
 
-__all__ = ["SimulationResources", "node_config_mod", "run_simulation_engine"]
+__all__ = ["SimulationResources", "discovery_wait", "node_config_mod", "run_simulation_engine"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,13 @@ def node_config_mod(state_root: str, device: str, policy_file: str | None
         return call_next(msg, context)
 
     return mod
+
+
+def discovery_wait(clients: int) -> float:
+    """Seconds the ServerApp waits for every virtual node's answer at discovery: the actors'
+    start-up (each imports torch and this package) and one query per client through them.
+    Virtual nodes are never missing, so the wait only bounds a broken actor pool."""
+    return 600.0 + 1.0 * clients
 
 
 @contextlib.contextmanager
@@ -170,7 +177,7 @@ def run_simulation_engine(
         run_config = run_config_of(
             cfg, out=str(out), device=device, round_timeout=float(round_timeout),
             allow_client_failures=allow_client_failures, resume=resume_run,
-            run_lock=lock.token)
+            run_lock=lock.token, node_wait=discovery_wait(cfg.clients))
         if resume_run:
             run_config["rounds"] = 0 if rounds is None else int(rounds)
         with tempfile.TemporaryDirectory(prefix="fedlap-flower-sim-") as tmp:

@@ -59,6 +59,8 @@ def engine_runs(tmp_path_factory):
             "train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "2",
             "--device", "cpu", "--json", "--client-cpus", "1", "--out", str(root / "sim"),
             "--node-policy", str(allow), *_sets()])
+        if ok.exit_code == 2 and "Ray on this machine did not start" in ok.output:
+            pytest.skip(ok.output.strip().splitlines()[-1])  # Ray's 30 s start-up limit
         local = train(helpers.tiny(**SIM), root / "local", "cpu")
         yield root, ok, local
     finally:
