@@ -2,8 +2,10 @@
 
 Contract: :class:`LocalDeployment` starts the processes (free ports, ``FLWR_HOME`` in its
 working folder, runtime dependency installation off), gives each SuperNode its own state
-folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, and
-stops every process it started on exit (:mod:`.processes`). With :class:`Secure` the
+folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, runs
+each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
+it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
+message), and stops every process it started on exit (:mod:`.processes`). With :class:`Secure` the
 SuperLink serves TLS (the CA, certificate and key given) and, when node keys are given,
 admits only SuperNodes whose public key was registered with ``flwr supernode register``
 (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
