@@ -10,7 +10,8 @@ three ways, each in a fresh process, one after the other on the same machine:
 * ``loop``: the in-process engine training the clients one by one, one torch thread (what a
   seeded run does by default, and the reference of the bit-for-bit check);
 * ``flower-simulation``: ``--engine flower-simulation`` with one CPU per virtual SuperNode
-  (Ray actors side by side), its node policy admitting FedAvg and seeded batches.
+  (Ray actors side by side), its node policy admitting FedAvg, its batch size and seeded
+  batches.
 
 Prints each run's wall time (start-up, Ray's and the discovery of every virtual node
 included), its rounds' seconds as recorded, the ratios, and whether the Simulation Engine's
@@ -57,7 +58,7 @@ def worker(spec: dict) -> dict:
     if spec["run"] == "flower-simulation":
         policy = Path(spec["out"]).with_suffix(".policy.toml")
         policy.write_text('threat-model = "trusted-server"\nallowed-methods = ["fedavg"]\n'
-                          "allow-reproducible-noise = true\n")
+                          "allow-reproducible-noise = true\nmin-batch-size = 1\n")
         history = run_simulation_engine(cfg, spec["out"], "cpu", node_policy=policy).history
     else:
         history = train(cfg, spec["out"], "cpu").history

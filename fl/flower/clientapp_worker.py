@@ -2,10 +2,11 @@
 
 Contract: ``python -m fedlap_privacy.fl.flower.clientapp_worker --runtime-api ADDRESS
 --supernode-pid PID`` serves one ``flower-supernode --isolation process``: it claims the
-node's next ClientApp task from the SuperNode's Runtime API (``AcquireTask``, every
-``--poll`` seconds while idle), pulls its message and the node's context, runs this package's
-ClientApp (:mod:`.client_app`) in this process, pushes the reply and the updated context
-(the node-local state) and waits for the next task; it exits when the SuperNode's process is
+node's next ClientApp task from the SuperNode's Runtime API (``AcquireTask``: ``--poll``
+seconds after a task, doubling up to a second while idle), pulls its message and the node's
+context, runs this package's ClientApp (:mod:`.client_app`) in this process, pushes the
+reply and the updated context (the node-local state) and waits for the next task; it exits
+when the SuperNode's process is
 gone. The messages, the context and the ClientApp are those of Flower's own per-task
 ``flwr-clientapp``, which Flower 1.41 starts as a new process for every message (its
 subprocess isolation, through ``flower-superexec``): what this process saves, every round
@@ -47,8 +48,10 @@ from fedlap_privacy.fl.flower.run_config import CLIENT_APP_REF
 
 __all__ = ["main", "run_task", "serve"]
 
-#: seconds between two claims of a task while the node is idle
-DEFAULT_POLL = 0.25
+#: seconds between two claims of a task right after a task; doubled while the node stays
+#: idle, up to :data:`MAX_POLL` (a SuperNode itself pulls from the SuperLink every 3 s)
+DEFAULT_POLL = 0.1
+MAX_POLL = 1.0
 
 
 def _client(address: str, component: str, token: str | None = None) -> RuntimeHttpClient:
@@ -113,20 +116,25 @@ def _alive(pid: int) -> bool:
 
 
 def serve(address: str, supernode_pid: int | None = None, poll: float = DEFAULT_POLL) -> None:
-    """Claim and run the SuperNode's ClientApp tasks until its process is gone."""
+    """Claim and run the SuperNode's ClientApp tasks until its process is gone; while idle,
+    claim every ``poll`` seconds, doubling up to :data:`MAX_POLL` (each claim is an HTTP
+    request: on a shared machine a fixed fast poll costs CPU)."""
     acquirer = _client(address, "SuperExec")
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+    wait = poll
     try:
         while supernode_pid is None or _alive(supernode_pid):
             try:
                 res = acquirer.AcquireTask(request)
             except Exception:  # the Runtime API is not up yet, or going away
-                time.sleep(max(poll, 0.2))
+                time.sleep(max(wait, 0.2))
                 continue
             if res.HasField("task") and res.token:
                 run_task(address, res.token)
+                wait = poll
             else:
-                time.sleep(poll)
+                time.sleep(wait)
+                wait = min(2 * wait, max(MAX_POLL, poll))
     finally:
         acquirer.close()
 
