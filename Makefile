@@ -19,7 +19,7 @@ install: $(PY)
 
 install-dev: $(PY)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev,flower]'
+	$(PY) -m pip install -q -e '.[dev,flower,simulation]'
 
 run: install
 	$(VENV)/bin/fedlap-privacy train --out runs/latest

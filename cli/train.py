@@ -44,6 +44,7 @@ Preset = choice_enum("Preset", PRESETS)
 class Engine(StrEnum):
     simulation = "simulation"
     flower = "flower"
+    flower_simulation = "flower-simulation"
 
 
 def train(
@@ -108,8 +109,21 @@ def train(
     json_output: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     engine: Engine = typer.Option(
         Engine.simulation, "--engine", help="simulation: in-process; flower: a local Flower "
-        "deployment (SuperLink + one SuperNode per client on 127.0.0.1; needs the flower extra)."
+        "deployment (SuperLink + one SuperNode per client on 127.0.0.1; needs the flower "
+        "extra); flower-simulation: the same Flower App on Flower's Simulation Engine (a "
+        "virtual SuperNode per client on Ray, here or on --ray-address; needs the simulation "
+        "extra)."
     ),
+    client_cpus: float = typer.Option(
+        1.0, "--client-cpus", help="flower-simulation: CPUs each virtual SuperNode holds while "
+        "it trains (the clients run side by side on total CPUs / this)."),
+    client_gpus: float = typer.Option(
+        0.0, "--client-gpus", help="flower-simulation: GPUs each virtual SuperNode holds (0.25: "
+        "four clients share a GPU; 0: the clients train on the CPU)."),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="flower-simulation: run the virtual SuperNodes on this Ray "
+        "cluster (auto, HOST:6379 or ray://HOST:10001; every Ray node needs fedlap-privacy"
+        "[simulation] and the data); default: a Ray instance on this machine."),
     allow_client_failures: bool = typer.Option(
         False, "--allow-client-failures", help="Flower: continue a round with the clients that "
         "answer (default: a client that does not answer fails the run); privacy is still "
@@ -156,10 +170,14 @@ def train(
         guarded(lambda: check_writable(out, probe=not dry_run))
     if preset is None and not resume and not json_output:
         print_schedule(schedule.value, cfg)
-    if engine is Engine.flower:
-        _require_flower()
+    if engine is not Engine.simulation:
+        _require_flower(engine)
     elif allow_client_failures or node_policy is not None:
-        fail("--allow-client-failures and --node-policy apply to --engine flower only")
+        fail("--allow-client-failures and --node-policy apply to the Flower engines only")
+    if engine is not Engine.flower_simulation and (
+            _typed(ctx, "client_cpus") or _typed(ctx, "client_gpus") or ray_address):
+        fail("--client-cpus, --client-gpus and --ray-address apply to --engine "
+             "flower-simulation only")
     if dry_run:
         from fedlap_privacy.fl.engine.dry_run import plan_train
 
@@ -214,6 +232,18 @@ def train(
                 + ("eps -" if eps is None else f"eps {eps:.2f}")))
 
     def run() -> Any:
+        if engine is Engine.flower_simulation:
+            from fedlap_privacy.fl.flower.simulation_engine import (
+                SimulationResources,
+                run_simulation_engine,
+            )
+
+            return run_simulation_engine(
+                None if resume else cfg, out, device, on_event,
+                resources=SimulationResources(client_cpus, client_gpus, ray_address),
+                allow_client_failures=allow_client_failures, resume_run=resume, rounds=rounds,
+                node_policy=node_policy, model=model,
+            )
         if engine is Engine.flower:
             from fedlap_privacy.fl.engine.flower_app import run_flower
 
@@ -226,8 +256,9 @@ def train(
             return resume_training(out, rounds, device, on_event, model=model)
         return start_training(cfg, out, device, on_event, estimate=not json_output)
 
-    # SIGTERM stops between rounds in-process; Flower's processes keep their own handling
-    stopping = stop_between_rounds() if engine is Engine.simulation else nullcontext()
+    # SIGTERM stops between rounds in-process (the Simulation Engine's ServerApp runs in this
+    # process too); a Flower deployment's processes keep their own handling
+    stopping = stop_between_rounds() if engine is not Engine.flower else nullcontext()
     with progress, stopping:
         result = guarded(run)
     if json_output:
@@ -262,12 +293,19 @@ def _typed_flags(ctx: typer.Context, values: dict[str, Any]) -> dict[str, tuple[
             if key != "rounds" and _typed(ctx, params[key])}
 
 
-def _require_flower() -> None:
-    """One line, no traceback, when the optional Flower extra is missing (``\\[``: rich)."""
+def _require_flower(engine: Engine) -> None:
+    """One line, no traceback, when the optional Flower extra (or, for the Simulation
+    Engine, the simulation extra: Ray) is missing (``\\[``: rich)."""
+    import importlib.util
+
     try:
         import flwr  # noqa: F401
     except ImportError:
-        fail("--engine flower needs Flower: pip install 'fedlap-privacy\\[flower]'")
+        extra = "simulation" if engine is Engine.flower_simulation else "flower"
+        fail(f"--engine {engine.value} needs Flower: pip install 'fedlap-privacy\\[{extra}]'")
+    if engine is Engine.flower_simulation and importlib.util.find_spec("ray") is None:
+        fail("--engine flower-simulation needs Flower's Simulation Engine (Ray): pip install "
+             "'fedlap-privacy\\[simulation]'")
 
 
 def _print_summary(summary: RunSummary, history: list[RoundRecord]) -> None:

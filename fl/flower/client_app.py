@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 from torch import nn
 
 from fedlap_privacy.errors import ConfigError, DataError
@@ -58,9 +59,8 @@ from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
 from fedlap_privacy.threads import apply_cpu_policy
 
-__all__ = ["client_app"]
+__all__ = ["client_app", "make_client_app"]
 
-client_app = ClientApp()
 #: what makes the node refuse an instruction (each carries a one-line message)
 _REFUSALS = (PolicyRefusal, ConfigError, CodecError, DataError)
 
@@ -94,7 +94,6 @@ def _partition_hint(context: Context) -> int | None:
         return None
 
 
-@client_app.query()
 def _describe(msg: Message, context: Context) -> Message:
     """Discovery: the partition this node holds, N_k and its content hash (public metadata)."""
     try:
@@ -180,7 +179,6 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Mod
     return out
 
 
-@client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     """One client round (Method.client, docs/algorithms.md), or a refusal (module docstring).
 
@@ -195,3 +193,17 @@ def _train(msg: Message, context: Context) -> Message:
         return _refuse(msg, exc, _partition_hint(context))
     out = train_round(cfg, info, data, model, context, device, steps)
     return Message(out, reply_to=msg)
+
+
+def make_client_app(mods: list[Mod] | None = None) -> ClientApp:
+    """This module's ClientApp (``query``: discovery, ``train``: one client round), with
+    Flower ``mods`` run before each handler (the Simulation Engine's give each virtual
+    node its state folder and policy: :mod:`.simulation_engine`)."""
+    app = ClientApp(mods=mods)
+    app.query()(_describe)
+    app.train()(_train)
+    return app
+
+
+#: the ClientApp of every SuperNode (the Flower App's ``clientapp``)
+client_app = make_client_app()

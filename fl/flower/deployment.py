@@ -2,8 +2,10 @@
 
 Contract: :class:`LocalDeployment` starts the processes (free ports, ``FLWR_HOME`` in its
 working folder, runtime dependency installation off), gives each SuperNode its own state
-folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, and
-stops every process it started on exit (:mod:`.processes`). With :class:`Secure` the
+folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, runs
+each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
+it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
+message), and stops every process it started on exit (:mod:`.processes`). With :class:`Secure` the
 SuperLink serves TLS (the CA, certificate and key given) and, when node keys are given,
 admits only SuperNodes whose public key was registered with ``flwr supernode register``
 (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
@@ -46,17 +48,32 @@ class Secure:
     node_keys: tuple[Path, ...] = ()
 
 
+#: how a SuperNode runs its ClientApp: ``process`` (default), one long-lived ClientApp process
+#: per node (:mod:`.clientapp_worker`, Flower's ``--isolation process``); ``subprocess``,
+#: Flower's default, a new ``flwr-clientapp`` process for every message
+ISOLATIONS = ("process", "subprocess")
+#: seconds between two claims of a task by the SuperLink's SuperExec (Flower's default 1 s):
+#: the ServerApp starts this much sooner
+SUPEREXEC_POLL_S = 0.1
+
+
 class LocalDeployment:
     """A SuperLink and N SuperNodes (partition-id k of N) on 127.0.0.1, torn down on exit.
 
     Each node's torch threads: ``threads`` when given, else its share of the CPUs
-    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.threads`)."""
+    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.threads`). ``isolation``: see
+    :data:`ISOLATIONS`; with ``process`` each node's ClientApp process is started beside it
+    and stopped (or killed) with it."""
 
     CONNECTION = "fedlap-local"
 
     def __init__(self, clients: int, workdir: str | Path, device: str = "auto",
                  data_dir: str | None = None, policy_file: str | Path | None = None,
-                 secure: Secure | None = None, threads: int | None = None) -> None:
+                 secure: Secure | None = None, threads: int | None = None,
+                 isolation: str = "process") -> None:
+        if isolation not in ISOLATIONS:
+            raise FlowerError(f"isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
+        self.isolation = isolation
         self.clients, self.device, self.data_dir = clients, device, data_dir
         self.policy_file = None if policy_file is None else Path(policy_file).resolve()
         self.secure = secure
@@ -65,6 +82,8 @@ class LocalDeployment:
         self.port = 0
         self.superlink: subprocess.Popen[bytes] | None = None
         self.supernodes: list[subprocess.Popen[bytes]] = []
+        self.workers: dict[int, subprocess.Popen[bytes]] = {}  # node k -> its ClientApp process
+        self.extra_workers: list[subprocess.Popen[bytes]] = []  # those of extra nodes
         self._logs: list[IO[bytes]] = []
         bindir = str(Path(sys.executable).parent)
         self.env = {
@@ -72,6 +91,7 @@ class LocalDeployment:
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
             WORKERS_ENV: str(clients),  # the nodes share this machine's CPUs (threads.py)
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(SUPEREXEC_POLL_S),
         }
         if threads is not None:  # an explicit count wins over the share (threads.py)
             self.env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -146,8 +166,10 @@ class LocalDeployment:
                    log_name: str | None = None) -> subprocess.Popen[bytes]:
         """Start (or restart) the SuperNode holding partition ``k`` (with its key, if any;
         ``key`` overrides it: a node with another key is an unregistered node)."""
+        runtime_port = free_port()
         args = [self.exe("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
-                "--port", str(free_port()), "--node-config", self.node_config(k)]
+                "--port", str(runtime_port), "--node-config", self.node_config(k),
+                "--isolation", self.isolation]
         if self.secure is None:
             args.append("--insecure")
         else:
@@ -156,16 +178,36 @@ class LocalDeployment:
             if key is not None:
                 args += ["--auth-supernode-private-key", str(key)]
         proc = self.spawn(args, log_name or f"supernode-{k}.log")
+        worker = None
+        if self.isolation == "process":  # the node's ClientApp process, beside it
+            worker = self.spawn(
+                [sys.executable, "-m", "fedlap_privacy.fl.flower.clientapp_worker",
+                 "--runtime-api", f"127.0.0.1:{runtime_port}", "--supernode-pid",
+                 str(proc.pid)],
+                (log_name or f"supernode-{k}.log").replace(".log", "-clientapp.log"))
         if log_name is None:
             if k < len(self.supernodes):
                 self.supernodes[k] = proc
             else:
                 self.supernodes.append(proc)
+            if worker is not None:
+                self._replace_worker(k, worker)
+        elif worker is not None:
+            self.extra_workers.append(worker)
         return proc
 
+    def _replace_worker(self, k: int, worker: subprocess.Popen[bytes]) -> None:
+        old = self.workers.get(k)
+        if old is not None:
+            stop(old)
+        self.workers[k] = worker
+
     def kill_node(self, k: int) -> None:
-        """SIGKILL SuperNode k and everything it started, at once (a machine dying)."""
+        """SIGKILL SuperNode k, its ClientApp process and everything they started, at once
+        (a machine dying)."""
         kill_family(self.supernodes[k])
+        if k in self.workers:
+            kill_family(self.workers[k])
 
     def _wait_ready(self, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -196,7 +238,8 @@ class LocalDeployment:
 
     def close(self) -> None:
         """Stop every process this deployment started (SuperNodes first)."""
-        for proc in [*self.supernodes, *([self.superlink] if self.superlink else [])]:
+        for proc in [*self.workers.values(), *self.extra_workers, *self.supernodes,
+                     *([self.superlink] if self.superlink else [])]:
             stop(proc)
         for log in self._logs:
             log.close()

@@ -24,14 +24,16 @@ never from a value the server chose, except in simulation:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from fedlap_privacy.data import content_hash, load_dataset
+from fedlap_privacy.data import Dataset, content_hash, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import client_parts
@@ -91,15 +93,34 @@ def load_partition(
     data_file = str(node_config.get("data-file", ""))
     if data_file:
         return _from_file(k, Path(data_file).expanduser(), device)
-    if cfg.data is not None:  # simulation: the user's records on this (the same) machine
-        cfg, data = prepare_data(cfg, _split_seed(cfg))
-    else:
-        data_dir = str(node_config.get("data-dir", "")) or cfg.data_dir
-        data = load_dataset(cfg.dataset, data_dir)
-    part = client_parts(cfg, data)[k]
+    data, parts = _simulated_split(cfg, str(node_config.get("data-dir", "")) or cfg.data_dir)
+    part = parts[k]
     x, y = data.x_train[part], data.y_train[part]
     return NodeData(k, torch.from_numpy(x).to(device), torch.from_numpy(y).to(device),
                     content_hash(part, x, y), SIMULATED, data.input_shape, data.num_classes)
+
+
+#: the last simulated split this process computed: (its key, the dataset, the parts). A
+#: long-lived ClientApp process (:mod:`.clientapp_worker`, a simulation's actor) answers
+#: every round of a run, and of thousands of virtual nodes, from one load of the data.
+_LAST_SPLIT: list[tuple[str, Dataset, list[np.ndarray]]] = []
+
+
+def _simulated_split(cfg: TrainConfig, data_dir: str | None
+                     ) -> tuple[Dataset, list[np.ndarray]]:
+    """The run's dataset and its split over the clients, as the simulator computes them;
+    the same configuration (but ``rounds``) and data folder give the same answer, kept."""
+    recorded = {k: v for k, v in cfg.to_dict().items() if k != "rounds"}
+    key = json.dumps([recorded, data_dir], sort_keys=True, default=str)
+    if _LAST_SPLIT and _LAST_SPLIT[0][0] == key:
+        return _LAST_SPLIT[0][1], _LAST_SPLIT[0][2]
+    if cfg.data is not None:  # simulation: the user's records on this (the same) machine
+        cfg, data = prepare_data(cfg, _split_seed(cfg))
+    else:
+        data = load_dataset(cfg.dataset, data_dir)
+    parts = client_parts(cfg, data)
+    _LAST_SPLIT[:] = [(key, data, parts)]
+    return data, parts
 
 
 def _split_seed(cfg: TrainConfig) -> int:

@@ -43,7 +43,7 @@ from fedlap_privacy.fl.run.user_runs import prepare_data
 from fedlap_privacy.model_factory import named_factory
 from fedlap_privacy.run_lock import RunLock
 
-__all__ = ["FlowerResult", "run_flower", "run_on"]
+__all__ = ["FlowerResult", "prepare_run", "run_flower", "run_on"]
 
 
 @dataclass
@@ -54,8 +54,8 @@ class FlowerResult:
     history: list[RoundRecord]
 
 
-def _prepare(cfg: TrainConfig | None, out: Path, resume_run: bool, model: str | None = None
-             ) -> TrainConfig:
+def prepare_run(cfg: TrainConfig | None, out: Path, resume_run: bool,
+                model: str | None = None) -> TrainConfig:
     """The run's configuration; refuses what :func:`simulation.train` / ``resume`` refuse
     (a resumed run's recorded model factory unless ``model`` names it: never imported on
     its own, :func:`fedlap_privacy.model_factory.named_factory`)."""
@@ -110,7 +110,7 @@ def run_on(
     """Run (or resume) one training on a started deployment with ``flwr run``; see
     :func:`run_flower`. ``on_poll`` is called about twice a second while the run runs.
     ``lock``: the run folder's lock, which the caller holds (else it is taken here).
-    ``model``: on resume, the model factory the caller names (:func:`_prepare`)."""
+    ``model``: on resume, the model factory the caller names (:func:`prepare_run`)."""
     out = Path(out_dir).expanduser().resolve()
     if lock is None:
         with lock_run(out, new=not resume_run) as held:
@@ -120,7 +120,7 @@ def run_on(
                           on_poll=on_poll, lock=held, model=model)
     if not lock.covers(out):
         raise ConfigError(f"the lock given holds {lock.folder}, not the run folder {out}")
-    cfg = _prepare(cfg, out, resume_run, model)
+    cfg = prepare_run(cfg, out, resume_run, model)
     if deployment.clients != cfg.clients:
         raise ConfigError(f"{deployment.clients} SuperNodes for a run of {cfg.clients} clients")
     callback = callback or (lambda event, info: None)
@@ -175,6 +175,7 @@ def run_flower(
     node_policy: str | Path | None = None,
     threads: int | None = None,
     model: str | None = None,
+    isolation: str = "process",
 ) -> FlowerResult:
     """Train on a local Flower deployment (``fedlap-privacy train --engine flower``).
 
@@ -188,12 +189,15 @@ def run_flower(
     (``--threads``) sets every SuperNode's torch threads; by default each takes its share
     of the machine's CPUs (:mod:`fedlap_privacy.threads`). ``model``: on resume, the
     model factory the caller names, which must be the run's (``train --resume --model``).
+    ``isolation``: how each SuperNode runs its ClientApp (:data:`.deployment.ISOLATIONS`;
+    ``process``: one long-lived process per node, ``subprocess``: Flower's default, a
+    process per message).
     """
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:
         cfg.validate()  # a bad configuration is refused before the folder is made
     with lock_run(out, new=not resume_run) as lock:
-        cfg = _prepare(cfg, out, resume_run, model)
+        cfg = prepare_run(cfg, out, resume_run, model)
         if node_policy is not None:  # refuse a bad file now
             NodePolicy.from_node_config({"policy-file": str(node_policy)})
         n = cfg.clients if clients is None else clients
@@ -201,7 +205,7 @@ def run_flower(
             raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
         with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
             with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
-                                 threads=threads) as deployment:
+                                 threads=threads, isolation=isolation) as deployment:
                 return run_on(
                     deployment, None if resume_run else cfg, out, device, callback,
                     allow_client_failures=allow_client_failures, round_timeout=round_timeout,

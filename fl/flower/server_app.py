@@ -14,6 +14,7 @@ folder another process holds is refused with one line, and nothing is written in
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.engine.simulation import restored_config, resume, train
+from fedlap_privacy.fl.engine.simulation import Callback, restored_config, resume, train
 from fedlap_privacy.fl.flower.grid_clients import (
     FlowerClients,
     expected_partitions,
@@ -36,7 +37,7 @@ from fedlap_privacy.fl.run.randomness import run_split_seed
 from fedlap_privacy.fl.run.run_files import PENDING, load_private, lock_run
 from fedlap_privacy.run_lock import RunLock
 
-__all__ = ["STATUS", "server_app"]
+__all__ = ["STATUS", "serve", "server_app"]
 
 #: written by the ServerApp into the output directory when it ends: {"status", "summary"|"error"}
 STATUS = "flower-status.json"
@@ -65,24 +66,32 @@ def _progress(event: str, info: dict[str, Any]) -> None:
 @server_app.main()
 def _server_main(grid: Grid, context: Context) -> None:
     """Run (or resume) the training of the run config; write :data:`STATUS` into ``out``."""
+    serve(grid, context)
+
+
+def serve(grid: Grid, context: Context, log: Callable[[str], None] = _log,
+          progress: Callback = _progress) -> None:
+    """The ServerApp's work (module docstring): its lines to ``log``, the simulator's events
+    to ``progress`` (the Simulation Engine, :mod:`.simulation_engine`, runs it in-process and
+    passes the CLI's own)."""
     cfg, driver = config_from_run_config(dict(context.run_config))
     out = Path(str(driver["out"])).expanduser().resolve()
     try:  # the launcher's lock (its token), or one taken here
         lock = lock_run(out, new=not driver["resume"], inherit=str(driver["run-lock"]) or None)
     except Exception as exc:  # e.g. another process holds the folder: write nothing into it
-        _log(f"error: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}")
+        log(f"error: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}")
         raise
     with lock:
-        _run(grid, context, cfg, driver, out, lock)
+        _run(grid, context, cfg, driver, out, lock, log, progress)
 
 
 def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any], out: Path,
-         lock: RunLock) -> None:
-    """The run of :func:`_server_main`, holding (or working under) ``lock``."""
+         lock: RunLock, log: Callable[[str], None], progress: Callback) -> None:
+    """The run of :func:`serve`, holding (or working under) ``lock``."""
     try:
         clients = FlowerClients(grid, float(driver["round-timeout"]),
                                 bool(driver["allow-client-failures"]),
-                                float(driver["node-wait"]), _log)
+                                float(driver["node-wait"]), log)
         # the split seed (secret unless the config sets one) is needed before the run starts:
         # a simulated-split node recomputes its records from it at discovery
         named = cfg.model  # on resume: the model the launcher's run config consented to
@@ -96,10 +105,10 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])
-            result = resume(out, rounds, str(driver["device"]), _progress, clients, lock=lock,
+            result = resume(out, rounds, str(driver["device"]), progress, clients, lock=lock,
                             model=named)
         else:
-            result = train(cfg, out, str(driver["device"]), _progress, clients,
+            result = train(cfg, out, str(driver["device"]), progress, clients,
                            split_seed=split_seed, lock=lock)
     except Exception as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -108,4 +117,4 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         raise
     summary = result.summary.to_json()
     _write_status(out, {"status": "completed", "summary": summary})
-    _log(f"done: {json.dumps(summary)}")
+    log(f"done: {json.dumps(summary)}")

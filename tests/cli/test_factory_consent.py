@@ -182,9 +182,9 @@ def test_reference_models_and_flower_resume_need_the_named_factory(genuine: Path
         reference_config(run, 0)
     assert reference_config(run, 0, "mine.py:make").model == "mine.py:make"
     pytest.importorskip("flwr")
-    from fedlap_privacy.fl.flower.runner import _prepare
+    from fedlap_privacy.fl.flower.runner import prepare_run
 
     with pytest.raises(ConfigError, match="rerun with --model"):
-        _prepare(None, run, True)
-    assert _prepare(None, run, True, spec).model == spec
+        prepare_run(None, run, True)
+    assert prepare_run(None, run, True, spec).model == spec
     assert not marker.exists()

@@ -308,14 +308,18 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
 
 
 def _flower_processes() -> set[int]:
-    """Pids of Flower's processes on this machine (to check that none is left behind)."""
+    """Pids of Flower's processes run by this installation (to check that none is left
+    behind): SuperLink, SuperNodes, Flower's app processes and the nodes' ClientApp
+    processes; those of another installation on the machine are not this test's."""
     pids = set()
+    prefix = sys.prefix.encode()
     for entry in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             cmd = entry.read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"flower-super" in cmd or b"flwr-" in cmd:
+        ours = cmd.startswith(prefix) or sys.executable.encode() in cmd
+        if ours and (b"flower-super" in cmd or b"flwr-" in cmd or b"clientapp_worker" in cmd):
             pids.add(int(entry.parent.name))
     return pids
 

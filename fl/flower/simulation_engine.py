@@ -1,0 +1,259 @@
+"""``fedlap-privacy train --engine flower-simulation``: the Flower App on Flower's Simulation
+Engine (virtual SuperNodes on Ray).
+
+Contract: :func:`run_simulation_engine` runs (or resumes) one training with the same
+ServerApp work (:func:`.server_app.serve`: the simulator's round loop, ledger, checkpoints,
+with :class:`.grid_clients.FlowerClients` asking the clients) and the same ClientApp
+(:func:`.client_app.make_client_app`: policy, node ledger, one client round) as ``--engine
+flower``, but the SuperNodes are virtual: one per client (partition-id k of N), run by
+Flower 1.41's Simulation Engine on a pool of Ray actors, each actor holding
+:class:`SimulationResources` (CPUs and GPUs per client), on this machine or on the Ray
+cluster at ``address``. Each virtual node gets its own state folder (its ledger) under the
+run's working folder and the node policy file, exactly as a local SuperNode does, through
+a Flower mod before the ClientApp's handlers. The run folder is locked from before it is
+read until the run ends; the ServerApp works under that lock (its token). A failed run raises
+:class:`.grid_clients.FlowerError` with the server's one line. Needs ``flwr[simulation]``
+(Ray): ``pip install 'fedlap-privacy[simulation]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.serverapp import Grid, ServerApp
+
+from fedlap_privacy.errors import ConfigError, FedlapError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.engine.simulation import Callback
+from fedlap_privacy.fl.flower.client_app import make_client_app
+from fedlap_privacy.fl.flower.grid_clients import FlowerError
+from fedlap_privacy.fl.flower.policy import NodePolicy
+from fedlap_privacy.fl.flower.run_config import run_config_of
+from fedlap_privacy.fl.flower.runner import FlowerResult, prepare_run
+from fedlap_privacy.fl.flower.server_app import STATUS, serve
+from fedlap_privacy.fl.run.run_files import load_history, lock_run
+from fedlap_privacy.fl.run.run_records import RunSummary
+
+__all__ = ["SimulationResources", "discovery_wait", "node_config_mod", "run_simulation_engine"]
+
+
+@dataclass(frozen=True)
+class SimulationResources:
+    """What each virtual SuperNode's ClientApp holds while it runs, and where Ray runs.
+
+    ``cpus`` and ``gpus`` per client (Ray resources: an actor pool of
+    ``total CPUs // cpus`` actors runs the clients side by side; fractional GPUs share a
+    GPU); ``address``: an existing Ray cluster (``auto``, ``HOST:6379``,
+    ``ray://HOST:10001``), None: a Ray instance started on this machine for the run."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+    address: str | None = None
+
+    def validate(self) -> SimulationResources:
+        if not self.cpus > 0 or self.gpus < 0:
+            raise ConfigError(f"a virtual SuperNode needs cpus > 0 and gpus >= 0, got cpus "
+                              f"{self.cpus:g}, gpus {self.gpus:g}")
+        return self
+
+    def backend_config(self) -> dict[str, Any]:
+        """Flower's ``backend_config`` for the Ray backend."""
+        init: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
+        if self.address:
+            init["address"] = self.address
+        return {"client_resources": {"num_cpus": self.cpus, "num_gpus": self.gpus},
+                "init_args": init}
+
+    @property
+    def node_device(self) -> str:
+        """The device of each virtual node: the CPU unless it holds a share of a GPU."""
+        return "auto" if self.gpus > 0 else "cpu"
+
+
+def node_config_mod(state_root: str, device: str, policy_file: str | None
+                    ) -> Callable[[Message, Context, Callable[[Message, Context], Message]],
+                                  Message]:
+    """A Flower mod giving virtual node k what ``flower-supernode --node-config`` gives a
+    local SuperNode: its state folder ``state_root/node-k`` (its ledger), its device and
+    the node policy file."""
+
+    def mod(msg: Message, context: Context,
+            call_next: Callable[[Message, Context], Message]) -> Message:
+        k = int(context.node_config["partition-id"])
+        extra: dict[str, Any] = {"state-dir": f"{state_root}/node-{k}", "device": device}
+        if policy_file:
+            extra["policy-file"] = policy_file
+        context.node_config.update(extra)
+        return call_next(msg, context)
+
+    return mod
+
+
+def discovery_wait(clients: int) -> float:
+    """Seconds the ServerApp waits for every virtual node's answer at discovery: the actors'
+    start-up (each imports torch and this package) and one query per client through them.
+    Virtual nodes are never missing, so the wait only bounds a broken actor pool."""
+    return 600.0 + 1.0 * clients
+
+
+@contextlib.contextmanager
+def _quiet_flower() -> Iterator[None]:
+    """Flower's INFO lines (one per message: thousands) and its notice that the Python entry
+    point is deprecated (``flwr run`` is its successor, a separate process per run) off
+    while the engine runs; its errors still show."""
+    logger = logging.getLogger("flwr")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _server(run_config: dict[str, Any], log: Callable[[str], None],
+            progress: Callback) -> ServerApp:
+    """The ServerApp of :func:`.server_app.serve` with ``run_config`` as its run config
+    (the Simulation Engine's Python entry point carries none)."""
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        ctx = Context(run_id=context.run_id, node_id=context.node_id,
+                      node_config=context.node_config, state=context.state,
+                      run_config=dict(run_config))
+        serve(grid, ctx, log, progress)
+
+    return app
+
+
+def run_simulation_engine(
+    cfg: TrainConfig | None,
+    out_dir: str | Path,
+    device: str = "auto",
+    callback: Callback | None = None,
+    *,
+    resources: SimulationResources | None = None,
+    allow_client_failures: bool = False,
+    round_timeout: float = 0.0,
+    resume_run: bool = False,
+    rounds: int | None = None,
+    node_policy: str | Path | None = None,
+    model: str | None = None,
+) -> FlowerResult:
+    """Train on Flower's Simulation Engine (``train --engine flower-simulation``); see the
+    module docstring. ``device``: the server's; ``callback`` receives the simulator's
+    events (``start``, ``round_end``, ``client_done``) from the ServerApp. ``model``: on
+    resume, the model factory the caller names, which must be the run's (``train --resume
+    --model``; :func:`~fedlap_privacy.fl.flower.runner.prepare_run`)."""
+    try:
+        from flwr.simulation import run_simulation
+    except ImportError:  # pragma: no cover - flwr without its simulation extra
+        raise FlowerError("--engine flower-simulation needs Flower's Simulation Engine: pip "
+                          "install 'fedlap-privacy[simulation]'") from None
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise FlowerError("--engine flower-simulation needs Ray: pip install "
+                          "'fedlap-privacy[simulation]'")
+    resources = (resources or SimulationResources()).validate()
+    out = Path(out_dir).expanduser().resolve()
+    if not resume_run and cfg is not None:
+        cfg.validate()
+    callback = callback or (lambda event, info: None)
+    policy = None if node_policy is None else str(Path(node_policy).expanduser().resolve())
+    if policy is not None:  # refuse a bad file now
+        NodePolicy.from_node_config({"policy-file": policy})
+    with _ray(resources), lock_run(out, new=not resume_run) as lock:
+        cfg = prepare_run(cfg, out, resume_run, model)
+        (out / STATUS).unlink(missing_ok=True)
+        run_config = run_config_of(
+            cfg, out=str(out), device=device, round_timeout=float(round_timeout),
+            allow_client_failures=allow_client_failures, resume=resume_run,
+            run_lock=lock.token, node_wait=discovery_wait(cfg.clients))
+        if resume_run:
+            run_config["rounds"] = 0 if rounds is None else int(rounds)
+        with tempfile.TemporaryDirectory(prefix="fedlap-flower-sim-") as tmp:
+            log_path = Path(tmp) / "server.log"
+            with open(log_path, "a") as log_file:
+
+                def log(line: str) -> None:
+                    log_file.write(line + "\n")
+                    log_file.flush()
+
+                client = make_client_app(
+                    [node_config_mod(tmp, resources.node_device, policy)])
+                try:
+                    run_simulation(server_app=_server(run_config, log, callback),
+                                   client_app=client, num_supernodes=cfg.clients,
+                                   backend_config=resources.backend_config())
+                except Exception as exc:  # the ServerApp's failure is in STATUS, one line
+                    if not (out / STATUS).exists():
+                        if isinstance(exc, FedlapError):
+                            raise
+                        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                        raise FlowerError(f"the Flower simulation failed: {first}") from exc
+            return _result(out, log_path)
+
+
+@contextlib.contextmanager
+def _ray(resources: SimulationResources) -> Iterator[None]:
+    """Ray for one run: started on this machine (or the cluster at ``address`` joined) as
+    Flower's backend starts it, the cluster checked to hold at least one client of
+    ``resources`` (one line otherwise, before the run folder is touched), and shut down (left)
+    after the run, which ends the run's actors: Flower 1.41 asks its actors to exit but they
+    keep their CPUs until the job ends, so a second run on the same Ray job would find none
+    free. A Ray that the caller started is left running."""
+    import ray
+    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
+
+    config = resources.backend_config()
+    started_here = not ray.is_initialized()
+    with _quiet_flower(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips
+        if started_here:  # the workers import as this process does
+            try:
+                ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
+                         include_dashboard=False, **config["init_args"])
+            except Exception as exc:  # e.g. no cluster at the address, a node too slow
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                where = f"the Ray cluster at {resources.address}" if resources.address else (
+                    "Ray on this machine")
+                raise FlowerError(f"{where} did not start: {first[:200]}") from None
+        try:
+            try:
+                pool_size_from_resources(config["client_resources"])
+            except ValueError:
+                total = ray.cluster_resources()
+                raise ConfigError(
+                    f"no Ray node can hold a client with --client-cpus {resources.cpus:g} "
+                    f"--client-gpus {resources.gpus:g} (the cluster has "
+                    f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs)") from None
+            yield
+        finally:
+            if started_here and ray.is_initialized():
+                ray.shutdown()
+
+
+def _result(out: Path, log_path: Path) -> FlowerResult:
+    """The run's summary from :data:`STATUS`, or its one-line error."""
+    status_path = out / STATUS
+    if not status_path.exists():
+        lines = log_path.read_text(errors="replace").strip().splitlines()
+        raise FlowerError("the Flower simulation ended without a result" +
+                          (f": {lines[-1][:200]}" if lines else ""))
+    status = json.loads(status_path.read_text())
+    if status["status"] != "completed":
+        raise FlowerError(status["error"])
+    summary = RunSummary.from_json(status.get("summary"), f"the summary in {status_path}")
+    return FlowerResult(summary, load_history(out))
