@@ -26,9 +26,8 @@ from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
-__all__ = ["Block", "canary_blocks", "fmt", "ledger_summary", "literal", "render_blocks",
-           "to_html",
-           "to_markdown", "write_privacy_report"]
+__all__ = ["Block", "canary_blocks", "figure_text", "fmt", "ledger_summary", "literal",
+           "render_blocks", "to_html", "to_markdown", "write_privacy_report"]
 
 #: who each threat model's epsilon holds against (fedlap_privacy.ledger, module docstring)
 THREAT_MODEL_TEXT = {
@@ -96,6 +95,12 @@ def literal(value: Any) -> str:
     (a newline, the marks themselves) are shown as their escape (``\\n``)."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value))
     return f"{_OPEN}{text}{_CLOSE}"
+
+
+def figure_text(value: Any) -> str:
+    """A string from a file as a figure shows it: as text, never as matplotlib's mathtext
+    (a ``$`` escaped; an unbalanced formula would fail to draw) nor over several lines."""
+    return " ".join(str(value).split()).replace("$", r"\$")
 
 
 def _markdown_inline(text: str) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from fedlap_privacy.atomic import write_figure, write_text_atomic
-from fedlap_privacy.audit.privacy_report import write_privacy_report
+from fedlap_privacy.audit.privacy_report import figure_text, write_privacy_report
 from fedlap_privacy.audit.results import AuditReport
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.jsonsafe import json_safe
@@ -81,17 +81,11 @@ def plot_roc(report: dict[str, Any], path: str | Path) -> None:
     linear.legend(loc="lower right", fontsize=7)
     eps = report["privacy"].get("epsilon")
     fig.suptitle(
-        f"{_figure_text(report.get('method') or 'model')} on "
-        f"{_figure_text(report['dataset']['name'])}: accountant eps = "
+        f"{figure_text(report.get('method') or 'model')} on "
+        f"{figure_text(report['dataset']['name'])}: accountant eps = "
         f"{'n/a' if eps is None else f'{eps:.3g}'} ({report['privacy']['notion']}), "
         f"max eps lower bound = {report['max_eps_lb']:.3g}",
         fontsize=9,
     )
     fig.tight_layout()
     write_figure(fig, path)
-
-
-def _figure_text(value: Any) -> str:
-    """A string from a file as a figure shows it: as text, never as matplotlib's mathtext
-    (a ``$`` escaped; an unbalanced formula would fail to draw) nor over several lines."""
-    return " ".join(str(value).split()).replace("$", r"\$")

@@ -19,7 +19,9 @@ from fedlap_privacy.audit.privacy_report import (
     VERDICT_TEXT,
     Block,
     canary_blocks,
+    figure_text,
     fmt,
+    literal,
     to_html,
     to_markdown,
 )
@@ -65,7 +67,7 @@ def _verdict(report: dict[str, Any]) -> list[Block]:
 
 def render_score_blocks(report: dict[str, Any], figure: str | None = FIGURE) -> list[Block]:
     """The report's content, from ``report.json``'s dict alone."""
-    blocks = [Block("title", f"Privacy audit of {report['source']}")]
+    blocks = [Block("title", f"Privacy audit: {literal(report['source'])}")]
     blocks += _verdict(report) + _claim(report) + canary_blocks(report)
     blocks.append(Block("text", "The bounds hold only if each canary's bit was a secret fair "
                                 "coin drawn before training and the scores were computed "
@@ -92,7 +94,7 @@ def plot_scores(report: dict[str, Any], path: Path) -> None:
         ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
         ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
                 label=f"out ({len(audit['scores_out'])})")
-        ax.set_title(f"{audit['audit']}: eps LB {audit['epsilon_lower_bound']:.2f} "
+        ax.set_title(f"{figure_text(audit['audit'])}: eps LB {audit['epsilon_lower_bound']:.2f} "
                      f"({audit['verdict']})", fontsize=8)
         ax.set_xlabel("score")
         ax.legend(fontsize=7)

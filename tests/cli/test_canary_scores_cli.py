@@ -195,3 +195,17 @@ def test_dry_run_checks_the_file_and_writes_nothing(tmp_path: Path) -> None:
     assert plan["dry_run"] is True and plan["canaries"] == 20
     bad = _file(tmp_path, "bad.npz", scores=np.zeros(20))
     assert "needs arrays" in _fails(bad, "--dry-run")
+
+
+def test_a_file_name_with_markup_is_text_in_the_report(tmp_path: Path) -> None:
+    """An attacker names the scores file with HTML (and a mathtext `$`): report.md and
+    report.html show the name as text, and the figure still draws."""
+    bits = _bits()
+    name = "<img src=x onerror=alert(1)>$x.npz"
+    path = _file(tmp_path, name, scores=np.random.default_rng(2).normal(size=M), included=bits)
+    out = tmp_path / "report"
+    assert _run(path, "--out", str(out)).exit_code == 0
+    for report in ("report.md", "report.html"):
+        text = (out / report).read_text()
+        assert "<img src=x" not in text and "&lt;img src=x" in text, report
+    assert (out / "scores.png").stat().st_size > 0
