@@ -17,6 +17,12 @@ weight, costs nothing more), and a value is released when its last reader has ru
 gradients enabled nothing is released (autograd keeps what the backward pass needs), so the
 whole forward pass stays within the budget.
 
+A convolution is also charged the buffer its CPU kernel may unfold the input into: the
+kernels without a oneDNN path (float64, transposed, some strides) copy every input window
+a kernel position reads (im2col), ``records x weight elements per output channel x
+positions`` -- a 24 KB program convolving a 700 x 700 float64 plane with a 24 x 24 kernel
+returned 3.9 MB and held 2.2 GB on the way.
+
 Under ``torch.func.vmap`` (the per-record gradients of the grad-norm attack) a value is one
 record's slice of a tensor of the whole batch: sizes are charged by that tensor, the
 records' logical size times the batch sizes of the vmap levels it is batched over.
@@ -24,6 +30,7 @@ records' logical size times the batch sizes of the vmap levels it is batched ove
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +38,7 @@ from typing import Any
 import torch
 from torch._C import _functorch
 
-from fedlap_privacy.audit.exported_ops import NO_META
+from fedlap_privacy.audit.exported_ops import CONVOLUTIONS, NO_META
 from fedlap_privacy.audit.exported_schema import Refused
 
 __all__ = ["Ledger", "MemoryBudget", "physical"]
@@ -120,7 +127,23 @@ def output_bytes(op: Any, target: str, args: list[Any], kwargs: dict[str, Any]) 
         out = op(*_meta(list(args)), **meta_kwargs)
     except NotImplementedError:
         raise Refused(f"aten.{target} cannot be sized before it runs (no meta kernel)") from None
-    return sum(t.numel() * t.element_size() for t in _tensors(out)) * factor
+    total = sum(t.numel() * t.element_size() for t in _tensors(out))
+    if target in CONVOLUTIONS and isinstance(out, torch.Tensor):
+        total += _columns(args[0], args[1], out)
+    return total * factor
+
+
+def _columns(x: Any, weight: Any, out: torch.Tensor) -> int:
+    """The im2col buffer of a convolution (module doc): records x the weight's elements per
+    output channel (per input channel of a transposed one) x the larger of the input's and
+    the output's positions."""
+    if not (isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)) or (
+            weight.dim() < 3):
+        return 0
+    spatial = weight.dim() - 2
+    records = x.shape[0] if x.dim() == weight.dim() else 1
+    positions = max(math.prod(x.shape[-spatial:]), math.prod(out.shape[-spatial:]))
+    return records * math.prod(weight.shape[1:]) * positions * out.element_size()
 
 
 @dataclass

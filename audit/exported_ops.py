@@ -28,12 +28,14 @@ import torch
 
 from fedlap_privacy.audit.exported_schema import Refused
 
-__all__ = ["ALLOWED", "NO_META", "check_arguments", "check_string"]
+__all__ = ["ALLOWED", "CONVOLUTIONS", "NO_META", "check_arguments", "check_string"]
 
 _LINEAR = {"linear.default", "addmm.default", "mm.default", "bmm.default", "matmul.default",
            "baddbmm.default", "conv1d.default", "conv2d.default", "conv3d.default",
            "conv1d.padding", "conv2d.padding", "conv3d.padding", "convolution.default",
            "conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input"}
+#: the convolutions, charged their im2col buffer as well (:mod:`.exported_budget`)
+CONVOLUTIONS: frozenset[str] = frozenset(name for name in _LINEAR if name.startswith("conv"))
 _ACTIVATIONS = {"relu.default", "relu6.default", "gelu.default", "silu.default",
                 "sigmoid.default", "tanh.default", "elu.default", "leaky_relu.default",
                 "hardtanh.default", "hardswish.default", "hardsigmoid.default",

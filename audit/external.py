@@ -123,7 +123,14 @@ def load_external_model(path: str | Path, factory: str | None = None) -> nn.Modu
             first = (str(exc).strip().splitlines() or ["?"])[0][:160]
             raise CheckpointError(f"cannot load TorchScript {path}: {first}") from None
     state = load_checkpoint_data(path)
-    model = _factory(factory)()
+    build = _factory(factory)
+    try:
+        model = build()
+    except TypeError as exc:  # a run's factory make(shape, k), given with --members
+        first = (str(exc).strip().splitlines() or ["?"])[0][:160]
+        raise ConfigError(f"--model-factory {factory!r} cannot be called without arguments "
+                          f"({first}): a model trained elsewhere is built by a function of no "
+                          "arguments; a run's ckpt.pt is audited without --members") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(f"--model-factory {factory!r} returned a {type(model).__name__}, "
                           "not a torch module")

@@ -216,6 +216,9 @@ def _header(f: IO[bytes], path: Path, name: str) -> tuple[NpyHeader, bool]:
     if dtype.kind not in _NUMBERS or dtype.fields is not None or dtype.subdtype is not None:
         raise DataError(f"{path}: array {name!r} has dtype {dtype}; expected plain numbers "
                         "(integers or floats)")
+    if any(int(d) < 0 for d in shape):
+        raise DataError(f"{path}: array {name!r} declares shape {tuple(shape)}, with a "
+                        "negative dimension: the file is forged")
     return NpyHeader(tuple(int(d) for d in shape), dtype), bool(fortran)
 
 

@@ -185,3 +185,20 @@ def test_state_dict_without_factory_and_bad_records(overfit, tmp_path: Path) -> 
     result = runner.invoke(app, [*base, "--nonmembers", str(tmp_path / "bad.npz"),
                                  "--model-factory", f"{tmp_path / 'factory.py'}:make"])
     assert result.exit_code == 2 and "needs arrays 'x' and 'y'" in result.stderr
+
+
+def test_factory_that_needs_arguments_is_one_line(overfit, tmp_path: Path) -> None:
+    """A run's factory ``make(shape, k)`` given with --members used to end in a TypeError
+    traceback (exit 1)."""
+    model, members, _ = overfit
+    torch.save(model.state_dict(), tmp_path / "weights.pt")
+    np.savez(tmp_path / "in.npz", x=members[0], y=members[1])
+    (tmp_path / "factory.py").write_text("def make(shape, k):\n    raise AssertionError\n")
+    result = runner.invoke(app, [
+        "audit", "--model", str(tmp_path / "weights.pt"), "--members", str(tmp_path / "in.npz"),
+        "--nonmembers", str(tmp_path / "in.npz"), "--model-factory",
+        f"{tmp_path / 'factory.py'}:make"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be called without arguments" in lines[0]
+    assert "'shape' and 'k'" in lines[0]

@@ -296,3 +296,33 @@ def test_batch_norm_weights_must_cover_the_channels(tmp_path: Path) -> None:
         entries, "data/weights/model_weights_config.json", shrink))
     with pytest.raises(CheckpointError, match=r"per-channel argument of shape \(1,\)"):
         load_exported_program(evil)(x)
+
+
+def _float64_convolution(op: str) -> Callable[[Entries], None]:
+    """``ones`` becomes a 700 x 700 float64 plane convolved with a 24 x 24 kernel: 3.9 MB
+    out, but the CPU kernel without a oneDNN path unfolds the input into 2.2 GB first."""
+    f64 = _arg("dtype", {"as_scalar_type": 8}, keyword=True)
+
+    def change(nodes: list[dict[str, Any]]) -> None:
+        at = _where(nodes, "ones.default")
+        nodes[at:at + 1] = [
+            _node("ones.default", [_arg("size", {"as_ints": [1, 1, 700, 700]}), f64], "big"),
+            _node("ones.default", [_arg("size", {"as_ints": [1, 1, 24, 24]}), f64], "ker"),
+            _node(op, [_arg("input", {"as_tensor": {"name": "big"}}),
+                       _arg("weight", {"as_tensor": {"name": "ker"}}),
+                       _arg("bias", {"as_none": True}), _arg("stride", {"as_ints": [1, 1]}),
+                       _arg("padding", {"as_ints": [12, 12]})], "ones")]
+
+    return _graph(change)
+
+
+@pytest.mark.parametrize("op", ["conv2d.default", "conv_transpose2d.input"])
+def test_convolution_buffers_count_against_the_budget(bait, tmp_path: Path, op: str) -> None:
+    """The outputs were within the budget, so the audit ran to the end holding 2.6 GB (exit
+    0); the unfolded input is now charged before the convolution runs."""
+    path, records = bait
+    evil = rewrite(path, tmp_path / "evil.pt2", _float64_convolution(op))
+    with _at_most(2 * _GIB):
+        line = _one_line(_audit(evil, records))
+    assert f"(aten.{op})" in line and "above its budget of 132.3 MB" in line
+    assert 2150 < float(line.split("asks for ")[1].split(" MB")[0]) < 2200

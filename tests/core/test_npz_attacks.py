@@ -220,3 +220,16 @@ def test_a_fifo_as_one_partys_file_is_refused_without_blocking(tmp_path: Path) -
     with pytest.raises(DataError) as error:
         load_records(tmp_path / "node.npz")
     _one_line(error, "node.npz", "not a regular file")
+
+
+@pytest.mark.parametrize("shape", [(-40, -6), (-40, -1, 2, 3)], ids=["rows", "images"])
+def test_a_negative_dimension_is_refused_from_its_header(tmp_path: Path,
+                                                         shape: tuple[int, ...]) -> None:
+    """Two negative dimensions multiply to the true byte count, so the size check passed and
+    the shape reached the record checks (``x (-40)`` in their messages)."""
+    x, y = blobs(40, 0)
+    path = write_zip(tmp_path / "neg.npz", [stored("x.npy", npy_header(shape) + x.tobytes()),
+                                            stored("y.npy", npy_bytes(y))])
+    with pytest.raises(DataError) as error:
+        probe(path)
+    _one_line(error, "neg.npz", f"declares shape {shape}", "negative dimension")
