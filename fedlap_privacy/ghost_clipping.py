@@ -136,6 +136,8 @@ def ghost_clipped_sum(
     :func:`fedlap_privacy.fl.methods.dp.clip_factors`). None where the path does not apply
     (module docstring); the model is left unchanged."""
     named = list(model.named_parameters())
+    if not named:
+        return []
     if x.shape[0] == 0:
         return [p.detach().new_zeros(p.shape) for _, p in named]
     names = {module: name for name, module in model.named_modules()}
