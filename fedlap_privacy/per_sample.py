@@ -33,6 +33,10 @@ Three implementations, the same numbers up to rounding:
   gradient differs visibly from a per-record backward loop (seen on 1 of 256 MNIST-sized
   records at ~1e-2 absolute). The hook path uses the same kernels as the loop.
 
+The fused and hook paths' passes (each layer's input and output gradient) are shared with
+:mod:`fedlap_privacy.ghost_clipping`, which computes DP's clipped sum from them without
+forming every per-record gradient.
+
 All assume records do not interact in the forward pass (no BatchNorm in training mode),
 as per-record gradients (and DP-SGD) require. None leaves anything on the model: the
 hooks are removed in ``finally``, parameters are never written, the module mode is kept.
