@@ -2,7 +2,9 @@
 (docs/accounting.md#sampled-gaussian-mechanism).
 
 (a) ours: :func:`fedlap_privacy.fl.methods.dp.dp_gradient` (per-record gradients from
-    :mod:`fedlap_privacy.per_sample`, clipped and summed ``DP_CHUNK`` records at a time);
+    :mod:`fedlap_privacy.per_sample`, clipped and summed ``DP_CHUNK`` records at a time; with
+    the ``ghost_clipping`` fast path on, as by default, the norm-based clipped sum of
+    :mod:`fedlap_privacy.ghost_clipping`, compared on its own by ``ghost_clipping.py``);
     also the whole batch as one chunk, and its two per-sample methods, ``hooks`` and ``vmap``;
 (b) Opacus ``GradSampleModule`` (per-record gradients through its hooks), then the same
     :func:`~fedlap_privacy.fl.methods.dp.clip_and_noise`;

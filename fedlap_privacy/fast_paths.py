@@ -15,6 +15,11 @@ rounding, in less time or memory; switched off, the reference twin runs:
 * ``per_sample``: the ConvNet's per-record gradients through the fused blocks and a backward
   written out layer by layer (:mod:`fedlap_privacy.per_sample`, ``"fused"``). Off: the
   Opacus-style hook path, else ``torch.func.vmap(grad)``. It runs on the kernels too.
+* ``ghost_clipping``: a DP gradient's clipped sum from every record's gradient norm (ghost
+  norms) and one weighted sum per layer (book-keeping), without forming the per-record
+  gradients of the layers where the norm is cheaper (:mod:`fedlap_privacy.ghost_clipping`).
+  Off: every record's gradient through the ``per_sample`` path (or its twin), clipped and
+  summed.
 * ``allocator``: freed tensor memory kept in the process (:mod:`fedlap_privacy.allocator`).
   Off: glibc's defaults. Applied once, at a command's start-up.
 * ``follow_load``: torch's threads follow the machine's load (:mod:`fedlap_privacy.threads`).
@@ -84,6 +89,7 @@ class FastPaths:
     kernels: bool = True
     second_order: bool = True
     per_sample: bool = True
+    ghost_clipping: bool = True
     allocator: bool = True
     follow_load: bool = True
     huge_pages: bool = True

@@ -33,6 +33,10 @@ Three implementations, the same numbers up to rounding:
   gradient differs visibly from a per-record backward loop (seen on 1 of 256 MNIST-sized
   records at ~1e-2 absolute). The hook path uses the same kernels as the loop.
 
+The fused and hook paths' passes (each layer's input and output gradient) are shared with
+:mod:`fedlap_privacy.ghost_clipping`, which computes DP's clipped sum from them without
+forming every per-record gradient.
+
 All assume records do not interact in the forward pass (no BatchNorm in training mode),
 as per-record gradients (and DP-SGD) require. None leaves anything on the model: the
 hooks are removed in ``finally``, parameters are never written, the module mode is kept.
@@ -154,10 +158,10 @@ def _layer_grads(module: nn.Module, inp: Tensor, gy: Tensor) -> dict[str, Tensor
     return out
 
 
-def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-    """Per-record gradients of one chunk through forward hooks (see the module docstring)."""
-    prefixes = {module: name for name, module in model.named_modules()}
-    layers = [m for m in prefixes if any(True for _ in m.parameters(recurse=False))]
+def _hook_capture(model: nn.Module, x: Tensor, y: Tensor) -> list[tuple[nn.Module, Tensor, Tensor]]:
+    """Each parametrised layer call of one forward through hooks, as (module, its input, the
+    gradient of the summed cross-entropy with respect to its output), in call order."""
+    layers = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
     records: list[tuple[nn.Module, Tensor, Tensor, int, int]] = []
 
     def record(module: nn.Module, args: tuple[Tensor, ...], output: Tensor) -> None:
@@ -179,25 +183,33 @@ def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
     finally:
         for handle in handles:
             handle.remove()
+    return [(module, inp.detach(), torch.zeros_like(output) if gy is None else gy)
+            for (module, inp, output, _, _), gy in zip(records, grads_out, strict=True)]
 
+
+def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+    """Per-record gradients of one chunk through forward hooks (see the module docstring)."""
+    prefixes = {module: name for name, module in model.named_modules()}
     result: dict[str, Tensor] = {}
-    for (module, inp, output, _, _), gy in zip(records, grads_out, strict=True):
-        if gy is None:  # output not used by the loss
-            gy = torch.zeros_like(output)
+    for module, inp, gy in _hook_capture(model, x, y):
         prefix = prefixes[module]
-        for pname, g in _layer_grads(module, inp.detach(), gy).items():
+        for pname, g in _layer_grads(module, inp, gy).items():
             key = f"{prefix}.{pname}" if prefix else pname
             result[key] = result[key] + g if key in result else g  # module called twice
-    for name, p in detached.items():  # a layer never called contributes zero
+    for name, p in model.named_parameters():  # a layer never called contributes zero
         if name not in result:
             result[name] = p.new_zeros((x.shape[0], *p.shape))
     return result
 
 
-def _fused_grads(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
-                 y: Tensor) -> dict[str, Tensor]:
-    """Per-record gradients of one chunk through the fused blocks (module docstring)."""
+def _fused_capture(
+    model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor, y: Tensor
+) -> tuple[list[tuple[nn.Module, Tensor, Tensor]], dict[str, Tensor]]:
+    """The fused forward and written-out backward of one chunk (module docstring): the
+    classifier's and every convolution's (module, input, output gradient), and every
+    record's GroupNorm gradients by parameter name (the fused backward returns them)."""
     saved: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # block input, conv output, stats
+    names = {module: name for name, module in model.named_modules()}
     with torch.no_grad():
         h = x
         for conv, norm in blocks:
@@ -209,21 +221,31 @@ def _fused_grads(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x
         logits = model.classifier(flat)
         g = torch.softmax(logits, dim=1)  # d CE(logits_i, y_i) / d logits_i
         g[torch.arange(len(y), device=g.device), y] -= 1
-        grads = {"classifier.weight": g.unsqueeze(2) * flat.unsqueeze(1),
-                 "classifier.bias": g}
+        layers: list[tuple[nn.Module, Tensor, Tensor]] = [(model.classifier, flat, g)]
+        norm_grads: dict[str, Tensor] = {}
         gh = (g @ model.classifier.weight).view_as(h)
-        names = {module: name for name, module in model.named_modules()}
         for i in reversed(range(len(blocks))):
             conv, norm = blocks[i]
             h_in, z, mean, rstd = saved[i]
-            gz, grads[f"{names[norm]}.weight"], grads[f"{names[norm]}.bias"] = block_backward(
-                z, gh, norm.weight, norm.bias, mean, rstd)
-            for pname, grad in _layer_grads(conv, h_in, gz).items():
-                grads[f"{names[conv]}.{pname}"] = grad
+            gz, norm_grads[f"{names[norm]}.weight"], norm_grads[f"{names[norm]}.bias"] = (
+                block_backward(z, gh, norm.weight, norm.bias, mean, rstd))
+            layers.append((conv, h_in, gz))
             if i > 0:
                 gh = torch.ops.aten.convolution_backward(
                     gz, h_in, conv.weight, None, list(conv.stride), list(conv.padding),
                     list(conv.dilation), False, [0, 0], conv.groups, [True, False, False])[0]
+    return layers, norm_grads
+
+
+def _fused_grads(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
+                 y: Tensor) -> dict[str, Tensor]:
+    """Per-record gradients of one chunk through the fused blocks (module docstring)."""
+    names = {module: name for name, module in model.named_modules()}
+    layers, grads = _fused_capture(model, blocks, x, y)
+    with torch.no_grad():
+        for module, inp, gy in layers:
+            for pname, grad in _layer_grads(module, inp, gy).items():
+                grads[f"{names[module]}.{pname}"] = grad
     return grads
 
 

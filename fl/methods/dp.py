@@ -53,7 +53,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.ghost_clipping import ghost_clipped_sum
 from fedlap_privacy.per_sample import per_sample_grads
 
 __all__ = [
@@ -236,8 +238,12 @@ def dp_gradient(
     Per-record cross-entropy gradients (:func:`fedlap_privacy.per_sample.per_sample_grads`)
     of ``chunk_size`` records at a time (all at once when ``None``), each chunk clipped and
     summed (:func:`clipped_sum`) before the next is computed, then one :func:`release` of
-    the total. The chunks change the memory held (one chunk's activations and per-record
-    gradients, not the batch's) and the order of the additions, nothing else: every record
+    the total. With the ``ghost_clipping`` fast path on (:mod:`fedlap_privacy.fast_paths`)
+    a chunk's clipped sum comes from its records' gradient norms and one weighted sum per
+    layer (:func:`fedlap_privacy.ghost_clipping.ghost_clipped_sum`, the same numbers up to
+    rounding) where the model's layers allow it, from per-record gradients otherwise. The
+    chunks change the memory held (one chunk's activations and per-record gradients, not
+    the batch's) and the order of the additions, nothing else: every record
     is still clipped on its own and the noise is drawn once. One tensor per parameter, in
     ``model.parameters()`` order, detached. An empty batch returns pure noise / B. The
     model is left unchanged.
@@ -246,9 +252,14 @@ def dp_gradient(
     if chunk_size is not None and chunk_size < 1:
         raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
     step = chunk_size or max(x.shape[0], 1)
+    ghost = fast_paths.current().ghost_clipping
     total: list[Tensor] = []
     for start in range(0, x.shape[0], step) or [0]:  # an empty batch: one empty chunk
-        part = clipped_sum(per_sample_grads(model, x[start : start + step],
-                                            y[start : start + step]), clip)
+        xc, yc = x[start : start + step], y[start : start + step]
+        part = (ghost_clipped_sum(model, xc, yc, lambda n: clip_factors(n, clip))
+                if ghost else None)
+        if part is None:  # the ghost path is off or does not apply: per-record gradients
+            ghost = False
+            part = clipped_sum(per_sample_grads(model, xc, yc), clip)
         total = part if not total else [a.add_(b) for a, b in zip(total, part, strict=True)]
     return release(total, clip, sigma, expected_batch_size, generator)
