@@ -16,7 +16,7 @@ from fedlap_privacy.audit.results import AuditReport
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.jsonsafe import json_safe
 
-__all__ = ["plot_roc", "write_report"]
+__all__ = ["plot_canary_scores", "plot_roc", "write_report"]
 
 
 def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
@@ -37,6 +37,20 @@ def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
     return {"json": json_path, "png": png_path, **readable}
 
 
+def plot_canary_scores(ax: Any, audit: dict[str, Any], prefix: str = "") -> None:
+    """One canary audit's scores on ``ax``: included against not included, its bound and
+    verdict in the title (``prefix`` before the audit's name)."""
+    both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
+    bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
+    ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
+    ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
+            label=f"out ({len(audit['scores_out'])})")
+    ax.set_title(f"{prefix}{figure_text(audit['audit'])}: eps LB "
+                 f"{audit['epsilon_lower_bound']:.2f} ({audit['verdict']})", fontsize=8)
+    ax.set_xlabel("score")
+    ax.legend(fontsize=7)
+
+
 def plot_roc(report: dict[str, Any], path: str | Path) -> None:
     """Linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend; beside
     them, when the run has canaries, the histogram of each canary audit's scores, in vs out."""
@@ -48,15 +62,7 @@ def plot_roc(report: dict[str, Any], path: str | Path) -> None:
     FigureCanvasAgg(fig)
     linear, loglog, *histograms = fig.subplots(1, 2 + len(canaries))
     for ax, audit in zip(histograms, canaries, strict=True):
-        both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
-        bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
-        ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
-        ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
-                label=f"out ({len(audit['scores_out'])})")
-        ax.set_title(f"canaries, {audit['audit']}: eps LB {audit['epsilon_lower_bound']:.2f} "
-                     f"({audit['verdict']})", fontsize=8)
-        ax.set_xlabel("score")
-        ax.legend(fontsize=7)
+        plot_canary_scores(ax, audit, "canaries, ")
     floor = 1.0
     for feature, by_model in report["attacks"].items():
         for kind, metrics in by_model.items():

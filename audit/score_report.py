@@ -12,19 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.privacy_report import (
     VERDICT_TEXT,
     Block,
     canary_blocks,
-    figure_text,
     fmt,
     literal,
     to_html,
     to_markdown,
 )
+from fedlap_privacy.audit.report_files import plot_canary_scores
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.jsonsafe import json_safe
 
@@ -89,15 +87,7 @@ def plot_scores(report: dict[str, Any], path: Path) -> None:
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(audits), squeeze=False)[0]
     for ax, audit in zip(axes, audits, strict=True):
-        both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
-        bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
-        ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
-        ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
-                label=f"out ({len(audit['scores_out'])})")
-        ax.set_title(f"{figure_text(audit['audit'])}: eps LB {audit['epsilon_lower_bound']:.2f} "
-                     f"({audit['verdict']})", fontsize=8)
-        ax.set_xlabel("score")
-        ax.legend(fontsize=7)
+        plot_canary_scores(ax, audit)
     fig.tight_layout()
     write_figure(fig, path)
 
