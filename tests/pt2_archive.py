@@ -12,6 +12,23 @@ from typing import Any
 Entries = dict[str, bytes]
 
 
+def export_for_audit(model: Any, folder: Path) -> tuple[Path, list[str]]:
+    """``model`` (1 x 8 x 8 images in, evaluation mode) exported with a dynamic batch to
+    ``folder/genuine.pt2``, and the CLI arguments of 24 member / non-member records."""
+    import numpy as np
+    import torch
+
+    program = torch.export.export(model, (torch.randn(2, 1, 8, 8),),
+                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    torch.export.save(program, folder / "genuine.pt2")
+    rng = np.random.default_rng(0)
+    for name in ("in", "out"):
+        np.savez(folder / f"{name}.npz", x=rng.random((24, 1, 8, 8), dtype=np.float32),
+                 y=rng.integers(0, 10, 24))
+    return folder / "genuine.pt2", ["--members", str(folder / "in.npz"),
+                                    "--nonmembers", str(folder / "out.npz")]
+
+
 def rewrite(src: Path, dst: Path, edit: Callable[[Entries], None]) -> Path:
     """Copy a .pt2 archive with ``edit`` applied to its entries (names below its root)."""
     with zipfile.ZipFile(src) as archive:

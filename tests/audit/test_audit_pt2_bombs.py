@@ -21,10 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from pt2_archive import Entries, edit_json, rewrite
+from pt2_archive import Entries, edit_json, export_for_audit, rewrite
 from torch import nn
 from typer.testing import CliRunner
 
@@ -73,15 +72,7 @@ def bait(tmp_path_factory) -> tuple[Path, list[str]]:
     """The genuine export (dynamic batch) and the records the audit is given."""
     folder = tmp_path_factory.mktemp("bombs")
     torch.manual_seed(0)
-    program = torch.export.export(_Bait().eval(), (torch.randn(2, 1, 8, 8),),
-                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
-    torch.export.save(program, folder / "genuine.pt2")
-    rng = np.random.default_rng(0)
-    for name in ("in", "out"):
-        np.savez(folder / f"{name}.npz", x=rng.random((24, 1, 8, 8), dtype=np.float32),
-                 y=rng.integers(0, 10, 24))
-    return folder / "genuine.pt2", ["--members", str(folder / "in.npz"),
-                                    "--nonmembers", str(folder / "out.npz")]
+    return export_for_audit(_Bait().eval(), folder)
 
 
 def _arg(name: str, value: dict[str, Any], keyword: bool = False) -> dict[str, Any]:

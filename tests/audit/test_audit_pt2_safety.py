@@ -16,11 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from pt2_archive import Entries
+from pt2_archive import Entries, export_for_audit
 from pt2_archive import edit_json as _edit_json
 from pt2_archive import rewrite as _rewrite
 from torch import nn
@@ -80,15 +79,8 @@ def genuine(tmp_path_factory) -> tuple[Path, nn.Module, list[str]]:
     folder = tmp_path_factory.mktemp("pt2")
     torch.manual_seed(0)
     model = _Net().eval()
-    program = torch.export.export(model, (torch.randn(2, 1, 8, 8),),
-                                  dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
-    torch.export.save(program, folder / "genuine.pt2")
-    rng = np.random.default_rng(0)
-    for name in ("in", "out"):
-        np.savez(folder / f"{name}.npz", x=rng.random((24, 1, 8, 8), dtype=np.float32),
-                 y=rng.integers(0, 10, 24))
-    records = ["--members", str(folder / "in.npz"), "--nonmembers", str(folder / "out.npz")]
-    return folder / "genuine.pt2", model, records
+    path, records = export_for_audit(model, folder)
+    return path, model, records
 
 
 def _audit(path: Path, records: list[str]):
