@@ -38,7 +38,7 @@ import stat
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -52,6 +52,7 @@ __all__ = ["LIMITS", "NpyHeader", "NpzArchive", "NpzLimits", "folder_entries", "
 
 _GiB = 1 << 30
 _CHUNK = 1 << 20
+_BLOCK = 4 << 20  # bytes of one block of rows (NpzArchive.read_rows)
 _EOCD = b"PK\x05\x06"
 _EOCD64_LOCATOR = b"PK\x06\x07"
 _EOCD_SIZE = 22
@@ -297,12 +298,23 @@ class NpzArchive:
                             f"{limits.member_bytes:,} bytes per array (docs/own-data.md#limits)")
         return _Member(info, header, fortran)
 
-    def read(self, name: str) -> np.ndarray:
-        """Array ``name``, inflated into an array of its checked size; a member that holds
-        fewer or more bytes than its header declares, or fails its CRC, is refused."""
+    def _member_named(self, name: str) -> _Member:
         member = self._members.get(name)
         if member is None:
             raise DataError(f"{self.path}: no array {name!r}")
+        return member
+
+    def _size_error(self, name: str, header: NpyHeader, got: int | None) -> DataError:
+        """A member holding ``got`` bytes (None: more) rather than its header's."""
+        return DataError(f"{self.path}: array {name!r} declares shape {header.shape} "
+                         f"({header.nbytes:,} bytes) but holds "
+                         f"{'more' if got is None else f'{got:,}'}: the file is truncated or "
+                         "forged")
+
+    def read(self, name: str) -> np.ndarray:
+        """Array ``name``, inflated into an array of its checked size; a member that holds
+        fewer or more bytes than its header declares, or fails its CRC, is refused."""
+        member = self._member_named(name)
         header = member.header
         out = np.empty(math.prod(header.shape), header.dtype)
         view = memoryview(out.view(np.uint8))
@@ -316,11 +328,40 @@ class NpzArchive:
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise DataError(f"cannot read {self.path} as .npz: {str(exc)[:120]}") from None
         if done != len(view) or extra:
-            raise DataError(f"{self.path}: array {name!r} declares shape {header.shape} "
-                            f"({len(view):,} bytes) but holds "
-                            f"{'more' if extra else f'{done:,}'}: the file is truncated or "
-                            "forged")
+            raise self._size_error(name, header, None if extra else done)
         return out.reshape(header.shape, order="F" if member.fortran else "C")
+
+    def read_rows(self, name: str, block_bytes: int = _BLOCK) -> Iterator[np.ndarray]:
+        """Array ``name`` in consecutive blocks along its first axis, each a fresh array of
+        about ``block_bytes`` (at least one row), under the checks of :meth:`read` (the last
+        block is followed by the member's end and its CRC): a caller that casts or scatters
+        the rows holds one block beside what it fills, never the whole array twice. A
+        Fortran-order member (which ``np.save`` writes only for a Fortran-contiguous array)
+        or a 0-d one comes as one block, read whole."""
+        member = self._member_named(name)
+        header = member.header
+        if member.fortran or not header.shape:
+            yield self.read(name)
+            return
+        rows, row_shape = header.shape[0], header.shape[1:]
+        row_bytes = math.prod(row_shape) * header.dtype.itemsize
+        per = max(1, block_bytes // max(row_bytes, 1))
+        try:
+            with self._zip.open(member.info) as f:
+                _header(f, self.path, name)
+                for start in range(0, rows, per):
+                    out = np.empty((min(per, rows - start), *row_shape), header.dtype)
+                    view = memoryview(out.reshape(-1).view(np.uint8))
+                    done = 0
+                    while done < len(view) and (got := f.readinto(view[done:done + _CHUNK])):
+                        done += got
+                    if done != len(view):
+                        raise self._size_error(name, header, start * row_bytes + done)
+                    yield out
+                if f.read(1):
+                    raise self._size_error(name, header, None)
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+            raise DataError(f"cannot read {self.path} as .npz: {str(exc)[:120]}") from None
 
     def close(self) -> None:
         self._zip.close()

@@ -59,6 +59,7 @@ from fedlap_privacy.npz_reader import (
     folder_entries,
     open_npz,
 )
+from fedlap_privacy.record_features import RowTargets, check_finite, read_features
 
 __all__ = ["HELD_OUT_NOTE", "HOLDOUT_FRACTION", "RECORD_ARRAYS", "TEST_FILE", "DataLayout",
            "NpyHeader", "Records", "describe_shape", "held_out_count", "load_records",
@@ -335,36 +336,30 @@ def _client_ids(path: Path, archive: NpzArchive, records: int, limits: NpzLimits
 
 
 def _checked_features(path: Path | str, x: np.ndarray) -> np.ndarray:
-    """``x`` as a float32 array of its own (writable, C order), refused if it holds NaN or
-    inf once cast: a float64 beyond float32's range (3.4e38) becomes inf in the cast, so
-    finiteness is checked after it, on what training reads."""
+    """``x`` (already in memory: IDX records) as a float32 array of its own (writable, C
+    order), refused if it holds NaN or inf once cast (:func:`~fedlap_privacy.record_features.
+    check_finite`: a float64 beyond float32's range becomes inf in the cast)."""
     with np.errstate(over="ignore", invalid="ignore"):
         x = x.astype(np.float32, order="C", copy=not x.flags.writeable)
-    finite = np.isfinite(x)
-    if not finite.all():
-        bad = int(np.argwhere(~finite)[0][0])
-        raise DataError(f"{path}: x holds NaN or inf (record {bad}) as float32, the training "
-                        "dtype: remove or impute the NaN or infinite values (float32 ends at "
-                        "+-3.4e38)")
+    check_finite(path, x)
     return x
 
 
-def _read_file(file: Path, layout: DataLayout, limits: NpzLimits
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """One file of ``layout`` read (x as float32, y, client ids), under the checks of
-    :func:`probe` again: a file changed since it was probed is refused."""
-    with _records_archive(file, layout.folder, limits) as archive:
-        header = _records_header(file, archive.headers, limits)
-        if header.shape[1:] != layout.input_shape:
-            raise DataError(f"{file} changed while it was read: x now holds "
-                            f"{describe_shape(header.shape[1:])}")
-        y = _labels(file, archive, header.shape[0], limits)
-        if y.max() >= layout.num_classes:
-            raise DataError(f"{file}: label {int(y.max())} is out of range "
-                            f"0..{layout.num_classes - 1}")
-        ids = (_client_ids(file, archive, header.shape[0], limits)
-               if layout.folder is None and "client" in archive.headers else None)
-        return _checked_features(file, archive.read("x")), y, ids
+def _file_labels(file: Path, archive: NpzArchive, layout: DataLayout, records: int | None,
+                 limits: NpzLimits) -> tuple[np.ndarray, np.ndarray | None]:
+    """One file of ``layout``'s labels (and client ids), under the checks of :func:`probe`
+    again: a file changed since it was probed (``records``: its probed count) is refused."""
+    header = _records_header(file, archive.headers, limits)
+    if header.shape[1:] != layout.input_shape or records not in (None, header.shape[0]):
+        raise DataError(f"{file} changed while it was read: x now holds "
+                        f"{header.shape[0]:,} records of {describe_shape(header.shape[1:])}")
+    y = _labels(file, archive, header.shape[0], limits)
+    if y.max() >= layout.num_classes:
+        raise DataError(f"{file}: label {int(y.max())} is out of range "
+                        f"0..{layout.num_classes - 1}")
+    ids = (_client_ids(file, archive, header.shape[0], limits)
+           if layout.folder is None and "client" in archive.headers else None)
+    return y, ids
 
 
 def held_out_count(n: int) -> int:
@@ -379,62 +374,77 @@ def _holdout(n: int, client: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(n, held_out_count(n), replace=False))
 
 
+def _held_out_targets(first_client: int, counts: np.ndarray, order: np.ndarray | None,
+                      seed: int, train_at: int, test_at: int) -> RowTargets:
+    """Where the rows of one file go when each client's :func:`_holdout` is held out: the
+    file holds clients ``first_client, first_client + 1, ...`` with ``counts`` records each,
+    in file order once grouped by ``order`` (None: already grouped). Training keeps each
+    client's other records in file order, client after client, from ``train_at``; the
+    held-out ones go the same way to the test array from ``test_at``."""
+    held = np.zeros(int(counts.sum()), dtype=bool)
+    starts = np.cumsum(counts) - counts
+    for i, n in enumerate(counts.tolist()):
+        held[starts[i] + _holdout(n, first_client + i, seed)] = True
+    grouped = np.where(held, -test_at - np.cumsum(held), train_at - 1 + np.cumsum(~held))
+    if order is None:
+        return RowTargets(grouped)
+    rows = np.empty_like(grouped)
+    rows[order] = grouped
+    return RowTargets(rows)
+
+
 def load_user_data(path: str | Path, seed: int = 0, limits: NpzLimits = LIMITS) -> Dataset:
     """A user's data as a :class:`~fedlap_privacy.data.Dataset` named ``custom``, with its
     natural ``partition`` when it has one, and held out per client when it has no test set
-    (module docstring). Everything is checked first (:func:`probe`), under ``limits``."""
+    (module docstring). Everything is checked first (:func:`probe`), under ``limits``. The
+    features go from each file, a block of rows at a time, straight into the training and
+    test arrays (:mod:`fedlap_privacy.record_features`): the run holds them once."""
     layout = probe(path, limits)
-    read: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
-    for file in (*layout.clients, *((layout.test,) if layout.test else ())):
-        read.append(_read_file(file, layout, limits))
-        if (size := sum(x.nbytes for x, _, _ in read)) > limits.data_bytes:
-            raise DataError(f"{file} changed while it was read: the features now take "
-                            f"{size:,} bytes, more than the {limits.data_bytes:,} a run reads")
-    if layout.test is not None:
-        x_test, y_test, _ = read.pop()
-    if layout.natural and layout.folder is None:
-        x_all, y_all, ids = read[0]
-        assert ids is not None
-        # grouped by id in one stable sort (each client's records in file order): linear in
-        # the records, not records x clients, for thousands of clients
-        order = np.argsort(ids, kind="stable")
-        cuts = np.cumsum(np.bincount(ids))[:-1]
-        pieces = list(zip(np.split(x_all[order], cuts), np.split(y_all[order], cuts),
-                          strict=True))
-        del x_all
-    else:
-        pieces = [(x, y) for x, y, _ in read]
-    del read
-    held_out = layout.test is None
-    if layout.test is not None:
-        train = pieces
-    elif layout.natural:
-        masks = []
-        for k, (_, y) in enumerate(pieces):
-            mask = np.zeros(len(y), dtype=bool)
-            mask[_holdout(len(y), k, seed)] = True
-            masks.append(mask)
-        train = [(x[~m], y[~m]) for (x, y), m in zip(pieces, masks, strict=True)]
-        x_test = np.concatenate([x[m] for (x, _), m in zip(pieces, masks, strict=True)])
-        y_test = np.concatenate([y[m] for (_, y), m in zip(pieces, masks, strict=True)])
-    else:
-        x, y = pieces[0]
-        mask = np.zeros(len(y), dtype=bool)
-        mask[_holdout(len(y), 0, seed)] = True
-        train = [(x[~mask], y[~mask])]
-        x_test, y_test = x[mask], y[mask]
-    if len(y_test) == 0:
+    holding = layout.test is None
+    sizes = np.asarray(layout.sizes, dtype=np.int64)
+    held = np.asarray([held_out_count(n) if holding else 0 for n in layout.sizes], np.int64)
+    if holding and held.sum() == 0:
         raise DataError(f"{layout.path}: too few records to hold any out for evaluation; add "
                         f"a {TEST_FILE}")
-    sizes = [len(y) for _, y in train]
-    starts = np.cumsum([0, *sizes])
-    partition = tuple(np.arange(starts[k], starts[k + 1], dtype=np.int64)
-                      for k in range(len(sizes))) if layout.natural else None
+    kept = sizes - held
+    train_at, test_at = np.cumsum(kept) - kept, np.cumsum(held) - held
+    x_train = np.empty((int(kept.sum()), *layout.input_shape), dtype=np.float32)
+    y_train = np.empty(len(x_train), dtype=np.int64)
+    x_test = np.empty((int(held.sum()), *layout.input_shape), dtype=np.float32)
+    y_test = np.empty(len(x_test), dtype=np.int64)
+    for i, file in enumerate(layout.clients):
+        single = layout.folder is None
+        with _records_archive(file, layout.folder, limits) as archive:
+            y, ids = _file_labels(file, archive, layout, int(sizes.sum() if single
+                                                             else sizes[i]), limits)
+            if not holding:
+                targets = RowTargets(None, int(train_at[i]))
+            elif ids is None:
+                targets = _held_out_targets(i, sizes[i:i + 1], None, seed, int(train_at[i]),
+                                            int(test_at[i]))
+            else:
+                if not np.array_equal(np.bincount(ids), sizes):
+                    raise DataError(f"{file} changed while it was read: its client ids differ")
+                targets = _held_out_targets(0, sizes, np.argsort(ids, kind="stable"), seed,
+                                            0, 0)
+            targets.place(0, y, y_train, y_test)
+            read_features(file, archive.read_rows("x"), targets, x_train, x_test)
+    if layout.test is not None:
+        with _records_archive(layout.test, layout.folder, limits) as archive:
+            y_test, _ = _file_labels(layout.test, archive, layout, None, limits)
+            size = x_train.nbytes + len(y_test) * 4 * math.prod(layout.input_shape)
+            if size > limits.data_bytes:
+                raise DataError(f"{layout.test} changed while it was read: the features now "
+                                f"take {size:,} bytes, more than the {limits.data_bytes:,} a "
+                                "run reads")
+            x_test = np.empty((len(y_test), *layout.input_shape), dtype=np.float32)
+            read_features(layout.test, archive.read_rows("x"), RowTargets(None), x_test)
+    partition = tuple(np.arange(train_at[k], train_at[k] + kept[k], dtype=np.int64)
+                      for k in range(len(kept))) if layout.natural else None
     return Dataset(
-        name=CUSTOM, x_train=np.concatenate([x for x, _ in train]),
-        y_train=np.concatenate([y for _, y in train]), x_test=x_test, y_test=y_test,
+        name=CUSTOM, x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test,
         num_classes=layout.num_classes, mean=(), std=(), partition=partition,
-        held_out=held_out,
+        held_out=holding,
     )
 
 
@@ -480,5 +490,6 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None,
         declared = _declared_classes(file, archive, limits)
         if declared is not None and int(y.max()) >= declared:
             raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
-        x = _checked_features(file, archive.read("x"))
+        x = np.empty(header.shape, dtype=np.float32)
+        read_features(file, archive.read_rows("x"), RowTargets(None), x)
     return Records(file, x, y, declared)
