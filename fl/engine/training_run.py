@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.data import Dataset, content_hash, load_dataset
+from fedlap_privacy.data import Dataset, content_hash, load_dataset, partition_hash
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.auditing.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.config import TrainConfig
@@ -144,6 +144,7 @@ def local_clients(
             cx, cy = run.with_canaries(k, x, y)
             reply = run.method.client(run.model, cx, cy, run.client_state[k], info, gen)
         replies.append(dataclasses.replace(reply, num_examples=len(y)))  # N_k without canaries
+        del x, y, cx, cy  # freed before the next client's records are gathered, not after
         callback("client_done", {"round": m, "client": k})
     return replies
 
@@ -297,7 +298,7 @@ class TrainingRun:
         d = self.data
         return {
             "data": content_hash(d.x_train, d.y_train),
-            "partitions": [content_hash(p, d.x_train[p], d.y_train[p]) for p in self.parts],
+            "partitions": [partition_hash(p, d.x_train, d.y_train) for p in self.parts],
         }
 
     # ---------------------------------------------------------------- persistence

@@ -26,7 +26,7 @@ from flwr.app import DEFAULT_TTL, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
-from fedlap_privacy.data import Dataset, content_hash, load_dataset
+from fedlap_privacy.data import Dataset, load_dataset, partition_hash
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback, client_parts
@@ -122,7 +122,7 @@ def expected_partitions(cfg: TrainConfig, split_seed: int | None = None,
     the caller has it from :func:`run_data`)."""
     if data is None:
         cfg, data = run_data(cfg, split_seed)
-    return [Expected(len(p), content_hash(p, data.x_train[p], data.y_train[p]))
+    return [Expected(len(p), partition_hash(p, data.x_train, data.y_train))
             for p in client_parts(cfg, data, split_seed)]
 
 
