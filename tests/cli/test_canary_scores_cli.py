@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -121,8 +122,8 @@ def test_bad_files_one_line_exit_2(tmp_path: Path) -> None:
         "must be 1-D": _file(tmp_path, "g.npz", scores=np.zeros((20, 2)), included=bits),
         "must be 1-D ": _file(tmp_path, "h.npz", scores=np.zeros(20),
                               included=bits[:, None]),
-        "must hold real numbers": _file(tmp_path, "i.npz", scores=np.array(["a"] * 20),
-                                        included=bits),
+        "expected plain numbers": _file(tmp_path, "i.npz", scores=np.array(["a"] * 20),
+                                        included=bits),  # the one .npz reader's refusal
         "at least 10 canaries": _file(tmp_path, "j.npz", scores=np.zeros(3),
                                       included=bits[:3]),
         "not an .npz archive": tmp_path / "k.npz",
@@ -146,8 +147,19 @@ def test_a_pickled_object_array_is_refused_unread(tmp_path: Path) -> None:
 def test_forged_headers_and_bombs_are_refused(tmp_path: Path) -> None:
     huge = _npy({"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
     bits = _npy({"descr": "|b1", "fortran_order": False, "shape": (20,)}, bytes(20))
-    assert "declares 1,000,000,000,000 canaries" in _fails(
+    # read by the one .npz reader (fedlap_privacy.npz_reader): a header the member's size
+    # does not back is refused before any count is believed
+    assert "truncated or forged" in _fails(
         _zip_with(tmp_path, {"scores.npy": huge, "included.npy": bits}))
+    many = 10_000_001  # one more than MAX_CANARIES, within the reader's bytes per array
+    scores = _npy({"descr": "<f8", "fortran_order": False, "shape": (20,)}, bytes(160))
+    bools = _npy({"descr": "|b1", "fortran_order": False, "shape": (many,)}, bytes(many))
+    assert "declares 10,000,001 canaries" in _fails(
+        _zip_with(tmp_path, {"scores.npy": scores, "included.npy": bools}))
+    bomb = _npy({"descr": "<f8", "fortran_order": False, "shape": (10_000_001,)},
+                bytes(80_000_008))  # 80 MB of zeros deflated to 78 KB
+    assert "above the limit of 80,000,000 bytes per array" in _fails(
+        _zip_with(tmp_path, {"scores.npy": bomb, "included.npy": bits}))
     # a member far longer than its header declares (a zip bomb of zeros): never read past it
     long = _npy({"descr": "<f8", "fortran_order": False, "shape": (20,)}, bytes(50 * 2**20))
     assert "truncated or forged" in _fails(
@@ -165,7 +177,7 @@ def test_a_duplicated_member_is_refused(tmp_path: Path) -> None:
         z.writestr("scores.npy", honest)
         z.writestr("scores.npy", honest)
         z.writestr("included.npy", bits)
-    assert "ambiguous" in _fails(path)
+    assert "holds array 'scores' twice" in _fails(path)
 
 
 def test_a_file_above_the_size_cap_is_refused(tmp_path: Path, monkeypatch) -> None:
@@ -209,3 +221,13 @@ def test_a_file_name_with_markup_is_text_in_the_report(tmp_path: Path) -> None:
         text = (out / report).read_text()
         assert "<img src=x" not in text and "&lt;img src=x" in text, report
     assert (out / "scores.png").stat().st_size > 0
+
+
+def test_the_one_npz_reader_refuses_extra_members_and_fifos(tmp_path: Path) -> None:
+    """issue 46: the score file is read by the package's one .npz reader, like --data."""
+    extra = _file(tmp_path, "extra.npz", scores=np.zeros(20), included=_bits(20),
+                  other=np.zeros(3))
+    assert "member 'other.npy' is not one of the arrays" in _fails(extra)
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    assert "not a regular file (a FIFO)" in _fails(fifo)  # refused, never blocks
