@@ -44,6 +44,7 @@ from fedlap_privacy.fl.run.run_files import METRICS, PENDING, commit_run_files, 
 from fedlap_privacy.fl.run.run_records import PrivacyStatement, RoundRecord
 from fedlap_privacy.fl.run.user_runs import prepare_data, run_model
 from fedlap_privacy.ledger import ledger_digest, selection_withheld
+from fedlap_privacy.mapped_tensors import mapped_empty
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
 from fedlap_privacy.threads import follow_load
@@ -197,7 +198,9 @@ class TrainingRun:
         (:meth:`~fedlap_privacy.fl.methods.interface.Method.probe_config`) timed over the accesses
         it makes, on random records of the mean client size (no private record is touched,
         nothing is accounted; the global random state is left as it was), after one untimed
-        warm-up (the first call loads kernels and grows the heap). None: not timed."""
+        warm-up (the first call loads kernels and grows the heap). None: not timed. On the
+        CPU the records are in their own mapping (:mod:`fedlap_privacy.mapped_tensors`), given
+        back when the timing ends."""
         probe_cfg = self.method.probe_config()
         if probe_cfg is None:
             return None
@@ -205,7 +208,9 @@ class TrainingRun:
         probe = build_method(cfg, self.device)
         size = max(int(np.mean(self.sizes)), cfg.batch_size, 1)
         with torch.random.fork_rng(devices=[]):
-            x = torch.randn((size, *self.data.input_shape), device=self.device)
+            x = (mapped_empty((size, *self.data.input_shape)) if self.device.type == "cpu"
+                 else torch.empty((size, *self.data.input_shape), device=self.device))
+            x.normal_()
             y = torch.arange(size, device=self.device) % self.data.num_classes
             info = probe.round_info(1, self.server_state)
             gen = seeded_generator(self.device, 0)
@@ -246,9 +251,14 @@ class TrainingRun:
         return [torch.from_numpy(p).to(self.device) for p in self.parts]
 
     def client_records(self, k: int) -> tuple[Tensor, Tensor]:
-        """Client k's records, gathered for its step (freed after it)."""
+        """Client k's records, gathered for its step (freed after it: on the CPU, a large
+        gather in its own mapping, :mod:`fedlap_privacy.mapped_tensors`, so that each
+        client's records are given back rather than kept beside the next client's)."""
         index = self.client_index[k]
-        return self.x_train[index], self.y_train[index]
+        if self.device.type != "cpu":
+            return self.x_train[index], self.y_train[index]
+        x = mapped_empty((len(index), *self.x_train.shape[1:]), self.x_train.dtype)
+        return torch.index_select(self.x_train, 0, index, out=x), self.y_train[index]
 
     @cached_property
     def cohort_mode(self) -> str:
