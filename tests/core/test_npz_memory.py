@@ -5,6 +5,7 @@ features before), and hashing a partition gathers a block at a time."""
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import numpy as np
 import pytest
 
 from fedlap_privacy import data as data_module
+from fedlap_privacy.allocator import tune_allocator
 from fedlap_privacy.data import content_hash, partition_hash
+from fedlap_privacy.mapped_tensors import mapped_empty
 from fedlap_privacy.user_data import load_records, load_user_data
 
 N, D = 64_000, 256  # 65.5 MB of float32 features
@@ -84,3 +87,21 @@ def test_a_partition_hash_is_the_content_hash_of_its_rows(monkeypatch: pytest.Mo
     assert partition_hash(part[:0], x, y) == content_hash(part[:0], x[:0], y[:0])
     peak = _peak(lambda: content_hash(x))[1]
     assert peak < x.nbytes / 2  # hashed from the array's own memory, not a copy
+
+
+def _resident() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="Linux /proc only")
+def test_a_mapped_tensor_is_given_back_when_freed() -> None:
+    """The tuned heap (fedlap_privacy.allocator) keeps freed blocks; a client's gathered
+    records come from their own mapping and leave with it."""
+    tune_allocator()
+    size = 96 << 20
+    t = mapped_empty((size // 4,))
+    t.fill_(1.0)
+    before = _resident()
+    del t
+    assert before - _resident() > 0.9 * size
+    assert mapped_empty((3, 4)).shape == (3, 4)  # small ones: the heap's
