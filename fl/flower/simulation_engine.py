@@ -252,8 +252,9 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
             if resources.address:
                 check_ray_address(resources.address)
             try:
-                ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
-                         include_dashboard=False, **config["init_args"])
+                with _own_sigterm():
+                    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                        sys.path)}}, include_dashboard=False, **config["init_args"])
             except Exception as exc:  # e.g. no cluster at the address, a node too slow
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 where = f"the Ray cluster at {resources.address}" if resources.address else (
@@ -271,7 +272,26 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
             yield
         finally:
             if started_here and ray.is_initialized():
-                ray.shutdown()
+                with _own_sigterm():
+                    ray.shutdown()
+
+
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """The SIGTERM handler this process had, back after Ray's call: ``ray.init`` installs
+    its own (Python's ``sys.exit`` and the core worker's, which aborts the process), which
+    would turn ``train``'s stop between rounds (:func:`~fedlap_privacy.fl.engine.stop.
+    stop_between_rounds`) into a crash in the middle of a round."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _result(out: Path, log_path: Path) -> FlowerResult:

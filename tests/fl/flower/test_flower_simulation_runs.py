@@ -38,7 +38,11 @@ from typer.testing import CliRunner  # noqa: E402
 from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
 from fedlap_privacy.cli.main import app  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
-from fedlap_privacy.fl.engine.stop import STOPPED, stop_between_rounds  # noqa: E402
+from fedlap_privacy.fl.engine.stop import (  # noqa: E402
+    STOPPED,
+    stop_between_rounds,
+    stop_requested,
+)
 from fedlap_privacy.fl.flower.grid_clients import FlowerError  # noqa: E402
 from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
     check_ray_address,
@@ -48,9 +52,12 @@ from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
 
 @pytest.fixture
 def one_thread():
-    saved = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # a thread count reorders float sums
+    """One torch thread here and in the actors: a thread count reorders float sums."""
+    saved, threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
     if saved is None:
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
@@ -58,9 +65,16 @@ def one_thread():
 
 
 def _sigterm_after_round(round_: int):
+    """SIGTERM to this process at the end of ``round_``. The ServerApp runs in a thread of
+    its own under the Simulation Engine and Python runs the handler in the main thread: the
+    callback waits for it, as a signal from outside would arrive during the round."""
+
     def callback(event, info):
         if event == "round_end" and info["round"] == round_:
             os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while not stop_requested() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     return callback
 
