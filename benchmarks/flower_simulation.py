@@ -104,6 +104,7 @@ class TreeUsage:
     root: int
     interval: float = 0.2
     cpu: dict[int, float] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)  # each process's command name
     peak_mib: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -117,6 +118,8 @@ class TreeUsage:
                 except OSError:
                     continue
                 stats[int(entry.name)] = text[text.rindex(")") + 2:].split()
+                self.names.setdefault(int(entry.name), text[text.index("(") + 1:
+                                                            text.rindex(")")])
         children: dict[int, list[int]] = {}
         for pid, f in stats.items():
             children.setdefault(int(f[1]), []).append(pid)
