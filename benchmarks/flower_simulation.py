@@ -23,7 +23,7 @@ leaving out the loop or the engine, not checked). Prints the machine's load befo
 after: on a shared machine compare within one run.
 
     python benchmarks/flower_simulation.py [--data-dir DIR] [--clients 1000] [--rounds 2]
-        [--cohort 100] [--runs packed,loop,flower-simulation] [--out DIR]
+        [--cohort 100] [--runs packed,loop,flower-simulation] [--one-thread] [--out DIR]
 """
 
 from __future__ import annotations
@@ -163,6 +163,9 @@ def main() -> None:
     parser.add_argument("--cohort", type=int, default=100)
     parser.add_argument("--runs", default=",".join(RUNS),
                         help="which of " + ", ".join(RUNS) + " to run, comma-separated")
+    parser.add_argument("--one-thread", action="store_true",
+                        help="the packed cohort with one torch thread too (a loaded machine's "
+                        "contended threads cost it more than the others)")
     parser.add_argument("--out", default=None, help="keep the run folders here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,7 +181,7 @@ def main() -> None:
             spec = {"data_dir": args.data_dir, "clients": args.clients, "rounds": args.rounds,
                     "cohort": args.cohort, "run": run, "out": str(root / run)}
             env = dict(os.environ)
-            if run != "packed":  # one thread: the actors' count (bit for bit)
+            if run != "packed" or args.one_thread:  # one thread: the actors' count (bit for bit)
                 env["OMP_NUM_THREADS"] = "1"
             proc = subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)],
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,

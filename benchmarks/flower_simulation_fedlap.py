@@ -18,7 +18,8 @@ of its process tree (:class:`flower_simulation.TreeUsage`), the CPU seconds each
 spent (two actors that each trained clients for most of the rounds' time ran side by side),
 and whether the Simulation Engine's checkpoint equals the 1-thread run's bit for bit.
 
-    python benchmarks/flower_simulation_fedlap.py [--clients 4] [--rounds 2] [--out DIR]
+    python benchmarks/flower_simulation_fedlap.py [--clients 4] [--rounds 2]
+        [--set KEY=VALUE ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -42,13 +43,17 @@ def _train(args: argparse.Namespace, out: Path, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "fedlap_privacy", "train", "--method", "fedlap-dp",
             "--clients", str(args.clients), "--rounds", str(args.rounds), "--device", "cpu",
             "--reproducible-noise", "--json", "--out", str(out),
-            *[f"--set={k}={v}" for k, v in SMALL.items()], *extra]
+            *[f"--set={k}={v}" for k, v in {**SMALL, **dict(
+                item.split("=", 1) for item in args.set)}.items()], *extra]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting of the small configuration (e.g. "
+                        "max_loops=4): longer client rounds")
     parser.add_argument("--out", default=None, help="keep the run folders here")
     args = parser.parse_args()
     print(f"load before: {_load()}  (CPUs: {os.cpu_count()})")
@@ -76,7 +81,7 @@ def main() -> None:
             rounds = [json.loads(line)["seconds"]
                       for line in (root / folder / "metrics.jsonl").read_text().splitlines()]
             actors = sorted((c for pid, c in usage.cpu.items()
-                             if "ClientAppActor" in usage.names.get(pid, "")), reverse=True)
+                             if "ClientApp" in usage.names.get(pid, "")), reverse=True)
             print(f"{name:>22}: {wall:7.1f} s wall, rounds "
                   + ", ".join(f"{s:.1f}" for s in rounds) + f" s, {cpu:7.1f} CPU s, peak "
                   f"{usage.peak_mib:6.0f} MiB"
