@@ -29,6 +29,7 @@ after: on a shared machine compare within one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -104,7 +105,7 @@ class TreeUsage:
     root: int
     interval: float = 0.2
     cpu: dict[int, float] = field(default_factory=dict)
-    names: dict[int, str] = field(default_factory=dict)  # each process's command name
+    names: dict[int, str] = field(default_factory=dict)  # each process's title
     peak_mib: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -118,8 +119,10 @@ class TreeUsage:
                 except OSError:
                     continue
                 stats[int(entry.name)] = text[text.rindex(")") + 2:].split()
-                self.names.setdefault(int(entry.name), text[text.index("(") + 1:
-                                                            text.rindex(")")])
+                if int(entry.name) not in self.names:  # its title (Ray's: ray::ACTOR)
+                    with contextlib.suppress(OSError):
+                        self.names[int(entry.name)] = (entry / "cmdline").read_bytes(
+                        ).split(b"\0")[0].decode(errors="replace")
         children: dict[int, list[int]] = {}
         for pid, f in stats.items():
             children.setdefault(int(f[1]), []).append(pid)
