@@ -119,10 +119,6 @@ class TreeUsage:
                 except OSError:
                     continue
                 stats[int(entry.name)] = text[text.rindex(")") + 2:].split()
-                if int(entry.name) not in self.names:  # its title (Ray's: ray::ACTOR)
-                    with contextlib.suppress(OSError):
-                        self.names[int(entry.name)] = (entry / "cmdline").read_bytes(
-                        ).split(b"\0")[0].decode(errors="replace")
         children: dict[int, list[int]] = {}
         for pid, f in stats.items():
             children.setdefault(int(f[1]), []).append(pid)
@@ -137,6 +133,9 @@ class TreeUsage:
         for pid in tree & stats.keys():
             f = stats[pid]
             self.cpu[pid] = (int(f[11]) + int(f[12])) / tick  # utime, stime
+            with contextlib.suppress(OSError):  # its title now (Ray's: ray::ACTOR)
+                self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(
+                    b"\0")[0].decode(errors="replace")
             rss += int(f[21]) * page
         self.peak_mib = max(self.peak_mib, rss / 2**20)
 
