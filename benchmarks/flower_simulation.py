@@ -133,9 +133,12 @@ class TreeUsage:
         for pid in tree & stats.keys():
             f = stats[pid]
             self.cpu[pid] = (int(f[11]) + int(f[12])) / tick  # utime, stime
-            with contextlib.suppress(OSError):  # its title now (Ray's: ray::ACTOR)
-                self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().split(
-                    b"\0")[0].decode(errors="replace")
+            with contextlib.suppress(OSError):  # its title; an actor's (ray::CLASS...) kept
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(
+                    errors="replace")
+                if not self.names.get(pid, "").startswith("ray::") or (
+                        title.startswith("ray::") and "IDLE" not in title):
+                    self.names[pid] = title
             rss += int(f[21]) * page
         self.peak_mib = max(self.peak_mib, rss / 2**20)
 

@@ -14,8 +14,9 @@ a fresh ``train`` process, one after the other on the same machine:
   side.
 
 Prints each run's wall time, its rounds' recorded seconds, the CPU seconds and peak memory
-of its process tree (:class:`flower_simulation.TreeUsage`), the CPU seconds each Ray actor
-spent (two actors that each trained clients for most of the rounds' time ran side by side),
+of its process tree (:class:`flower_simulation.TreeUsage`), the CPU seconds of each Ray
+worker that spent more than one (two ``ray::ClientAppActor`` with about the same CPU time:
+both trained clients, side by side),
 and whether the Simulation Engine's checkpoint equals the 1-thread run's bit for bit.
 
     python benchmarks/flower_simulation_fedlap.py [--clients 4] [--rounds 2]
@@ -80,13 +81,13 @@ def main() -> None:
                 sys.exit(1)
             rounds = [json.loads(line)["seconds"]
                       for line in (root / folder / "metrics.jsonl").read_text().splitlines()]
-            actors = sorted((c for pid, c in usage.cpu.items()
-                             if "ClientApp" in usage.names.get(pid, "")), reverse=True)
+            actors = [f"{usage.names[pid][:40]} {c:.1f}" for pid, c in usage.cpu.items()
+                      if c > 1 and usage.names.get(pid, "").startswith("ray::")]
             print(f"{name:>22}: {wall:7.1f} s wall, rounds "
                   + ", ".join(f"{s:.1f}" for s in rounds) + f" s, {cpu:7.1f} CPU s, peak "
                   f"{usage.peak_mib:6.0f} MiB"
-                  + (f", Ray actors' CPU s: {', '.join(f'{c:.1f}' for c in actors)}"
-                     if actors else ""), flush=True)
+                  + (f"; Ray workers' CPU s: {', '.join(actors)}" if actors else ""),
+                  flush=True)
         print(f"bit for bit: {same_run(root / 'loop', root / 'sim')}")
     print(f"load after: {_load()}")
 
