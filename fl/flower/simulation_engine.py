@@ -45,7 +45,12 @@ from fedlap_privacy.fl.flower.server_app import STATUS, serve
 from fedlap_privacy.fl.run.run_files import load_history, lock_run
 from fedlap_privacy.fl.run.run_records import RunSummary
 
-__all__ = ["SimulationResources", "discovery_wait", "node_config_mod", "run_simulation_engine"]
+__all__ = ["SimulationResources", "check_ray_address", "discovery_wait", "node_config_mod",
+           "run_simulation_engine"]
+
+#: seconds to wait for a TCP answer at ``--ray-address`` before Ray is asked (Ray itself
+#: retries an address where nothing answers for minutes, printing a warning every 30 s)
+ADDRESS_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,28 @@ def node_config_mod(state_root: str, device: str, policy_file: str | None
         return call_next(msg, context)
 
     return mod
+
+
+def check_ray_address(address: str, timeout: float = ADDRESS_TIMEOUT) -> None:
+    """Refuse, in one line, an ``--ray-address`` that is not ``auto``/``local``,
+    ``HOST:PORT`` or ``ray://HOST:PORT``, or where nothing accepts a TCP connection within
+    ``timeout`` seconds (a typo, a cluster that is down): Ray would retry it for minutes.
+    ``auto`` is left to Ray (it reads the address of a Ray started on this machine and
+    refuses at once when there is none)."""
+    import socket
+
+    if address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in hostport:
+        raise ConfigError(f"--ray-address {address}: expected auto, HOST:PORT or "
+                          "ray://HOST:PORT (e.g. 10.0.0.5:6379 or ray://10.0.0.5:10001)")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise FlowerError(f"the Ray cluster at {address} did not answer: {exc}") from None
 
 
 def discovery_wait(clients: int) -> float:
@@ -222,9 +249,12 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
     with _quiet_flower(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips
         if started_here:  # the workers import as this process does
+            if resources.address:
+                check_ray_address(resources.address)
             try:
-                ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
-                         include_dashboard=False, **config["init_args"])
+                with _own_sigterm():
+                    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                        sys.path)}}, include_dashboard=False, **config["init_args"])
             except Exception as exc:  # e.g. no cluster at the address, a node too slow
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 where = f"the Ray cluster at {resources.address}" if resources.address else (
@@ -242,7 +272,26 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
             yield
         finally:
             if started_here and ray.is_initialized():
-                ray.shutdown()
+                with _own_sigterm():
+                    ray.shutdown()
+
+
+@contextlib.contextmanager
+def _own_sigterm() -> Iterator[None]:
+    """The SIGTERM handler this process had, back after Ray's call: ``ray.init`` installs
+    its own (Python's ``sys.exit`` and the core worker's, which aborts the process), which
+    would turn ``train``'s stop between rounds (:func:`~fedlap_privacy.fl.engine.stop.
+    stop_between_rounds`) into a crash in the middle of a round."""
+    import signal
+    import threading
+
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _result(out: Path, log_path: Path) -> FlowerResult:

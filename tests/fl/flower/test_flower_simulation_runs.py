@@ -1,0 +1,185 @@
+"""``--engine flower-simulation`` across runs: a stopped run resumed, and ``--ray-address``.
+
+* A run stopped between rounds (SIGTERM, as a job scheduler stops it) and resumed with
+  ``--resume`` on the Simulation Engine gives the uninterrupted in-process run bit for bit:
+  its ledger holds each round once (none free, none counted twice), its weights are the same.
+* A ``--ray-address`` where no Ray answers is one line and exit 2 within seconds, before the
+  run folder is made (Ray itself retries such an address for minutes); one that is not an
+  address is refused as such.
+* ``--ray-address auto`` joins a Ray cluster started beside the run (``ray start --head`` in
+  a folder of its own, stopped after by its process group: never ``ray stop``, which stops
+  every Ray on the machine) and leaves it running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr")
+ray = pytest.importorskip("ray")
+
+import helpers  # noqa: E402
+from flower_grid import task_identity, write_policy  # noqa: E402, F401
+from typer.testing import CliRunner  # noqa: E402
+
+from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
+from fedlap_privacy.cli.main import app  # noqa: E402
+from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
+from fedlap_privacy.fl.engine.stop import (  # noqa: E402
+    STOPPED,
+    stop_between_rounds,
+    stop_requested,
+)
+from fedlap_privacy.fl.flower.grid_clients import FlowerError  # noqa: E402
+from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
+    check_ray_address,
+    run_simulation_engine,
+)
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread here and in the actors: a thread count reorders float sums."""
+    saved, threads = os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    if saved is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = saved
+
+
+def _sigterm_after_round(round_: int):
+    """SIGTERM to this process at the end of ``round_``. The ServerApp runs in a thread of
+    its own under the Simulation Engine and Python runs the handler in the main thread: the
+    callback waits for it, as a signal from outside would arrive during the round."""
+
+    def callback(event, info):
+        if event == "round_end" and info["round"] == round_:
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while not stop_requested() and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    return callback
+
+
+def _skip_if_ray_did_not_start(exc: FlowerError) -> None:
+    if "Ray on this machine did not start" in str(exc):
+        pytest.skip(str(exc))  # Ray's 30 s start-up limit on a loaded machine
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumed_on_the_engine_equals_the_uninterrupted_run(tmp_path,
+                                                                         one_thread):
+    cfg = helpers.tiny(method="dp-fedavg", clients=3, rounds=2, reproducible_noise=True)
+    allow = write_policy(tmp_path / "allow.toml", allow_reproducible_noise=True)
+    full = train(helpers.tiny(method="dp-fedavg", clients=3, rounds=2,
+                              reproducible_noise=True), tmp_path / "full", "cpu")
+    out = tmp_path / "cut"
+    try:
+        with stop_between_rounds():
+            cut = run_simulation_engine(cfg, out, "cpu", _sigterm_after_round(1),
+                                        node_policy=allow)
+        assert cut.summary.stopped == STOPPED and cut.summary.rounds_run == 1
+        assert [e["round"] for e in load_checkpoint(out / CHECKPOINT)["ledger"]] == [1]
+        resumed = run_simulation_engine(None, out, "cpu", resume_run=True, node_policy=allow)
+    except FlowerError as exc:
+        _skip_if_ray_did_not_start(exc)
+        raise
+    assert resumed.summary.stopped == "completed" and resumed.summary.rounds_run == 2
+    a, b = load_checkpoint(out / CHECKPOINT), load_checkpoint(tmp_path / "full" / CHECKPOINT)
+    assert [e["round"] for e in a["ledger"]] == [1, 2]  # each round once
+    assert a["ledger"] == b["ledger"]
+    assert all(torch.equal(a["model_state"][k], b["model_state"][k]) for k in b["model_state"])
+    assert resumed.summary.privacy.epsilon == full.summary.privacy.epsilon > 0
+
+
+def test_a_ray_address_where_nothing_answers_is_one_line_and_exit_2(tmp_path):
+    with socket.socket() as free:  # a port where nothing listens
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    start = time.monotonic()
+    out = CliRunner().invoke(app, [
+        "train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "1",
+        "--ray-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "run")])
+    assert out.exit_code == 2, out.output
+    assert f"the Ray cluster at 127.0.0.1:{port} did not answer" in out.output
+    assert "Traceback" not in out.output and not ray.is_initialized()
+    assert time.monotonic() - start < 60 and not (tmp_path / "run").exists()
+    for bad in ("nonsense", "10.0.0.5", "10.0.0.5:port", "ray://host:99999"):
+        with pytest.raises(Exception, match="expected auto, HOST:PORT or ray://HOST:PORT"):
+            check_ray_address(bad)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_ray_address_auto_joins_a_running_cluster(tmp_path, one_thread, monkeypatch):
+    """A head node started here (2 CPUs), found through ``RAY_ADDRESS`` as ``auto`` finds
+    the cluster a user started; the run trains on it and leaves it running."""
+    exe = Path(sys.executable).with_name("ray")
+    if not exe.exists():
+        pytest.skip("the ray command is not installed beside this Python")
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="rh", dir="/tmp")  # Ray's socket paths must stay short
+    head = subprocess.Popen(
+        [str(exe), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the head's GCS answers on its port
+            try:
+                check_ray_address(f"127.0.0.1:{port}", timeout=1)
+                break
+            except FlowerError:
+                if head.poll() is not None or time.monotonic() > deadline:
+                    pytest.skip("ray start --head did not come up within 60 s")
+                time.sleep(1)
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        allow = write_policy(tmp_path / "allow.toml", allow_reproducible_noise=True)
+        out = CliRunner().invoke(app, [
+            "train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "1",
+            "--method", "dp-fedavg", "--device", "cpu", "--json", "--ray-address", "auto",
+            "--node-policy", str(allow), "--out", str(tmp_path / "run"),
+            *[f"--set={k}={v}" for k, v in helpers.TINY.items()
+              if k not in ("rounds", "clients")], "--reproducible-noise"])
+        assert out.exit_code == 0, out.output
+        assert json.loads(out.output.strip().splitlines()[-1])["rounds_run"] == 1
+        assert not ray.is_initialized() and head.poll() is None  # the cluster still runs
+        local = train(helpers.tiny(method="dp-fedavg", clients=3, rounds=1,
+                                   reproducible_noise=True), tmp_path / "local", "cpu")
+        a = load_checkpoint(tmp_path / "run" / CHECKPOINT)
+        assert a["ledger"] == load_checkpoint(tmp_path / "local" / CHECKPOINT)["ledger"]
+        assert all(torch.equal(a["model_state"][k], v)
+                   for k, v in local.model.state_dict().items())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        shutil.rmtree(temp, ignore_errors=True)
