@@ -13,8 +13,12 @@ call's floating-point operations (:func:`flops`):
 * a convolution: ``2 x`` the output's elements ``x`` ``C_in / groups x`` the kernel's
   positions (a transposed one: ``2 x`` the input's elements ``x`` ``C_out / groups x`` the
   kernel's positions), plus one addition per output element for the bias;
+* pooling: the output's elements ``x`` the window's (an adaptive pooling: ``2**d x`` the
+  elements, its windows overlap by at most one position along each of ``d`` dimensions);
 * a view or a size query: nothing; any other operator (element-wise arithmetic, reductions,
-  copies, factories, pooling, norms): the elements of its largest input or output.
+  copies, factories, norms): the elements of its largest input or output;
+* and every node at least :data:`CALL` (``2**16``), the cost of dispatching it (about ten
+  microseconds), so that a graph of many tiny calls is bounded too.
 
 A program whose total, divided by the records of the batch, exceeds the
 :class:`ComputeBudget` of its weights is refused in one line before anything runs. The
@@ -39,6 +43,7 @@ budget.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -48,14 +53,18 @@ import torch
 from fedlap_privacy.audit.exported_ops import CONVOLUTIONS
 from fedlap_privacy.audit.exported_schema import Refused
 
-__all__ = ["ComputeBudget", "flops"]
+__all__ = ["CALL", "ComputeBudget", "flops"]
 
+#: the least a node costs: its dispatch, counted as FLOP (module doc)
+CALL = 1 << 16
 #: the margin over the costliest genuine network of the same weights (module doc)
 FACTOR = 16
 #: FLOP per record every program may spend, whatever its weights (module doc)
 FLOOR = 1 << 27
 _PRODUCTS = {"mm.default", "addmm.default", "bmm.default", "baddbmm.default",
              "matmul.default", "linear.default"}
+#: pooling: each output reads a window (``max_pool2d_with_indices``: adaptive no, 2-d)
+_POOLING = re.compile(r"_?(adaptive_)?(?:max|avg)_pool(\d)d(?:_with_indices)?\.default")
 _BIASED = {"addmm.default", "baddbmm.default"}
 #: operators that only relabel their input's memory (or read sizes): no arithmetic
 _FREE = {"view.default", "_unsafe_view.default", "t.default", "transpose.int",
@@ -85,7 +94,19 @@ def flops(target: str, args: list[Any], out: Any) -> int:
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         if isinstance(out, torch.Tensor) and len(inputs) >= 2:
             return _linear(target, args, inputs, out)
-    return max((t.numel() for t in _tensors([args, out])), default=0)
+    elements = max((t.numel() for t in _tensors([args, out])), default=0)
+    pooled = _POOLING.fullmatch(target)
+    if pooled is None:
+        return elements
+    dims = int(pooled[2])
+    if pooled[1]:  # adaptive: windows of at most (input / output + 1) along each dimension
+        return elements << dims
+    kernel = args[1] if len(args) > 1 else 1
+    window = math.prod(kernel) if isinstance(kernel, list) else 1
+    if isinstance(kernel, int) or (isinstance(kernel, list) and len(kernel) == 1):
+        window = int(kernel if isinstance(kernel, int) else kernel[0]) ** dims
+    outputs = max((t.numel() for t in _tensors(out)), default=0)
+    return max(elements, outputs * window)
 
 
 def _linear(target: str, args: list[Any], inputs: list[torch.Tensor],
@@ -125,11 +146,12 @@ class ComputeBudget:
     def limit(self) -> int:
         return self.per_record * max(self.records, 1)
 
-    def refusal(self, spent: int, node: int, target: str) -> Refused:
-        """The one line of a program refused at ``node``, having counted ``spent`` FLOP."""
+    def refusal(self, spent: int, where: str) -> Refused:
+        """The one line of a program refused at ``where`` (a node), having counted ``spent``
+        FLOP."""
         need = spent / max(self.records, 1) / 1e9
         return Refused(f"this program needs at least {need:.3g} GFLOP per record (counted up "
-                       f"to node {node}, aten.{target}), more than the "
+                       f"to {where}), more than the "
                        f"{self.per_record / 1e9:.3g} GFLOP "
                        f"budget for a model of {self.weights} weights on records of "
                        f"{self.positions} positions ({FACTOR} x 2 x weights x positions + "

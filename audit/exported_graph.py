@@ -31,7 +31,7 @@ from fedlap_privacy.audit.exported_budget import (
     physical,
     result_bytes,
 )
-from fedlap_privacy.audit.exported_compute import ComputeBudget, flops
+from fedlap_privacy.audit.exported_compute import CALL, ComputeBudget, flops
 from fedlap_privacy.audit.exported_ops import ALLOWED, NO_META, check_arguments, check_string
 from fedlap_privacy.audit.exported_schema import (
     Refused,
@@ -372,10 +372,11 @@ class ExportedModule(nn.Module):
                 args = check_arguments(step.aten, args, kwargs)
                 ledger.check(output_bytes(step.op, step.aten, args, kwargs),
                              f"node {i} (aten.{step.aten})")
-                if i >= sized:  # past what the walk could size: counted as it runs
-                    spent += flops(step.aten, args, _sized(step, args, kwargs))
-                    if spent > compute.limit:
-                        raise compute.refusal(spent, i, step.aten)
+            if i >= sized:  # past what the walk could size: counted as it runs
+                spent += max(flops(step.aten, args, _sized(step, args, kwargs))
+                             if step.aten else 0, CALL)
+                if spent > compute.limit:
+                    raise compute.refusal(spent, _where(i, step))
             result = step.op(*args, **kwargs)
             if step.single:
                 bind(step.outputs[0], result, env)
@@ -391,11 +392,13 @@ class ExportedModule(nn.Module):
         self.peak_bytes = ledger.peak
         return env[self._output_name]
 
-    def flop_count(self, x: torch.Tensor) -> tuple[int, ComputeBudget]:
+    def flop_count(self, x: torch.Tensor) -> tuple[int, ComputeBudget, bool]:
         """The FLOP of one call on records of ``x``'s shape as the walk counts them (up to
-        the first step it cannot size), and the budget they are held to."""
+        the first step it cannot size), the budget they are held to, and whether the walk
+        sized every step."""
         compute = ComputeBudget.of(self._weight_elements, tuple(x.shape))
-        return self._walk(x, compute)[1], compute
+        sized, spent = self._walk(x, compute)
+        return spent, compute, sized == len(self._steps)
 
     def _walk(self, x: torch.Tensor, compute: ComputeBudget) -> tuple[int, int]:
         """The program's arithmetic on records of ``x``'s shape, counted on ``meta`` tensors
@@ -421,18 +424,21 @@ class ExportedModule(nn.Module):
             except (CheckpointError, RuntimeError, NotImplementedError, ValueError,
                     TypeError, IndexError, ArithmeticError):
                 return i, spent
-            if step.aten is not None:
-                if result_bytes(step.aten, args, result) > memory:
-                    return i, spent  # the memory budget refuses it, with its own numbers
-                spent += flops(step.aten, args, result)
-                if spent > compute.limit:
-                    raise compute.refusal(spent, i, step.aten)
+            if step.aten is not None and result_bytes(step.aten, args, result) > memory:
+                return i, spent  # the memory budget refuses it, with its own numbers
+            spent += max(flops(step.aten, args, result) if step.aten else 0, CALL)
+            if spent > compute.limit:
+                raise compute.refusal(spent, _where(i, step))
             if step.single:
                 bind(step.outputs[0], result, env)
             elif step.outputs:
                 for names, value in zip(step.outputs, result, strict=True):
                     bind(names, value, env)
         return len(self._steps), spent
+
+
+def _where(i: int, step: Step) -> str:
+    return f"node {i} ({'aten.' + step.aten if step.aten else step.target})"
 
 
 def _sized(step: Step, args: list[Any], kwargs: dict[str, Any]) -> Any:

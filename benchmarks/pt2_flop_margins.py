@@ -88,7 +88,8 @@ def main() -> None:
             torch.export.save(program, path)
             ours = load_exported_program(path)
             x = torch.rand(8, *shape)
-            spent, budget = ours.flop_count(x)
+            spent, budget, whole = ours.flop_count(x)
+            assert whole, f"the walk stopped before the end of {name}"
             per_record = spent / x.shape[0]
             print(f"{name:30} {budget.weights:>10} {per_record / 1e9:>10.5f} "
                   f"{budget.per_record / 1e9:>10.3f} {per_record / budget.per_record:>8.4f}")

@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 import torch
 from pt2_archive import Entries, edit_json, export_for_audit, rewrite
+from pt2_archive import arg as _arg
+from pt2_archive import graph as _graph
+from pt2_archive import node as _node
 from torch import nn
 from typer.testing import CliRunner
 
@@ -73,22 +76,6 @@ def bait(tmp_path_factory) -> tuple[Path, list[str]]:
     folder = tmp_path_factory.mktemp("bombs")
     torch.manual_seed(0)
     return export_for_audit(_Bait().eval(), folder)
-
-
-def _arg(name: str, value: dict[str, Any], keyword: bool = False) -> dict[str, Any]:
-    return {"name": name, "arg": value, "kind": 2 if keyword else 1}
-
-
-def _node(target: str, inputs: list[dict[str, Any]], out: str | None) -> dict[str, Any]:
-    return {"target": f"torch.ops.aten.{target}", "inputs": inputs, "name": out or "n",
-            "outputs": [{"as_tensor": {"name": out}}] if out else [], "metadata": {},
-            "is_hop_single_tensor_return": None}
-
-
-def _graph(change: Callable[[list[dict[str, Any]]], None]) -> Callable[[Entries], None]:
-    """An edit of the graph's node list."""
-    return lambda entries: edit_json(entries, "models/model.json", lambda program: change(
-        program["graph_module"]["graph"]["nodes"]))
 
 
 def _where(nodes: list[dict[str, Any]], target: str) -> int:
