@@ -146,13 +146,9 @@ class ComputeBudget:
     def limit(self) -> int:
         return self.per_record * max(self.records, 1)
 
-    def refusal(self, spent: int, where: str) -> Refused:
-        """The one line of a program refused at ``where`` (a node), having counted ``spent``
-        FLOP."""
-        need = spent / max(self.records, 1) / 1e9
-        return Refused(f"this program needs at least {need:.3g} GFLOP per record (counted up "
-                       f"to {where}), more than the "
-                       f"{self.per_record / 1e9:.3g} GFLOP "
-                       f"budget for a model of {self.weights} weights on records of "
-                       f"{self.positions} positions ({FACTOR} x 2 x weights x positions + "
-                       f"{FLOOR / 1e9:.3g} GFLOP)")
+    def refusal(self, where: str) -> Refused:
+        """The one line of a program whose count passes the budget at ``where`` (a node)."""
+        return Refused(f"this program needs more than {self.per_record / 1e9:.3g} GFLOP per "
+                       f"record, its budget for a model of {self.weights} weights on records "
+                       f"of {self.positions} positions ({FACTOR} x 2 x weights x positions + "
+                       f"{FLOOR / 1e9:.3g}): the count passes it at {where}")

@@ -376,7 +376,7 @@ class ExportedModule(nn.Module):
                 spent += max(flops(step.aten, args, _sized(step, args, kwargs))
                              if step.aten else 0, CALL)
                 if spent > compute.limit:
-                    raise compute.refusal(spent, _where(i, step))
+                    raise compute.refusal(_where(i, step))
             result = step.op(*args, **kwargs)
             if step.single:
                 bind(step.outputs[0], result, env)
@@ -428,7 +428,7 @@ class ExportedModule(nn.Module):
                 return i, spent  # the memory budget refuses it, with its own numbers
             spent += max(flops(step.aten, args, result) if step.aten else 0, CALL)
             if spent > compute.limit:
-                raise compute.refusal(spent, _where(i, step))
+                raise compute.refusal(_where(i, step))
             if step.single:
                 bind(step.outputs[0], result, env)
             elif step.outputs:

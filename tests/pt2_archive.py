@@ -29,13 +29,14 @@ def export_for_audit(model: Any, folder: Path) -> tuple[Path, list[str]]:
                                     "--nonmembers", str(folder / "out.npz")]
 
 
-def rewrite(src: Path, dst: Path, edit: Callable[[Entries], None]) -> Path:
+def rewrite(src: Path, dst: Path, edit: Callable[[Entries], None],
+            compression: int = zipfile.ZIP_STORED) -> Path:
     """Copy a .pt2 archive with ``edit`` applied to its entries (names below its root)."""
     with zipfile.ZipFile(src) as archive:
         root = archive.namelist()[0].split("/")[0] + "/"
         entries = {n[len(root):]: archive.read(n) for n in archive.namelist()}
     edit(entries)
-    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as archive:
+    with zipfile.ZipFile(dst, "w", compression) as archive:
         for name, data in entries.items():
             archive.writestr(root + name, data)
     return dst

@@ -16,6 +16,7 @@ import json
 import resource
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -305,3 +306,42 @@ def test_convolution_buffers_count_against_the_budget(bait, tmp_path: Path, op: 
         line = _one_line(_audit(evil, records))
     assert f"(aten.{op})" in line and "above its budget of 132.3 MB" in line
     assert 2150 < float(line.split("asks for ")[1].split(" MB")[0]) < 2200
+
+
+def test_graph_json_beyond_what_the_reader_parses_is_refused(bait, tmp_path: Path) -> None:
+    """A model.json of 17 MiB (padded; a genuine export is 2-3 KB a node) is refused before
+    it is parsed: 256 MiB of JSON took 6.4 GB to parse."""
+    path, _ = bait
+
+    def pad(entries: Entries) -> None:
+        entries["models/model.json"] += b" " * (17 << 20)
+
+    evil = rewrite(path, tmp_path / "evil.pt2", pad)
+    with pytest.raises(CheckpointError, match=r"models/model.json unpacks to 1[0-9]{7} bytes, "
+                                              r"more than the 16 MiB this reader parses"):
+        load_exported_program(evil)
+
+
+def test_payloads_unpacking_beyond_the_archive_are_refused(bait, tmp_path: Path) -> None:
+    """1,000 weights of 40 KB of zeros each, deflated: each entry is smaller than the
+    archive (the old check), together 40 MB from a 0.3 MB file, all read by the old reader."""
+    path, _ = bait
+
+    def inflate(entries: Entries) -> None:
+        def add(config: Any) -> None:
+            template = config["config"]["c"]
+            for k in range(1000):
+                meta = json.loads(json.dumps(template))
+                meta["path_name"] = f"zeros{k}"
+                meta["tensor_meta"].update(sizes=[{"as_int": 10_000}], strides=[{"as_int": 1}])
+                config["config"][f"z{k}"] = meta
+
+        edit_json(entries, "data/weights/model_weights_config.json", add)
+        for k in range(1000):
+            entries[f"data/weights/zeros{k}"] = bytes(40_000)
+
+    evil = rewrite(path, tmp_path / "evil.pt2", inflate, zipfile.ZIP_DEFLATED)
+    assert evil.stat().st_size < 400_000
+    with pytest.raises(CheckpointError, match=r"entries unpack to 4[0-9]{7} bytes, more than "
+                                              r"the [0-9]+ of the archive"):
+        load_exported_program(evil)
