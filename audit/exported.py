@@ -24,7 +24,9 @@ into the file, as the auditor.
 a dense ``aten`` operator of a positive list (:mod:`.exported_ops`) or integer arithmetic on
 sizes; anything else is refused and nothing from the file is evaluated or compiled. Each
 call's outputs are sized before they are allocated, against a memory budget derived from the
-weights and the batch (:mod:`.exported_budget`). The program's outputs other than
+weights and the batch (:mod:`.exported_budget`), and the program's arithmetic per record is
+counted before its first operator runs, against a compute budget derived from the weights
+and the records' shape (:mod:`.exported_compute`). The program's outputs other than
 its one user output (buffer mutations, e.g. BatchNorm statistics in training mode) are
 dropped.
 """

@@ -8,7 +8,9 @@ operator, and higher-order, custom and Python-level targets, are refused by name
 anything runs; nothing from the file is evaluated or compiled, node names are only
 dictionary keys, and no string from the file is printed. :class:`ExportedModule` runs the
 steps on the weights :mod:`.exported` read, sizing each call's outputs before it allocates
-them and releasing each value after its last reader (:mod:`.exported_budget`).
+them and releasing each value after its last reader (:mod:`.exported_budget`), once a walk
+of the graph on ``meta`` tensors has counted its arithmetic within its compute budget
+(:mod:`.exported_compute`).
 """
 
 from __future__ import annotations
