@@ -4,7 +4,8 @@
 The memory budget (:mod:`.exported_budget`) does not bound time: a 6 MB graph of 20,000
 ``aten.mm`` on a 512 x 512 weight holds two products at a time and runs for minutes per
 batch, and a program can build a 64 MiB matrix with ``aten.full`` and multiply it by itself
-(137 GFLOP a product). Before the first operator runs, :func:`count` walks the graph once on
+(137 GFLOP a product). Before the first operator runs, the interpreter
+(:class:`~fedlap_privacy.audit.exported_graph.ExportedModule`) walks the graph once on
 ``meta`` tensors of the records' shape (nothing is allocated or computed) and adds up each
 call's floating-point operations (:func:`flops`):
 
@@ -33,8 +34,8 @@ benchmarks/pt2_flop_margins.py the walk counts 0.3 % of the budget of a ResNet-1
 CIFAR-10 records, 1.2 % of the project's ConvNet on MNIST; a large MLP, whose weights are
 used once, up to 1/16.
 
-Operators whose outputs depend on the data stop the walk: ``item`` (a size read from a
-tensor) is unknown on ``meta``, and ``nonzero`` is counted at its largest. From the first
+``nonzero``, whose output size depends on the data, is counted at its largest; ``item`` (a
+size read from a tensor) is unknown on ``meta`` and stops the walk. From the first
 step the walk could not size, each call's operations are counted just before it runs (the
 same rule, on the real inputs), so the program is refused there, having spent at most its
 budget.
