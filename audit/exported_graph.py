@@ -376,7 +376,7 @@ class ExportedModule(nn.Module):
                              f"node {i} (aten.{step.aten})")
             if i >= sized:  # past what the walk could size: counted as it runs
                 spent += max(flops(step.aten, args, _sized(step, args, kwargs))
-                             if step.aten else 0, CALL)
+                             if step.aten and _returns_tensor(step) else 0, CALL)
                 if spent > compute.limit:
                     raise compute.refusal(_where(i, step))
             result = step.op(*args, **kwargs)
@@ -441,6 +441,10 @@ class ExportedModule(nn.Module):
 
 def _where(i: int, step: Step) -> str:
     return f"node {i} ({'aten.' + step.aten if step.aten else step.target})"
+
+
+def _returns_tensor(step: Step) -> bool:
+    return any("Tensor" in str(r.type) for r in step.op._schema.returns)
 
 
 def _sized(step: Step, args: list[Any], kwargs: dict[str, Any]) -> Any:

@@ -197,3 +197,27 @@ def test_graph_of_many_cheap_calls_is_bounded(square, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"node \d+ \(aten.alias.default\)"):
         many(_records(1))
     assert 20_000 * CALL > budget.per_record
+
+
+def test_chain_after_a_data_dependent_step_is_counted_as_it_runs(square,
+                                                               tmp_path: Path) -> None:
+    """``item`` (a value read from the records) ends the walk on meta tensors; the products
+    after it are counted just before each runs, and refused once past the budget (having
+    spent at most the budget)."""
+
+    def after_item(nodes: list[dict[str, Any]]) -> None:
+        _repeat("mm.default", 3_000)(nodes)
+        nodes[0:0] = [
+            node("sum.default", [arg("self", {"as_tensor": {"name": "x"}})], "s"),
+            {**node("item.default", [arg("self", {"as_tensor": {"name": "s"}})], None),
+             "outputs": [{"as_sym_float": {"as_name": "it"}}]}]
+
+    module = load_exported_program(rewrite(square[0], tmp_path / "evil.pt2",
+                                           graph(after_item)))
+    spent, budget, whole = module.flop_count(_records(1))
+    assert not whole and spent < budget.per_record
+    with pytest.raises(CheckpointError, match=r"passes it at node \d+ \(aten.mm.default\)") as (
+            refused), torch.no_grad():
+        module(_records(1))
+    node_index = int(str(refused.value).split("at node ")[1].split(" ")[0])
+    assert node_index < 2_000  # within the budget: 1,574 of the 3,000 products ran
