@@ -10,7 +10,9 @@ into the file, as the auditor.
 
 :func:`load_exported_program` reads the archive itself, and only plain data:
 
-* ``models/model.json`` (the graph) and the weights' and constants' payload configs, as JSON;
+* ``models/model.json`` (the graph) and the weights' and constants' payload configs, as JSON
+  of at most 16 MiB each (``_MAX_JSON_BYTES``), in an archive whose entries unpack to no more
+  than its own size (``torch.export.save`` stores them uncompressed: no zip bomb);
 * each weight and tensor constant as raw bytes of the dtype, shape and strides its JSON entry
   gives, within its payload and holding no more elements than the payload stores (a stride of
   0 cannot make one stored value a 40,000 x 40,000 weight). An entry flagged ``use_pickle``,
@@ -22,7 +24,9 @@ into the file, as the auditor.
 a dense ``aten`` operator of a positive list (:mod:`.exported_ops`) or integer arithmetic on
 sizes; anything else is refused and nothing from the file is evaluated or compiled. Each
 call's outputs are sized before they are allocated, against a memory budget derived from the
-weights and the batch (:mod:`.exported_budget`). The program's outputs other than
+weights and the batch (:mod:`.exported_budget`), and the program's arithmetic per record is
+counted before its first operator runs, against a compute budget derived from the weights
+and the records' shape (:mod:`.exported_compute`). The program's outputs other than
 its one user output (buffer mutations, e.g. BatchNorm statistics in training mode) are
 dropped.
 """
@@ -53,7 +57,11 @@ from fedlap_privacy.errors import CheckpointError, FedlapError
 
 __all__ = ["ExportedModule", "load_exported_program"]
 
-_MAX_JSON_BYTES = 256 << 20
+#: the graph and payload configs: a genuine export is 2-3 KB a node (the ResNet-18-style
+#: network of benchmarks/pt2_flop_margins.py: 70 nodes, 195 KB), so 16 MiB holds graphs
+#: some 80 times its size; parsing the most memory-hungry 16 MiB of JSON (a list of empty
+#: lists) takes about 400 MB, 256 MiB took 6.4 GB
+_MAX_JSON_BYTES = 16 << 20
 _STRIDED = 7  # torch._export.serde.schema.Layout.Strided
 _PATH_NAME = re.compile(r"[A-Za-z0-9_]+")
 
@@ -68,6 +76,11 @@ class _Archive:
             self.zip = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as exc:
             raise CheckpointError(f"{path} is not a .pt2 archive ({exc})") from None
+        unpacked = sum(info.file_size for info in self.zip.infolist())
+        if unpacked > self.size:
+            raise Refused(f"refusing to read {path}: its entries unpack to {unpacked} bytes, "
+                          f"more than the {self.size} of the archive (torch.export.save "
+                          "stores them uncompressed)")
         names = self.zip.namelist()
         self.root = names[0].split("/", 1)[0] + "/" if names else ""
         self.names = {n[len(self.root):] for n in names if n.startswith(self.root)}
@@ -80,7 +93,9 @@ class _Archive:
                                   "archive") from None
         if info.file_size > min(limit or self.size, self.size):
             raise Refused(f"refusing to read {self.path}: entry {name} unpacks to "
-                           f"{info.file_size} bytes, more than the archive holds")
+                          f"{info.file_size} bytes, more than "
+                          + (f"the {limit >> 20} MiB this reader parses" if limit and
+                             limit < info.file_size <= self.size else "the archive holds"))
         return self.zip.read(info)
 
     def json(self, name: str) -> Any:

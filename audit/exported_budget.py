@@ -41,7 +41,8 @@ from torch._C import _functorch
 from fedlap_privacy.audit.exported_ops import CONVOLUTIONS, NO_META
 from fedlap_privacy.audit.exported_schema import Refused
 
-__all__ = ["Ledger", "MemoryBudget", "physical"]
+__all__ = ["Ledger", "MemoryBudget", "meta_call", "output_bytes", "physical",
+           "result_bytes"]
 
 _MB = 1 << 20
 FLOOR = 128 * _MB
@@ -120,17 +121,29 @@ def output_bytes(op: Any, target: str, args: list[Any], kwargs: dict[str, Any]) 
     if target in NO_META:
         x = args[0]
         return NO_META[target] * x.numel() * max(x.dim(), 1) * 8 * factor
-    meta_kwargs = {k: _meta(v) for k, v in kwargs.items()}
-    if any(a.name == "device" and a.kwarg_only for a in op._schema.arguments):
-        meta_kwargs["device"] = torch.device("meta")
     try:
-        out = op(*_meta(list(args)), **meta_kwargs)
+        out = meta_call(op, args, kwargs)
     except NotImplementedError:
         raise Refused(f"aten.{target} cannot be sized before it runs (no meta kernel)") from None
+    return result_bytes(target, args, out) * factor
+
+
+def result_bytes(target: str, args: list[Any], out: Any) -> int:
+    """The bytes of ``out``, the outputs of ``aten.<target>(*args)``, with a convolution's
+    im2col buffer."""
     total = sum(t.numel() * t.element_size() for t in _tensors(out))
     if target in CONVOLUTIONS and isinstance(out, torch.Tensor):
         total += _columns(args[0], args[1], out)
-    return total * factor
+    return total
+
+
+def meta_call(op: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``op(*args, **kwargs)`` on ``meta`` tensors of the arguments' shapes, with any device
+    it is asked for made ``meta``: the outputs' shapes, nothing allocated or computed."""
+    meta_kwargs = {k: _meta(v) for k, v in kwargs.items()}
+    if any(a.name == "device" and a.kwarg_only for a in op._schema.arguments):
+        meta_kwargs["device"] = torch.device("meta")
+    return op(*_meta(list(args)), **meta_kwargs)
 
 
 def _columns(x: Any, weight: Any, out: torch.Tensor) -> int:

@@ -8,7 +8,9 @@ operator, and higher-order, custom and Python-level targets, are refused by name
 anything runs; nothing from the file is evaluated or compiled, node names are only
 dictionary keys, and no string from the file is printed. :class:`ExportedModule` runs the
 steps on the weights :mod:`.exported` read, sizing each call's outputs before it allocates
-them and releasing each value after its last reader (:mod:`.exported_budget`).
+them and releasing each value after its last reader (:mod:`.exported_budget`), once a walk
+of the graph on ``meta`` tensors has counted its arithmetic within its compute budget
+(:mod:`.exported_compute`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedlap_privacy.audit.exported_budget import Ledger, MemoryBudget, output_bytes, physical
-from fedlap_privacy.audit.exported_ops import ALLOWED, check_arguments, check_string
+from fedlap_privacy.audit.exported_budget import (
+    Ledger,
+    MemoryBudget,
+    meta_call,
+    output_bytes,
+    physical,
+    result_bytes,
+)
+from fedlap_privacy.audit.exported_compute import CALL, ComputeBudget, flops
+from fedlap_privacy.audit.exported_ops import ALLOWED, NO_META, check_arguments, check_string
 from fedlap_privacy.audit.exported_schema import (
     Refused,
     read_bool,
@@ -318,9 +328,13 @@ class ExportedModule(nn.Module):
                 else:
                     self.register_buffer(attribute, tensor, persistent=kind == "buffer")
             self._weights[graph_name] = attribute
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+        storages = {t.untyped_storage().data_ptr(): (t.untyped_storage().nbytes(),
+                                                     t.element_size())
                     for _, t in weights.values()}
-        self._weight_bytes = sum(storages.values())
+        self._weight_bytes = sum(size for size, _ in storages.values())
+        self._weight_elements = sum(size // item for size, item in storages.values())
+        #: records' (shape, dtype) -> (first step the walk could not size, FLOP before it)
+        self._walks: dict[tuple[Any, ...], tuple[int, int]] = {}
         last: dict[str, int] = {}
         for i, step in enumerate(steps):
             if step.aten == "detach_.default" and step.reads() & set(weights):
@@ -342,6 +356,11 @@ class ExportedModule(nn.Module):
             raise ConfigError(f"the exported program takes inputs of shape ({wanted}), the "
                               f"records come as {tuple(x.shape)}: export it with a dynamic "
                               "batch dimension (torch.export.Dim) and the records' shape")
+        compute = ComputeBudget.of(self._weight_elements, tuple(x.shape))
+        key = (tuple(x.shape), x.dtype)
+        if key not in self._walks:
+            self._walks[key] = self._walk(x, compute)
+        sized, spent = self._walks[key]
         env: dict[str, Any] = {name: getattr(self, attr) for name, attr in self._weights.items()}
         free = {physical(t)[0].untyped_storage().data_ptr() for t in env.values()}
         ledger = Ledger(MemoryBudget.of(self._weight_bytes, x), torch.is_grad_enabled(), free)
@@ -355,6 +374,11 @@ class ExportedModule(nn.Module):
                 args = check_arguments(step.aten, args, kwargs)
                 ledger.check(output_bytes(step.op, step.aten, args, kwargs),
                              f"node {i} (aten.{step.aten})")
+            if i >= sized:  # past what the walk could size: counted as it runs
+                spent += max(flops(step.aten, args, _sized(step, args, kwargs))
+                             if step.aten and _returns_tensor(step) else 0, CALL)
+                if spent > compute.limit:
+                    raise compute.refusal(_where(i, step))
             result = step.op(*args, **kwargs)
             if step.single:
                 bind(step.outputs[0], result, env)
@@ -369,6 +393,67 @@ class ExportedModule(nn.Module):
                 ledger.release(name)
         self.peak_bytes = ledger.peak
         return env[self._output_name]
+
+    def flop_count(self, x: torch.Tensor) -> tuple[int, ComputeBudget, bool]:
+        """The FLOP of one call on records of ``x``'s shape as the walk counts them (up to
+        the first step it cannot size), the budget they are held to, and whether the walk
+        sized every step."""
+        compute = ComputeBudget.of(self._weight_elements, tuple(x.shape))
+        sized, spent = self._walk(x, compute)
+        return spent, compute, sized == len(self._steps)
+
+    def _walk(self, x: torch.Tensor, compute: ComputeBudget) -> tuple[int, int]:
+        """The program's arithmetic on records of ``x``'s shape, counted on ``meta`` tensors
+        before anything runs (:mod:`.exported_compute`); a program over its budget is
+        refused. Returns the first step the walk could not size (data-dependent, or one the
+        run itself refuses, like a call whose outputs alone exceed the memory budget) and the
+        FLOP of the steps before it."""
+        env: dict[str, Any] = {name: meta_call(torch.ops.aten.alias.default,
+                                               [getattr(self, attr)], {})
+                               for name, attr in self._weights.items()}
+        env[self._input_name] = torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
+        memory = MemoryBudget.of(self._weight_bytes, x).limit
+        spent = 0
+        for i, step in enumerate(self._steps):
+            args = resolve(list(step.args), env)
+            kwargs = {k: resolve(v, env) for k, v in step.kwargs.items()}
+            try:
+                if step.aten is None:
+                    result = step.op(*args, **kwargs)
+                else:
+                    args = check_arguments(step.aten, args, kwargs)
+                    result = _sized(step, args, kwargs)
+            except (CheckpointError, RuntimeError, NotImplementedError, ValueError,
+                    TypeError, IndexError, ArithmeticError):
+                return i, spent
+            if step.aten is not None and result_bytes(step.aten, args, result) > memory:
+                return i, spent  # the memory budget refuses it, with its own numbers
+            spent += max(flops(step.aten, args, result) if step.aten else 0, CALL)
+            if spent > compute.limit:
+                raise compute.refusal(_where(i, step))
+            if step.single:
+                bind(step.outputs[0], result, env)
+            elif step.outputs:
+                for names, value in zip(step.outputs, result, strict=True):
+                    bind(names, value, env)
+        return len(self._steps), spent
+
+
+def _where(i: int, step: Step) -> str:
+    return f"node {i} ({'aten.' + step.aten if step.aten else step.target})"
+
+
+def _returns_tensor(step: Step) -> bool:
+    return any("Tensor" in str(r.type) for r in step.op._schema.returns)
+
+
+def _sized(step: Step, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``step``'s outputs as ``meta`` tensors (a data-dependent one at its largest)."""
+    if step.aten in NO_META:
+        x = args[0]
+        return torch.empty((NO_META[step.aten] * x.numel(), max(x.dim(), 1)),
+                           dtype=torch.long, device="meta")
+    return meta_call(step.op, args, kwargs)
 
 
 def input_shape(meta: Any) -> tuple[int | None, ...]:

@@ -29,13 +29,14 @@ def export_for_audit(model: Any, folder: Path) -> tuple[Path, list[str]]:
                                     "--nonmembers", str(folder / "out.npz")]
 
 
-def rewrite(src: Path, dst: Path, edit: Callable[[Entries], None]) -> Path:
+def rewrite(src: Path, dst: Path, edit: Callable[[Entries], None],
+            compression: int = zipfile.ZIP_STORED) -> Path:
     """Copy a .pt2 archive with ``edit`` applied to its entries (names below its root)."""
     with zipfile.ZipFile(src) as archive:
         root = archive.namelist()[0].split("/")[0] + "/"
         entries = {n[len(root):]: archive.read(n) for n in archive.namelist()}
     edit(entries)
-    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as archive:
+    with zipfile.ZipFile(dst, "w", compression) as archive:
         for name, data in entries.items():
             archive.writestr(root + name, data)
     return dst
@@ -45,3 +46,21 @@ def edit_json(entries: Entries, name: str, change: Callable[[Any], None]) -> Non
     value = json.loads(entries[name])
     change(value)
     entries[name] = json.dumps(value).encode()
+
+
+def arg(name: str, value: dict[str, Any], keyword: bool = False) -> dict[str, Any]:
+    """A node input as ``torch.export`` serializes it."""
+    return {"name": name, "arg": value, "kind": 2 if keyword else 1}
+
+
+def node(target: str, inputs: list[dict[str, Any]], out: str | None) -> dict[str, Any]:
+    """A node calling ``torch.ops.aten.<target>`` with one tensor output ``out`` (or none)."""
+    return {"target": f"torch.ops.aten.{target}", "inputs": inputs, "name": out or "n",
+            "outputs": [{"as_tensor": {"name": out}}] if out else [], "metadata": {},
+            "is_hop_single_tensor_return": None}
+
+
+def graph(change: Callable[[list[dict[str, Any]]], None]) -> Callable[[Entries], None]:
+    """An edit of the graph's node list."""
+    return lambda entries: edit_json(entries, "models/model.json", lambda program: change(
+        program["graph_module"]["graph"]["nodes"]))

@@ -16,6 +16,7 @@ import json
 import resource
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,9 @@ from typing import Any
 import pytest
 import torch
 from pt2_archive import Entries, edit_json, export_for_audit, rewrite
+from pt2_archive import arg as _arg
+from pt2_archive import graph as _graph
+from pt2_archive import node as _node
 from torch import nn
 from typer.testing import CliRunner
 
@@ -73,22 +77,6 @@ def bait(tmp_path_factory) -> tuple[Path, list[str]]:
     folder = tmp_path_factory.mktemp("bombs")
     torch.manual_seed(0)
     return export_for_audit(_Bait().eval(), folder)
-
-
-def _arg(name: str, value: dict[str, Any], keyword: bool = False) -> dict[str, Any]:
-    return {"name": name, "arg": value, "kind": 2 if keyword else 1}
-
-
-def _node(target: str, inputs: list[dict[str, Any]], out: str | None) -> dict[str, Any]:
-    return {"target": f"torch.ops.aten.{target}", "inputs": inputs, "name": out or "n",
-            "outputs": [{"as_tensor": {"name": out}}] if out else [], "metadata": {},
-            "is_hop_single_tensor_return": None}
-
-
-def _graph(change: Callable[[list[dict[str, Any]]], None]) -> Callable[[Entries], None]:
-    """An edit of the graph's node list."""
-    return lambda entries: edit_json(entries, "models/model.json", lambda program: change(
-        program["graph_module"]["graph"]["nodes"]))
 
 
 def _where(nodes: list[dict[str, Any]], target: str) -> int:
@@ -179,11 +167,12 @@ def test_stride_zero_payload_is_refused_on_load(bait, tmp_path: Path) -> None:
 
 
 def test_mm_chain_holds_a_few_intermediates(bait, tmp_path: Path) -> None:
-    """6,000 chained products of 256 KiB each: the program runs to the end holding a few of
-    them (the old interpreter kept all 1.5 GB)."""
+    """1,000 chained products of 256 KiB each (44 MFLOP a record, within the compute
+    budget): the program runs to the end holding a few of them (the old interpreter kept all
+    250 MB)."""
     path, _ = bait
     module = load_exported_program(rewrite(path, tmp_path / "evil.pt2",
-                                           _graph(_mm_chain(6000))))
+                                           _graph(_mm_chain(1000))))
     with _at_most(_GIB), torch.no_grad():
         out = module(torch.rand(3, 1, 8, 8))
     assert torch.isfinite(out).all() and module.peak_bytes < 1 << 20
@@ -317,3 +306,42 @@ def test_convolution_buffers_count_against_the_budget(bait, tmp_path: Path, op: 
         line = _one_line(_audit(evil, records))
     assert f"(aten.{op})" in line and "above its budget of 132.3 MB" in line
     assert 2150 < float(line.split("asks for ")[1].split(" MB")[0]) < 2200
+
+
+def test_graph_json_beyond_what_the_reader_parses_is_refused(bait, tmp_path: Path) -> None:
+    """A model.json of 17 MiB (padded; a genuine export is 2-3 KB a node) is refused before
+    it is parsed: 256 MiB of JSON took 6.4 GB to parse."""
+    path, _ = bait
+
+    def pad(entries: Entries) -> None:
+        entries["models/model.json"] += b" " * (17 << 20)
+
+    evil = rewrite(path, tmp_path / "evil.pt2", pad)
+    with pytest.raises(CheckpointError, match=r"models/model.json unpacks to 1[0-9]{7} bytes, "
+                                              r"more than the 16 MiB this reader parses"):
+        load_exported_program(evil)
+
+
+def test_payloads_unpacking_beyond_the_archive_are_refused(bait, tmp_path: Path) -> None:
+    """1,000 weights of 40 KB of zeros each, deflated: each entry is smaller than the
+    archive (the old check), together 40 MB from a 0.3 MB file, all read by the old reader."""
+    path, _ = bait
+
+    def inflate(entries: Entries) -> None:
+        def add(config: Any) -> None:
+            template = config["config"]["c"]
+            for k in range(1000):
+                meta = json.loads(json.dumps(template))
+                meta["path_name"] = f"zeros{k}"
+                meta["tensor_meta"].update(sizes=[{"as_int": 10_000}], strides=[{"as_int": 1}])
+                config["config"][f"z{k}"] = meta
+
+        edit_json(entries, "data/weights/model_weights_config.json", add)
+        for k in range(1000):
+            entries[f"data/weights/zeros{k}"] = bytes(40_000)
+
+    evil = rewrite(path, tmp_path / "evil.pt2", inflate, zipfile.ZIP_DEFLATED)
+    assert evil.stat().st_size < 400_000
+    with pytest.raises(CheckpointError, match=r"entries unpack to 4[0-9]{7} bytes, more than "
+                                              r"the [0-9]+ of the archive"):
+        load_exported_program(evil)
