@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
-from fedlap_privacy.fl.flower.processes import free_port, kill_family, stop
+from fedlap_privacy.fl.flower.processes import free_port, kill_family, stop, stop_all
 from fedlap_privacy.fl.flower.run_config import toml_table
+from fedlap_privacy.fl.flower.timings import LauncherMarks
 from fedlap_privacy.threads import WORKERS_ENV
 
 __all__ = ["LocalDeployment", "Secure"]
@@ -85,6 +86,7 @@ class LocalDeployment:
         self.workers: dict[int, subprocess.Popen[bytes]] = {}  # node k -> its ClientApp process
         self.extra_workers: list[subprocess.Popen[bytes]] = []  # those of extra nodes
         self._logs: list[IO[bytes]] = []
+        self.marks = LauncherMarks()  # when each phase ended (timings.py)
         bindir = str(Path(sys.executable).parent)
         self.env = {
             **os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
@@ -95,6 +97,10 @@ class LocalDeployment:
         }
         if threads is not None:  # an explicit count wins over the share (threads.py)
             self.env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        # the SuperLink's, hence its ServerApp's: the server computes while the nodes wait
+        # (aggregation, the server step, evaluation), so it takes the machine's CPUs
+        # (following the load, server_app.py), not a node's share
+        self.link_env = {**self.env, WORKERS_ENV: "1"}
 
     def exe(self, name: str) -> str:
         """The path of a Flower command (beside this Python first)."""
@@ -104,12 +110,15 @@ class LocalDeployment:
             raise FlowerError(f"{name} not found: pip install 'fedlap-privacy[flower]'")
         return found
 
-    def spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        """Start ``args`` in its own session, output into ``workdir/log_name``."""
+    def spawn(self, args: list[str], log_name: str,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``args`` in its own session, output into ``workdir/log_name`` (environment:
+        ``env``, else the nodes')."""
         log = open(self.workdir / log_name, "wb")
         self._logs.append(log)
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                cwd=self.workdir, start_new_session=True)
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env if env is None else env, cwd=self.workdir,
+                                start_new_session=True)
 
     def _tls_link_args(self) -> list[str]:
         s = self.secure
@@ -121,6 +130,7 @@ class LocalDeployment:
 
     def start(self, timeout: float = 60.0) -> LocalDeployment:
         """Start the SuperLink, wait until it serves, register node keys, start the nodes."""
+        self.marks.begin = time.time()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -133,13 +143,15 @@ class LocalDeployment:
         self.superlink = self.spawn(
             [self.exe("flower-superlink"), *self._tls_link_args(), "--host", "127.0.0.1",
              "--port", str(self.port), "--disable-runtime-dependency-installation"],
-            "superlink.log",
+            "superlink.log", self.link_env,
         )
         self._wait_ready(timeout)
+        self.marks.superlink = time.time()
         for key in self.secure.node_keys if self.secure else ():
             self.register(key.with_name(key.name + ".pub"))
         for k in range(self.clients):
             self.start_node(k)
+        self.marks.supernodes = time.time()
         return self
 
     def register(self, public_key: Path) -> None:
@@ -237,13 +249,14 @@ class LocalDeployment:
         )
 
     def close(self) -> None:
-        """Stop every process this deployment started (SuperNodes first)."""
-        for proc in [*self.workers.values(), *self.extra_workers, *self.supernodes,
-                     *([self.superlink] if self.superlink else [])]:
-            stop(proc)
+        """Stop every process this deployment started, all at once (:func:`.processes.stop_all`:
+        TERM, SuperNodes first, then KILL what is left after the grace period)."""
+        stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
+                  *([self.superlink] if self.superlink else [])])
         for log in self._logs:
             log.close()
         self._logs.clear()
+        self.marks.closed = time.time()
 
     def __enter__(self) -> LocalDeployment:
         return self.start()
