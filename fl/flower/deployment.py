@@ -5,10 +5,11 @@ working folder, runtime dependency installation off), gives each SuperNode its o
 folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, runs
 each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
 it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
-message), and stops every process it started on exit (:mod:`.processes`). With :class:`Secure` the
-SuperLink serves TLS (the CA, certificate and key given) and, when node keys are given,
-admits only SuperNodes whose public key was registered with ``flwr supernode register``
-(Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
+message), runs each SuperNode as ``flower-supernode`` without its idle 3 s
+(:mod:`.local_supernode`), and stops every process it started on exit (:mod:`.processes`).
+With :class:`Secure` the SuperLink serves TLS (the CA, certificate and key given) and, when
+node keys are given, admits only SuperNodes whose public key was registered with ``flwr
+supernode register`` (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
 """
 
 from __future__ import annotations
@@ -179,7 +180,9 @@ class LocalDeployment:
         """Start (or restart) the SuperNode holding partition ``k`` (with its key, if any;
         ``key`` overrides it: a node with another key is an unregistered node)."""
         runtime_port = free_port()
-        args = [self.exe("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
+        self.exe("flower-supernode")  # installed (else one line saying how)
+        args = [sys.executable, "-m", "fedlap_privacy.fl.flower.local_supernode",
+                "--superlink", f"127.0.0.1:{self.port}",
                 "--port", str(runtime_port), "--node-config", self.node_config(k),
                 "--isolation", self.isolation]
         if self.secure is None:
