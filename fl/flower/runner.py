@@ -139,8 +139,8 @@ def run_on(
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": seen + 1})
     deployment.marks.flwr_run = time.time()
     runner = deployment.flwr_run(app, run_config)
-    try:
-        while runner.poll() is None:
+    try:  # until `flwr run` ends, or the ServerApp's status is written (its last act)
+        while runner.poll() is None and not (out / STATUS).exists():
             if on_poll is not None:
                 on_poll(deployment)
             history = load_history(out)
