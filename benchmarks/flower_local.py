@@ -43,6 +43,7 @@ class Run:
     load: tuple[float, float]  # 1-minute load average before and after
     accuracy: float | None
     phases: dict[str, object] = field(default_factory=dict)
+    rounds: list[float] = field(default_factory=list)  # each round's seconds (metrics.jsonl)
 
 
 def _subreaper() -> bool:
@@ -91,12 +92,14 @@ def run_once(engine: str, out: Path, args: argparse.Namespace) -> Run:
     timings = out / "flower-timings.json"
     phases = json.loads(timings.read_text()) if timings.exists() else {}
     return Run(engine, wall, _cpu() - cpu, (load, _load()),
-               metrics[-1]["test_accuracy"] if metrics else None, phases)
+               metrics[-1]["test_accuracy"] if metrics else None, phases,
+               [float(m.get("seconds") or 0.0) for m in metrics])
 
 
 def _print(run: Run) -> None:
     print(f"{run.engine:>10}: {run.wall:7.1f} s wall, {run.cpu:7.1f} CPU s, test accuracy "
-          f"{run.accuracy:.4f}, load {run.load[0]:.1f} -> {run.load[1]:.1f}", flush=True)
+          f"{run.accuracy:.4f}, load {run.load[0]:.1f} -> {run.load[1]:.1f}, rounds "
+          + ", ".join(f"{s:.1f}" for s in run.rounds) + " s", flush=True)
     if run.phases:
         p = run.phases
         rounds = ", ".join(f"{s:.1f}" for s in p["rounds_s"])  # type: ignore[union-attr]

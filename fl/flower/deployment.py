@@ -57,6 +57,10 @@ ISOLATIONS = ("process", "subprocess")
 #: seconds between two claims of a task by the SuperLink's SuperExec (Flower's default 1 s):
 #: the ServerApp starts this much sooner
 SUPEREXEC_POLL_S = 0.1
+#: seconds the processes get to exit on SIGTERM before SIGKILL when the deployment closes (an
+#: idle ClientApp process exits at once; a SuperNode's and the ServerApp's own clean-up took 3
+#: to 5 s on a loaded machine, and nothing of the run is left to write by then)
+CLOSE_GRACE_S = 2.0
 
 
 class LocalDeployment:
@@ -253,9 +257,9 @@ class LocalDeployment:
 
     def close(self) -> None:
         """Stop every process this deployment started, all at once (:func:`.processes.stop_all`:
-        TERM, SuperNodes first, then KILL what is left after the grace period)."""
+        TERM, SuperNodes first, then KILL what is left after :data:`CLOSE_GRACE_S`)."""
         stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
-                  *([self.superlink] if self.superlink else [])])
+                  *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
         for log in self._logs:
             log.close()
         self._logs.clear()
