@@ -5,10 +5,11 @@ working folder, runtime dependency installation off), gives each SuperNode its o
 folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, runs
 each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
 it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
-message), and stops every process it started on exit (:mod:`.processes`). With :class:`Secure` the
-SuperLink serves TLS (the CA, certificate and key given) and, when node keys are given,
-admits only SuperNodes whose public key was registered with ``flwr supernode register``
-(Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
+message), runs each SuperNode as ``flower-supernode`` without its idle 3 s
+(:mod:`.local_supernode`), and stops every process it started on exit (:mod:`.processes`).
+With :class:`Secure` the SuperLink serves TLS (the CA, certificate and key given) and, when
+node keys are given, admits only SuperNodes whose public key was registered with ``flwr
+supernode register`` (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
-from fedlap_privacy.fl.flower.processes import free_port, kill_family, stop
+from fedlap_privacy.fl.flower.processes import free_port, kill_family, stop, stop_all
 from fedlap_privacy.fl.flower.run_config import toml_table
+from fedlap_privacy.fl.flower.timings import LauncherMarks
 from fedlap_privacy.threads import WORKERS_ENV
 
 __all__ = ["LocalDeployment", "Secure"]
@@ -55,6 +57,10 @@ ISOLATIONS = ("process", "subprocess")
 #: seconds between two claims of a task by the SuperLink's SuperExec (Flower's default 1 s):
 #: the ServerApp starts this much sooner
 SUPEREXEC_POLL_S = 0.1
+#: seconds the processes get to exit on SIGTERM before SIGKILL when the deployment closes (an
+#: idle ClientApp process exits at once; a SuperNode's and the ServerApp's own clean-up took 3
+#: to 5 s on a loaded machine, and nothing of the run is left to write by then)
+CLOSE_GRACE_S = 2.0
 
 
 class LocalDeployment:
@@ -85,6 +91,7 @@ class LocalDeployment:
         self.workers: dict[int, subprocess.Popen[bytes]] = {}  # node k -> its ClientApp process
         self.extra_workers: list[subprocess.Popen[bytes]] = []  # those of extra nodes
         self._logs: list[IO[bytes]] = []
+        self.marks = LauncherMarks()  # when each phase ended (timings.py)
         bindir = str(Path(sys.executable).parent)
         self.env = {
             **os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
@@ -95,6 +102,10 @@ class LocalDeployment:
         }
         if threads is not None:  # an explicit count wins over the share (threads.py)
             self.env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        # the SuperLink's, hence its ServerApp's: the server computes while the nodes wait
+        # (aggregation, the server step, evaluation), so it takes the machine's CPUs
+        # (following the load, server_app.py), not a node's share
+        self.link_env = {**self.env, WORKERS_ENV: "1"}
 
     def exe(self, name: str) -> str:
         """The path of a Flower command (beside this Python first)."""
@@ -104,12 +115,15 @@ class LocalDeployment:
             raise FlowerError(f"{name} not found: pip install 'fedlap-privacy[flower]'")
         return found
 
-    def spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        """Start ``args`` in its own session, output into ``workdir/log_name``."""
+    def spawn(self, args: list[str], log_name: str,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``args`` in its own session, output into ``workdir/log_name`` (environment:
+        ``env``, else the nodes')."""
         log = open(self.workdir / log_name, "wb")
         self._logs.append(log)
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                cwd=self.workdir, start_new_session=True)
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                env=self.env if env is None else env, cwd=self.workdir,
+                                start_new_session=True)
 
     def _tls_link_args(self) -> list[str]:
         s = self.secure
@@ -121,6 +135,7 @@ class LocalDeployment:
 
     def start(self, timeout: float = 60.0) -> LocalDeployment:
         """Start the SuperLink, wait until it serves, register node keys, start the nodes."""
+        self.marks.begin = time.time()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -133,13 +148,15 @@ class LocalDeployment:
         self.superlink = self.spawn(
             [self.exe("flower-superlink"), *self._tls_link_args(), "--host", "127.0.0.1",
              "--port", str(self.port), "--disable-runtime-dependency-installation"],
-            "superlink.log",
+            "superlink.log", self.link_env,
         )
         self._wait_ready(timeout)
+        self.marks.superlink = time.time()
         for key in self.secure.node_keys if self.secure else ():
             self.register(key.with_name(key.name + ".pub"))
         for k in range(self.clients):
             self.start_node(k)
+        self.marks.supernodes = time.time()
         return self
 
     def register(self, public_key: Path) -> None:
@@ -167,7 +184,9 @@ class LocalDeployment:
         """Start (or restart) the SuperNode holding partition ``k`` (with its key, if any;
         ``key`` overrides it: a node with another key is an unregistered node)."""
         runtime_port = free_port()
-        args = [self.exe("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
+        self.exe("flower-supernode")  # installed (else one line saying how)
+        args = [sys.executable, "-m", "fedlap_privacy.fl.flower.local_supernode",
+                "--superlink", f"127.0.0.1:{self.port}",
                 "--port", str(runtime_port), "--node-config", self.node_config(k),
                 "--isolation", self.isolation]
         if self.secure is None:
@@ -237,13 +256,14 @@ class LocalDeployment:
         )
 
     def close(self) -> None:
-        """Stop every process this deployment started (SuperNodes first)."""
-        for proc in [*self.workers.values(), *self.extra_workers, *self.supernodes,
-                     *([self.superlink] if self.superlink else [])]:
-            stop(proc)
+        """Stop every process this deployment started, all at once (:func:`.processes.stop_all`:
+        TERM, SuperNodes first, then KILL what is left after :data:`CLOSE_GRACE_S`)."""
+        stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
+                  *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
         for log in self._logs:
             log.close()
         self._logs.clear()
+        self.marks.closed = time.time()
 
     def __enter__(self) -> LocalDeployment:
         return self.start()

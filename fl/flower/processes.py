@@ -15,7 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["family", "free_port", "kill_family", "stop"]
+__all__ = ["family", "free_port", "kill_family", "stop", "stop_all"]
 
 
 def free_port() -> int:
@@ -74,14 +74,23 @@ def kill_family(proc: subprocess.Popen[bytes]) -> None:
 
 def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     """Stop ``proc`` and every process it started (each by its id): TERM, then KILL."""
-    if proc.poll() is not None:
-        return  # exited (and reaped): its pid may already be another process's
-    members = family(proc.pid)
+    stop_all([proc], grace)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+    """:func:`stop` every process of ``procs`` at once: TERM to all their families (in the
+    order given), then KILL to what is left after ``grace`` seconds; the grace runs once for
+    all of them, not once each."""
+    running = [proc for proc in procs if proc.poll() is None]  # an exited (reaped) one's
+    # pid may already be another process's
+    members = [member for proc in running for member in family(proc.pid)]
     _signal(members, signal.SIGTERM)
     end = time.monotonic() + grace
     while time.monotonic() < end and any(_alive(*member) for member in members):
-        proc.poll()  # reap our own child, so it does not linger as a zombie
-        time.sleep(0.1)
+        for proc in running:
+            proc.poll()  # reap our own children, so they do not linger as zombies
+        time.sleep(0.05)
     _signal(members, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace)
+    for proc in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)

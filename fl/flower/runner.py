@@ -32,6 +32,7 @@ from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.processes import stop
 from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
 from fedlap_privacy.fl.flower.server_app import STATUS
+from fedlap_privacy.fl.flower.timings import SERVER_MARKS, FlowerTimings
 from fedlap_privacy.fl.run.run_files import (
     check_new_run_dir,
     load_history,
@@ -48,10 +49,12 @@ __all__ = ["FlowerResult", "prepare_run", "run_flower", "run_on"]
 
 @dataclass
 class FlowerResult:
-    """What ``train --engine flower`` prints: the run's summary and per-round metrics."""
+    """What ``train --engine flower`` prints: the run's summary and per-round metrics;
+    ``timings``: where the time went (:mod:`.timings`; :func:`run_flower` only)."""
 
     summary: RunSummary
     history: list[RoundRecord]
+    timings: FlowerTimings | None = None
 
 
 def prepare_run(cfg: TrainConfig | None, out: Path, resume_run: bool,
@@ -134,18 +137,20 @@ def run_on(
     app = write_app(deployment.workdir / "app", cfg)
     seen = len(load_history(out)) if resume_run else 0
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": seen + 1})
+    deployment.marks.flwr_run = time.time()
     runner = deployment.flwr_run(app, run_config)
-    try:
-        while runner.poll() is None:
+    try:  # until `flwr run` ends, or the ServerApp's status is written (its last act)
+        while runner.poll() is None and not (out / STATUS).exists():
             if on_poll is not None:
                 on_poll(deployment)
             history = load_history(out)
             for metrics in history[seen:]:
                 callback("round_end", metrics.to_json())
             seen = max(seen, len(history))
-            time.sleep(0.5)
+            time.sleep(0.2)
     finally:
         stop(runner)
+        deployment.marks.run_end = time.time()
     for metrics in load_history(out)[seen:]:
         callback("round_end", metrics.to_json())
     status_path = out / STATUS
@@ -203,11 +208,27 @@ def run_flower(
         n = cfg.clients if clients is None else clients
         if n != cfg.clients:
             raise ConfigError(f"--clients {n} SuperNodes for a run of {cfg.clients} clients")
+        before = len(load_history(out)) if resume_run else 0  # rounds of earlier launches
         with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
             with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
                                  threads=threads, isolation=isolation) as deployment:
-                return run_on(
+                result = run_on(
                     deployment, None if resume_run else cfg, out, device, callback,
                     allow_client_failures=allow_client_failures, round_timeout=round_timeout,
                     resume_run=resume_run, rounds=rounds, lock=lock, model=model,
                 )
+        result.timings = _timings(deployment, out, result.history[before:])
+        return result
+
+
+def _timings(deployment: LocalDeployment, out: Path,
+             rounds: list[RoundRecord]) -> FlowerTimings | None:
+    """The :class:`FlowerTimings` of a run whose ``rounds`` this launch ran, written into
+    ``out`` (:data:`.timings.TIMINGS`); None where the ServerApp recorded no instants."""
+    times = json.loads((out / STATUS).read_text()).get("times", {})
+    if not all(key in times for key in SERVER_MARKS):
+        return None
+    timings = FlowerTimings.of(deployment.marks, times,
+                               [float(h.seconds or 0.0) for h in rounds])
+    timings.write(out)
+    return timings

@@ -14,6 +14,7 @@ folder another process holds is refused with one line, and nothing is written in
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from fedlap_privacy.fl.flower.run_config import config_from_run_config
 from fedlap_privacy.fl.run.randomness import run_split_seed
 from fedlap_privacy.fl.run.run_files import PENDING, load_private, lock_run
 from fedlap_privacy.run_lock import RunLock
+from fedlap_privacy.threads import apply_cpu_policy
 
 __all__ = ["STATUS", "serve", "server_app"]
 
@@ -65,7 +67,12 @@ def _progress(event: str, info: dict[str, Any]) -> None:
 
 @server_app.main()
 def _server_main(grid: Grid, context: Context) -> None:
-    """Run (or resume) the training of the run config; write :data:`STATUS` into ``out``."""
+    """Run (or resume) the training of the run config; write :data:`STATUS` into ``out``.
+
+    The ServerApp's own process: its CPU settings are an entry point's
+    (:func:`fedlap_privacy.threads.apply_cpu_policy`: the fused kernels, the allocator, and
+    torch's threads following the load, since it computes while the nodes wait)."""
+    apply_cpu_policy()
     serve(grid, context)
 
 
@@ -74,6 +81,7 @@ def serve(grid: Grid, context: Context, log: Callable[[str], None] = _log,
     """The ServerApp's work (module docstring): its lines to ``log``, the simulator's events
     to ``progress`` (the Simulation Engine, :mod:`.simulation_engine`, runs it in-process and
     passes the CLI's own)."""
+    started = time.time()
     cfg, driver = config_from_run_config(dict(context.run_config))
     out = Path(str(driver["out"])).expanduser().resolve()
     try:  # the launcher's lock (its token), or one taken here
@@ -82,12 +90,14 @@ def serve(grid: Grid, context: Context, log: Callable[[str], None] = _log,
         log(f"error: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}")
         raise
     with lock:
-        _run(grid, context, cfg, driver, out, lock, log, progress)
+        _run(grid, context, cfg, driver, out, lock, log, progress, {"started": started})
 
 
 def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any], out: Path,
-         lock: RunLock, log: Callable[[str], None], progress: Callback) -> None:
-    """The run of :func:`serve`, holding (or working under) ``lock``."""
+         lock: RunLock, log: Callable[[str], None], progress: Callback,
+         times: dict[str, float]) -> None:
+    """The run of :func:`serve`, holding (or working under) ``lock``; ``times``: its
+    instants (:data:`.timings.SERVER_MARKS`), written into :data:`STATUS`."""
     try:
         clients = FlowerClients(grid, float(driver["round-timeout"]),
                                 bool(driver["allow-client-failures"]),
@@ -102,6 +112,7 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         # a user's records (cfg.data): their natural partition fixes the clients
         sent, data = run_data(instruction_config(cfg, split_seed))
         clients.discover(sent, expected_partitions(sent, data=data), model_shape(data))
+        times["discovered"] = time.time()
         if driver["resume"]:
             rounds = cfg.rounds if int(context.run_config.get("rounds", 0)) <= 0 else int(
                 context.run_config["rounds"])
@@ -113,8 +124,9 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
     except Exception as exc:
         message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         _write_status(out, {"status": "failed", "error": message,
-                            "pending": (out / PENDING).exists()})
+                            "pending": (out / PENDING).exists(), "times": times})
         raise
+    times["finished"] = time.time()
     summary = result.summary.to_json()
-    _write_status(out, {"status": "completed", "summary": summary})
+    _write_status(out, {"status": "completed", "summary": summary, "times": times})
     log(f"done: {json.dumps(summary)}")

@@ -309,8 +309,9 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
 
 def _flower_processes() -> set[int]:
     """Pids of Flower's processes run by this installation (to check that none is left
-    behind): SuperLink, SuperNodes, Flower's app processes and the nodes' ClientApp
-    processes; those of another installation on the machine are not this test's."""
+    behind): SuperLink, SuperNodes (Flower's command or our ``local_supernode``), Flower's
+    app processes and the nodes' ClientApp processes; those of another installation on the
+    machine are not this test's."""
     pids = set()
     prefix = sys.prefix.encode()
     for entry in Path("/proc").glob("[0-9]*/cmdline"):
@@ -319,7 +320,8 @@ def _flower_processes() -> set[int]:
         except OSError:
             continue
         ours = cmd.startswith(prefix) or sys.executable.encode() in cmd
-        if ours and (b"flower-super" in cmd or b"flwr-" in cmd or b"clientapp_worker" in cmd):
+        if ours and (b"flower-super" in cmd or b"flwr-" in cmd or b"clientapp_worker" in cmd
+                     or b"local_supernode" in cmd):
             pids.add(int(entry.parent.name))
     return pids
 
