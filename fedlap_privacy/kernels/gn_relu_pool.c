@@ -35,56 +35,54 @@ static inline void FN(plane_stats)(const scalar_t *restrict zp, int64_t m, doubl
     *r_out = (scalar_t)(1.0 / sqrt((double)v / (double)m + eps));
 }
 
-/* The pooling as index maps, built once per call: top[j] is the top-left element of pooled
-   output j; up[k] is the pooled output element k belongs to and weight[k] its share (1/4,
-   or 0 for an element a floor drops). */
-static void FN(pool_maps)(int64_t h, int64_t w, int32_t *top, int32_t *up, scalar_t *weight) {
+/* out = 2x2 average pooling of the h x w plane x (odd sizes floored: the last row or column
+   of an odd plane is pooled nowhere), row by row */
+static inline void FN(pool)(const scalar_t *restrict x, int64_t h, int64_t w,
+                            scalar_t *restrict out) {
     const int64_t ho = h / 2, wo = w / 2;
-    for (int64_t i = 0; i < ho; ++i)
-        for (int64_t j = 0; j < wo; ++j) top[i * wo + j] = (int32_t)(2 * i * w + 2 * j);
-    for (int64_t i = 0; i < h; ++i)
-        for (int64_t k = 0; k < w; ++k) {
-            const int pooled = i / 2 < ho && k / 2 < wo;
-            up[i * w + k] = pooled ? (int32_t)((i / 2) * wo + k / 2) : 0;
-            weight[i * w + k] = pooled ? (scalar_t)0.25 : 0;
-        }
-}
-
-/* out[j] = mean of the 2x2 window of x at top[j] */
-static inline void FN(pool)(const scalar_t *restrict x, const int32_t *restrict top, int64_t mo,
-                            int64_t w, scalar_t *restrict out) {
+    for (int64_t i = 0; i < ho; ++i) {
+        const scalar_t *restrict q0 = x + 2 * i * w, *restrict q1 = q0 + w;
+        scalar_t *restrict o = out + i * wo;
 #pragma omp simd
-    for (int64_t j = 0; j < mo; ++j) {
-        const scalar_t *q = x + top[j];
-        out[j] = (q[0] + q[1] + q[w] + q[w + 1]) * (scalar_t)0.25;
+        for (int64_t j = 0; j < wo; ++j)
+            o[j] = (q0[2 * j] + q0[2 * j + 1] + q1[2 * j] + q1[2 * j + 1]) * (scalar_t)0.25;
     }
 }
 
-/* scratch: the index maps and two plane buffers; NULL when out of memory */
+/* gu = the pooling's adjoint of the pooled plane gpp: each element gets 1/4 of its window's
+   gradient, an element a floor drops 0. Written row by row, without a gather, so that the
+   masked loops that read gu vectorise (an index gather inside them, with the ReLU's select,
+   kept them scalar and branching on about half the elements). */
+static inline void FN(unpool)(const scalar_t *restrict gpp, int64_t h, int64_t w,
+                              scalar_t *restrict gu) {
+    const int64_t ho = h / 2, wo = w / 2;
+    for (int64_t i = 0; i < h; ++i) {
+        scalar_t *restrict row = gu + i * w;
+        if (i / 2 >= ho) {
+            for (int64_t k = 0; k < w; ++k) row[k] = 0;
+            continue;
+        }
+        const scalar_t *restrict src = gpp + (i / 2) * wo;
+        for (int64_t j = 0; j < wo; ++j) {
+            const scalar_t v = (scalar_t)0.25 * src[j];
+            row[2 * j] = v;
+            row[2 * j + 1] = v;
+        }
+        for (int64_t k = 2 * wo; k < w; ++k) row[k] = 0;
+    }
+}
+
+/* scratch: one plane buffer; NULL when out of memory */
 typedef struct {
-    int32_t *top, *up;
-    scalar_t *weight, *buf;
+    scalar_t *buf;
 } FN(scratch_t);
 
 static int FN(scratch_init)(FN(scratch_t) *s, int64_t h, int64_t w) {
-    const int64_t m = h * w, mo = (h / 2) * (w / 2);
-    s->top = malloc(sizeof(int32_t) * (size_t)(mo + m));
-    s->weight = malloc(sizeof(scalar_t) * (size_t)(2 * m));
-    if (s->top == NULL || s->weight == NULL) {
-        free(s->top);
-        free(s->weight);
-        return -1;
-    }
-    s->up = s->top + mo;
-    s->buf = s->weight + m;
-    FN(pool_maps)(h, w, s->top, s->up, s->weight);
-    return 0;
+    s->buf = malloc(sizeof(scalar_t) * (size_t)(h * w));
+    return s->buf == NULL ? -1 : 0;
 }
 
-static void FN(scratch_free)(FN(scratch_t) *s) {
-    free(s->top);
-    free(s->weight);
-}
+static void FN(scratch_free)(FN(scratch_t) *s) { free(s->buf); }
 
 /* forward: out = pool(relu(a)); saves mu and r per plane. Returns 0, or -1 out of memory. */
 int FN(gnrp_forward)(const scalar_t *restrict z, const scalar_t *restrict gamma,
@@ -107,7 +105,7 @@ int FN(gnrp_forward)(const scalar_t *restrict z, const scalar_t *restrict gamma,
             const scalar_t a = zp[k] * sc + sh;
             act[k] = a > 0 ? a : 0;
         }
-        FN(pool)(act, s.top, mo, w, out + p * mo);
+        FN(pool)(act, h, w, out + p * mo);
     }
     FN(scratch_free)(&s);
     return 0;
@@ -125,17 +123,17 @@ int FN(gnrp_backward)(const scalar_t *restrict z, const scalar_t *restrict gp,
     const int64_t m = h * w, mo = (h / 2) * (w / 2);
     FN(scratch_t) s;
     if (FN(scratch_init)(&s, h, w)) return -1;
-    const int32_t *restrict up = s.up;
-    const scalar_t *restrict weight = s.weight;
+    scalar_t *restrict gu = s.buf;
     for (int64_t p = p0; p < p1; ++p) {
         const scalar_t *restrict zp = z + p * m, *restrict gpp = gp + p * mo;
         scalar_t *restrict gzp = gz + p * m;
         const scalar_t mu = mean[p], r = rstd[p];
         const scalar_t sc = r * gamma[p % c], sh = beta[p % c] - mu * sc;
+        FN(unpool)(gpp, h, w, gu);
         scalar_t s_gy = 0, s_gyx = 0;
 #pragma omp simd reduction(+ : s_gy, s_gyx)
         for (int64_t k = 0; k < m; ++k) {
-            const scalar_t g = zp[k] * sc + sh > 0 ? weight[k] * gpp[up[k]] : 0;
+            const scalar_t g = zp[k] * sc + sh > 0 ? gu[k] : 0;
             gzp[k] = g;
             s_gy += g;
             s_gyx += g * ((zp[k] - mu) * r);
@@ -173,8 +171,6 @@ int FN(gnrp_double_backward)(const scalar_t *restrict z, const scalar_t *restric
     const scalar_t inv_m = (scalar_t)1 / (scalar_t)m;
     FN(scratch_t) s;
     if (FN(scratch_init)(&s, h, w)) return -1;
-    const int32_t *restrict up = s.up;
-    const scalar_t *restrict weight = s.weight;
     scalar_t *restrict t = s.buf;
     for (int64_t p = p0; p < p1; ++p) {
         const scalar_t *restrict zp = z + p * m, *restrict up_l = u + p * m;
@@ -183,11 +179,12 @@ int FN(gnrp_double_backward)(const scalar_t *restrict z, const scalar_t *restric
         const scalar_t ga = gamma[p % c], mu = mean[p], r = rstd[p];
         const scalar_t sc = r * ga, sh = beta[p % c] - mu * sc, ug_c = ug[p % c], ub_c = ub[p % c];
         /* pass 1: gy (kept in dz until pass 2 overwrites it) and the five plane sums */
+        FN(unpool)(gpp, h, w, t); /* pass 2 overwrites t after pass 1 has read it */
         scalar_t su = 0, sgy = 0, sux = 0, sgyx = 0, sugy = 0;
 #pragma omp simd reduction(+ : su, sgy, sux, sgyx, sugy)
         for (int64_t k = 0; k < m; ++k) {
             const scalar_t xh = (zp[k] - mu) * r;
-            const scalar_t g = zp[k] * sc + sh > 0 ? weight[k] * gpp[up[k]] : 0;
+            const scalar_t g = zp[k] * sc + sh > 0 ? t[k] : 0;
             dzp[k] = g;
             su += up_l[k];
             sgy += g;
@@ -203,15 +200,18 @@ int FN(gnrp_double_backward)(const scalar_t *restrict z, const scalar_t *restric
         const scalar_t gy0 = -sc * su * inv_m + ub_c, gyx = -sc * sux * inv_m + ug_c;
         const scalar_t z_gy = r * al_gy, z_u = r * al_u, z0 = -r * abar;
         const scalar_t zx = -r * axh - r * inv_m * ga * r * core;
-        /* pass 2: dL/dgy where the ReLU passes (pooled below), and dz */
+        /* pass 2: dL/dgy, and dz; then dL/dgy kept where the ReLU passes (pooled below). The
+           mask is a loop of its own: inside the first, GCC keeps the select as a branch
+           (the loop stays scalar) */
 #pragma omp simd
         for (int64_t k = 0; k < m; ++k) {
             const scalar_t xh = (zp[k] - mu) * r;
-            const scalar_t d_gy = sc * up_l[k] + gyx * xh + gy0;
-            t[k] = zp[k] * sc + sh > 0 ? d_gy : 0;
+            t[k] = sc * up_l[k] + gyx * xh + gy0;
             dzp[k] = z_gy * dzp[k] + z_u * up_l[k] + zx * xh + z0;
         }
-        FN(pool)(t, s.top, mo, w, dgp + p * mo);
+#pragma omp simd
+        for (int64_t k = 0; k < m; ++k) t[k] = zp[k] * sc + sh > 0 ? t[k] : 0;
+        FN(pool)(t, h, w, dgp + p * mo);
     }
     FN(scratch_free)(&s);
     return 0;
