@@ -23,7 +23,9 @@ refusal one :class:`~fedlap_privacy.errors.DataError` line naming the file:
   :attr:`NpzLimits.member_bytes` (each array) and :attr:`NpzLimits.archive_bytes` (all of
   them): a zip bomb is refused from its headers, before anything is inflated;
 * :meth:`NpzArchive.read` inflates one member into an array allocated at its (checked) size
-  and refuses a member that holds fewer or more bytes, or fails its CRC.
+  and refuses a member that holds fewer or more bytes, or fails its CRC;
+  :meth:`NpzArchive.read_rows` (C order) and :meth:`NpzArchive.read_columns` (Fortran order,
+  which the file's author chooses) read it in bounded blocks under the same checks.
 
 What the records may hold (features, image size, classes, records, clients: the rest of
 :class:`NpzLimits`) is checked from these headers by :mod:`fedlap_privacy.user_data` before
@@ -48,7 +50,8 @@ import numpy as np
 
 from fedlap_privacy.errors import DataError
 
-__all__ = ["LIMITS", "NpyHeader", "NpzArchive", "NpzLimits", "folder_entries", "open_npz"]
+__all__ = ["LIMITS", "ColumnBlock", "NpyHeader", "NpzArchive", "NpzLimits", "folder_entries",
+           "open_npz"]
 
 _GiB = 1 << 30
 _CHUNK = 1 << 20
@@ -111,6 +114,17 @@ class NpyHeader:
     def nbytes(self) -> int:
         """The bytes of the array it declares (Python integers: no overflow)."""
         return math.prod(self.shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ColumnBlock:
+    """A block of :meth:`NpzArchive.read_columns`: ``values[i, j]`` is the value of record
+    ``first_record + i`` at position ``first_position + j`` of the record's values numbered
+    in Fortran order of the record's shape."""
+
+    first_record: int
+    first_position: int
+    values: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -331,37 +345,83 @@ class NpzArchive:
             raise self._size_error(name, header, None if extra else done)
         return out.reshape(header.shape, order="F" if member.fortran else "C")
 
-    def read_rows(self, name: str, block_bytes: int = _BLOCK) -> Iterator[np.ndarray]:
-        """Array ``name`` in consecutive blocks along its first axis, each a fresh array of
-        about ``block_bytes`` (at least one row), under the checks of :meth:`read` (the last
-        block is followed by the member's end and its CRC): a caller that casts or scatters
-        the rows holds one block beside what it fills, never the whole array twice. A
-        Fortran-order member (which ``np.save`` writes only for a Fortran-contiguous array)
-        or a 0-d one comes as one block, read whole."""
+    def fortran(self, name: str) -> bool:
+        """Whether array ``name`` is stored in Fortran order (its header's ``fortran_order``,
+        which the file's author chooses): its first axis varies fastest in the bytes."""
+        return self._member_named(name).fortran
+
+    def _stream(self, name: str, counts: Iterable[int]) -> Iterator[np.ndarray]:
+        """Array ``name``'s values in file order, as fresh flat arrays of ``counts`` values
+        each (together exactly the array's), under the checks of :meth:`read`: a member
+        holding fewer bytes is refused at the block that misses them, one holding more (or
+        failing its CRC) after the last block."""
         member = self._member_named(name)
         header = member.header
-        if member.fortran or not header.shape:
-            yield self.read(name)
-            return
-        rows, row_shape = header.shape[0], header.shape[1:]
-        row_bytes = math.prod(row_shape) * header.dtype.itemsize
-        per = max(1, block_bytes // max(row_bytes, 1))
+        read = 0
         try:
             with self._zip.open(member.info) as f:
                 _header(f, self.path, name)
-                for start in range(0, rows, per):
-                    out = np.empty((min(per, rows - start), *row_shape), header.dtype)
-                    view = memoryview(out.reshape(-1).view(np.uint8))
+                for count in counts:
+                    out = np.empty(count, header.dtype)
+                    view = memoryview(out.view(np.uint8))
                     done = 0
                     while done < len(view) and (got := f.readinto(view[done:done + _CHUNK])):
                         done += got
                     if done != len(view):
-                        raise self._size_error(name, header, start * row_bytes + done)
+                        raise self._size_error(name, header, read + done)
+                    read += done
                     yield out
                 if f.read(1):
                     raise self._size_error(name, header, None)
         except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise DataError(f"cannot read {self.path} as .npz: {str(exc)[:120]}") from None
+
+    def read_rows(self, name: str, block_bytes: int | None = None) -> Iterator[np.ndarray]:
+        """Array ``name`` (stored in C order) in consecutive blocks along its first axis,
+        each a fresh array of about ``block_bytes`` (None: 4 MiB; at least one row), under
+        the checks of :meth:`read` (the last block is followed by the member's end and its
+        CRC): a caller that casts or scatters the rows holds one block beside what it fills,
+        never the whole array twice. A Fortran-order member is read with :meth:`read_columns`; here,
+        like a 0-d one, it comes as one block, read whole."""
+        member = self._member_named(name)
+        header = member.header
+        if member.fortran or not header.shape:
+            yield self.read(name)
+            return
+        block_bytes = _BLOCK if block_bytes is None else block_bytes
+        rows, row_shape = header.shape[0], header.shape[1:]
+        row_values = math.prod(row_shape)
+        per = max(1, block_bytes // max(row_values * header.dtype.itemsize, 1))
+        counts = (min(per, rows - start) * row_values for start in range(0, rows, per))
+        for block in self._stream(name, counts):
+            yield block.reshape(-1, *row_shape)
+
+    def read_columns(self, name: str, block_bytes: int | None = None) -> Iterator[ColumnBlock]:
+        """Array ``name``, stored in Fortran order (its first axis varies fastest, so that
+        reading it by rows would need it whole: :meth:`fortran`) and at least 1-d, in
+        consecutive stretches of its bytes of about ``block_bytes`` (None: 4 MiB), under the
+        checks of :meth:`read`. A record's values are numbered in Fortran order of the
+        record's shape (``shape[1:]``); a block holds whole columns (every record's values at
+        consecutive positions) or, when one column of records exceeds ``block_bytes``, a run
+        of records at one position."""
+        member = self._member_named(name)
+        header = member.header
+        block_bytes = _BLOCK if block_bytes is None else block_bytes
+        records, positions = header.shape[0], math.prod(header.shape[1:])
+        column = max(records * header.dtype.itemsize, 1)
+        if column <= block_bytes:  # whole columns
+            per = block_bytes // column
+            spans = [(0, records, start, min(start + per, positions))
+                     for start in range(0, positions, per)]
+        else:  # runs of records of one column
+            per = max(1, block_bytes // header.dtype.itemsize)
+            spans = [(start, min(start + per, records), at, at + 1)
+                     for at in range(positions) for start in range(0, records, per)]
+        counts = ((r1 - r0) * (p1 - p0) for r0, r1, p0, p1 in spans)
+        where = iter(spans)  # the stream runs to its end: its size and CRC checks
+        for block in self._stream(name, counts):
+            r0, r1, p0, p1 = next(where)
+            yield ColumnBlock(r0, p0, block.reshape(p1 - p0, r1 - r0).T)
 
     def close(self) -> None:
         self._zip.close()

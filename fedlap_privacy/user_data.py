@@ -428,7 +428,7 @@ def load_user_data(path: str | Path, seed: int = 0, limits: NpzLimits = LIMITS) 
                 targets = _held_out_targets(0, sizes, np.argsort(ids, kind="stable"), seed,
                                             0, 0)
             targets.place(0, y, y_train, y_test)
-            read_features(file, archive.read_rows("x"), targets, x_train, x_test)
+            read_features(archive, targets, x_train, x_test)
     if layout.test is not None:
         with _records_archive(layout.test, layout.folder, limits) as archive:
             y_test, _ = _file_labels(layout.test, archive, layout, None, limits)
@@ -438,7 +438,7 @@ def load_user_data(path: str | Path, seed: int = 0, limits: NpzLimits = LIMITS) 
                                 f"take {size:,} bytes, more than the {limits.data_bytes:,} a "
                                 "run reads")
             x_test = np.empty((len(y_test), *layout.input_shape), dtype=np.float32)
-            read_features(layout.test, archive.read_rows("x"), RowTargets(None), x_test)
+            read_features(archive, RowTargets(None), x_test)
     partition = tuple(np.arange(train_at[k], train_at[k] + kept[k], dtype=np.int64)
                       for k in range(len(kept))) if layout.natural else None
     return Dataset(
@@ -491,5 +491,5 @@ def load_records(spec: str | Path, normalise: tuple[float, float] | None = None,
         if declared is not None and int(y.max()) >= declared:
             raise DataError(f"{file}: label {int(y.max())} is out of range 0..{declared - 1}")
         x = np.empty(header.shape, dtype=np.float32)
-        read_features(file, archive.read_rows("x"), RowTargets(None), x)
+        read_features(archive, RowTargets(None), x)
     return Records(file, x, y, declared)

@@ -35,10 +35,11 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def npy_header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
-    """An ``.npy`` header alone (magic, version 1.0, dict), declaring ``shape`` of ``descr``."""
+def npy_header(shape: tuple[int, ...], descr: str = "<f4", fortran: bool = False) -> bytes:
+    """An ``.npy`` header alone (magic, version 1.0, dict), declaring ``shape`` of ``descr``
+    (stored in Fortran order with ``fortran``)."""
     out = io.BytesIO()
-    npy.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    npy.write_array_header_1_0(out, {"descr": descr, "fortran_order": fortran, "shape": shape})
     return out.getvalue()
 
 

@@ -64,6 +64,21 @@ def test_a_user_file_is_held_once_and_split_as_before(archive: tuple[Path, np.nd
     assert data.held_out
 
 
+def test_a_fortran_order_file_is_held_once_and_equals_its_c_order_twin(
+        tmp_path: Path, archive: tuple[Path, np.ndarray]) -> None:
+    """``fortran_order: True`` (the file's author chooses) used to be read whole before the
+    cast: about twice the features. Read a block of columns at a time, it is held once."""
+    path, x = archive
+    fortran = tmp_path / "fortran.npz"
+    with np.load(path) as npz:
+        np.savez(fortran, x=np.asfortranarray(x), y=npz["y"], client=npz["client"])
+    data, peak = _peak(lambda: load_user_data(fortran, seed=3))
+    assert peak <= BOUND * x.nbytes, f"peak {peak / x.nbytes:.2f} x the features"
+    twin = load_user_data(path, seed=3)
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        np.testing.assert_array_equal(getattr(data, field), getattr(twin, field))
+
+
 def test_one_partys_float64_file_is_held_once_as_float32(
         tmp_path: Path, archive: tuple[Path, np.ndarray]) -> None:
     _, x = archive
