@@ -1,7 +1,8 @@
 """From what a user typed to a validated configuration: the ``--set KEY=VALUE`` parser (the
 one parser of a configuration value, shared with Flower's run config), the layering of
-defaults, schedule, preset, flags and settings (:func:`resolve_config`), and what ``train
---resume`` continues (:func:`resumed_config`)."""
+defaults, schedule, preset, flags and settings (:func:`resolve_config`), the same layers
+under the keys a Python caller gave :class:`TrainConfig` (:func:`resolve_given`, the path of
+the Python API's ``train``), and what ``train --resume`` continues (:func:`resumed_config`)."""
 
 from __future__ import annotations
 
