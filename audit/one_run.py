@@ -45,6 +45,7 @@ from scipy.optimize import brentq
 from scipy.special import bdtrc, gammaln, log_expit
 
 from fedlap_privacy.audit.fdp import fdp_lower_bound
+from fedlap_privacy.canary_state import MIN_AUDIT_CANARIES
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
@@ -397,8 +398,8 @@ def one_run_audit(
         raise ConfigError("included must hold booleans or 0/1")
     included_arr = included_arr.astype(bool)
     m = len(scores)
-    if m < 2:
-        raise ConfigError(f"the audit needs at least 2 canaries, got {m}")
+    if m < MIN_AUDIT_CANARIES:
+        raise ConfigError(f"the audit needs at least {MIN_AUDIT_CANARIES} canaries, got {m}")
     rng = np.random.default_rng(seed)
     # Sort by score, ties in a random order independent of the secret bits.
     order = np.lexsort((rng.random(m), scores))

@@ -93,7 +93,7 @@ def train(
         "(bit-for-bit reproducible runs for research): the run is NOT private."
     ),
     canaries: int = typer.Option(
-        0, "--canaries", help="Insert M canaries, each with a secret coin, for the one-run "
+        0, "--canaries", help="Insert M >= 2 canaries, each with a secret coin, for the one-run "
         "audit of `audit` (white-box Dirac gradients for the DP-SGD-like methods, canary "
         "clients for dp-normfedavg, canary records otherwise; --set canary_kind=black-box)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]"),

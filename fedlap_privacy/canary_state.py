@@ -30,7 +30,13 @@ from fedlap_privacy.vocabulary import CanaryKind, words
 if TYPE_CHECKING:  # importing this module must not load torch
     from torch import Tensor
 
-__all__ = ["CanaryState"]
+__all__ = ["MIN_AUDIT_CANARIES", "CanaryState"]
+
+#: the fewest canaries the one-run audit ranks (Steinke, Nasr and Jagielski 2023; the
+#: ``audit`` of a run, :func:`fedlap_privacy.audit.one_run.one_run_audit`): its guesses
+#: order the canaries by score, which takes two; ``train`` refuses a count between 0 (no
+#: canaries) and this one, which it could insert but no audit could use
+MIN_AUDIT_CANARIES = 2
 
 
 @dataclass

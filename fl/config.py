@@ -15,6 +15,7 @@ from typing import Any
 
 from fedlap_privacy.accountant import AccountantName
 from fedlap_privacy.accountant.client_level import ClientSampling
+from fedlap_privacy.canary_state import MIN_AUDIT_CANARIES
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config_rules import FIELD_RULES
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE, MethodSpec, method_spec
@@ -38,6 +39,9 @@ class _DefaultSigma(float):
 
 
 _SIGMA_NOT_GIVEN = _DefaultSigma(DEFAULT_SIGMA)
+#: the attributes beside the fields: the keys given (:attr:`TrainConfig.given`), and whether
+#: construction is over (an assignment then adds its key to them)
+_GIVEN, _TRACKING = "_given", "_tracking"
 
 
 def plans_sigma(method: str, target_eps: float | None) -> bool:
@@ -147,9 +151,35 @@ class TrainConfig:
     # vectorised on an accelerator where the model allows. The same result up to rounding
     cohort_training: str = "auto"
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
+        """Records the keys the caller passed (:attr:`given`), positionally or by name."""
+        self = super().__new__(cls)
+        self.__dict__[_GIVEN] = frozenset(_field_names()[:len(args)]) | frozenset(kwargs)
+        return self
+
     def __post_init__(self) -> None:
         if self.sigma is _SIGMA_NOT_GIVEN:  # no sigma passed: the CLI's rule (plans_sigma)
             self.sigma = None if plans_sigma(self.method, self.target_eps) else DEFAULT_SIGMA
+        self.__dict__[_TRACKING] = True  # from now on, a key assigned is a key given
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if self.__dict__.get(_TRACKING) and name in _field_names():
+            self.__dict__[_GIVEN] = self.__dict__[_GIVEN] | {name}
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The keys the caller set: passed to the constructor (as ``from_dict`` and
+        ``dataclasses.replace`` pass every key they hold) or assigned later. The keys left
+        out are still to be decided by
+        :func:`~fedlap_privacy.fl.config_resolve.resolve_given` (FedLAP-DP's schedule, the
+        cross-device defaults, a planned sigma), as the CLI decides the flags a user did not
+        type; a resolved configuration has every key given."""
+        return self.__dict__[_GIVEN]  # type: ignore[no-any-return]
+
+    def given_values(self) -> dict[str, Any]:
+        """The values of the keys the caller set (:attr:`given`)."""
+        return {key: getattr(self, key) for key in self.given}
 
     @property
     def spec(self) -> MethodSpec:
@@ -302,6 +332,9 @@ class TrainConfig:
                               f"(at most {records // per_client:,} clients)")
 
     def _validate_canaries(self) -> None:
+        if 0 < self.canaries < MIN_AUDIT_CANARIES:
+            raise ConfigError(f"canaries {self.canaries}: the one-run audit needs at least "
+                              f"{MIN_AUDIT_CANARIES} canaries to rank (0: none)")
         kind = self.resolved_canary_kind
         if kind == CanaryKind.WHITE_BOX and not self.spec.releases_gradients:
             releasing = [m for m, spec in METHOD_TABLE.items() if spec.releases_gradients]
@@ -336,6 +369,12 @@ class TrainConfig:
 
 #: the accountant of a recorded configuration without one (:meth:`TrainConfig.from_recorded`)
 RECORDED_ACCOUNTANT = AccountantName.RDP.value
+
+
+@functools.cache
+def _field_names() -> tuple[str, ...]:
+    """:class:`TrainConfig`'s fields in the constructor's order."""
+    return tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 
 @functools.cache

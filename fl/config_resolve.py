@@ -1,7 +1,8 @@
 """From what a user typed to a validated configuration: the ``--set KEY=VALUE`` parser (the
 one parser of a configuration value, shared with Flower's run config), the layering of
-defaults, schedule, preset, flags and settings (:func:`resolve_config`), and what ``train
---resume`` continues (:func:`resumed_config`)."""
+defaults, schedule, preset, flags and settings (:func:`resolve_config`), the same layers
+under the keys a Python caller gave :class:`TrainConfig` (:func:`resolve_given`, the path of
+the Python API's ``train``), and what ``train --resume`` continues (:func:`resumed_config`)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from fedlap_privacy.fl.methods.schedule import (
 __all__ = [
     "check_resume_flags", "config_value", "cross_device_defaults", "fedlap_schedule",
     "number_text", "parse_overrides",
-    "resolve_config", "resumed_config", "typed_value",
+    "resolve_config", "resolve_given", "resumed_config", "typed_value",
 ]
 
 
@@ -128,6 +129,27 @@ def resolve_config(
         raise ConfigError(f"preset {preset!r} must be one of {', '.join(PRESETS)}")
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     given.update(parse_overrides(settings))
+    return _layered(given, preset, schedule, plan_sigma_for_target)
+
+
+def resolve_given(cfg: TrainConfig, schedule: str = "auto") -> TrainConfig:
+    """The Python API's way to the CLI's configuration (:func:`resolve_config`): the keys the
+    caller set (:attr:`TrainConfig.given`) play the part of the flags a user typed, every
+    other key is decided as ``train`` decides it (FedLAP-DP's ``schedule``, the cross-device
+    defaults, sigma planned for a target). A key the caller set always wins, even where it
+    equals the default. Idempotent: the configuration returned has every key given, so
+    resolving it again returns it unchanged (as does resolving a recorded one)."""
+    if cfg.given == frozenset(field_types()):
+        if schedule != "auto":
+            fedlap_schedule(schedule, cfg.to_dict())  # refuse a schedule for another method
+        return cfg.validate()
+    return _layered(cfg.given_values(), None, schedule, True)
+
+
+def _layered(given: dict[str, Any], preset: str | None, schedule: str,
+             plan_sigma_for_target: bool) -> TrainConfig:
+    """The layers of :func:`resolve_config` under the ``given`` keys, as a validated
+    configuration with every key given (its values decided)."""
     values = {**(PRESETS[preset] if preset else {}), **given}
     chosen = fedlap_schedule(schedule, values)
     if chosen is not None:
@@ -140,7 +162,8 @@ def resolve_config(
             values.pop("sigma", None)  # a preset's sigma too: TrainConfig plans it (plans_sigma)
         elif "sigma" not in values:
             values["sigma"] = DEFAULT_SIGMA
-    return TrainConfig.from_dict(values).validate()
+    # dataclasses.replace passes every key: the configuration returned has them all given
+    return dataclasses.replace(TrainConfig.from_dict(values)).validate()
 
 
 def check_resume_flags(

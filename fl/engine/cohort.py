@@ -38,7 +38,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedlap_privacy.fl.engine.packed_cohort import PackedConvNet
 from fedlap_privacy.fl.engine.progress import report_step
-from fedlap_privacy.fl.methods.dp import poisson_sample
+from fedlap_privacy.fl.methods.dp import batch_rate, poisson_sample
 
 __all__ = [
     "PER_RECORD_LAYERS", "ClientBatches", "cohort_local_sgd", "size_groups",
@@ -86,9 +86,11 @@ class ClientBatches:
     @classmethod
     def draw(cls, index: Tensor, steps: int, batch_size: float,
              generator: torch.Generator) -> ClientBatches:
-        """The ``steps`` batches at rate B / N_k, drawn from ``generator`` in the loop's order
-        (one :func:`~fedlap_privacy.fl.methods.dp.poisson_sample` per step)."""
-        rate = batch_size / index.numel()
+        """The ``steps`` batches at rate B / N_k (at most 1: the cohort's local steps are not
+        accounted, :func:`~fedlap_privacy.fl.methods.dp.batch_rate`), drawn from ``generator``
+        in the loop's order (one :func:`~fedlap_privacy.fl.methods.dp.poisson_sample` per
+        step)."""
+        rate = batch_rate(batch_size, index.numel(), accounted=False)
         return cls(index, [poisson_sample(index.numel(), rate, generator).to(index.device)
                            for _ in range(steps)])
 

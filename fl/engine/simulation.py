@@ -44,6 +44,7 @@ from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.data import Dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_resolve import resolve_given
 from fedlap_privacy.fl.engine.client_sampling import select_clients
 from fedlap_privacy.fl.engine.progress import LONG_ROUND_S
 from fedlap_privacy.fl.engine.run_split import client_parts, validation_indices
@@ -119,6 +120,7 @@ def train(
     *,
     lock: RunLock | None = None,
     estimate: bool = False,
+    schedule: str = "auto",
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
@@ -136,11 +138,18 @@ def train(
     taken before any data is read and held until the run returns; ``lock``: the caller holds
     it already. ``estimate``: time one step before round 1 and send the round's estimated
     time to ``callback`` (the ``estimate`` event, :func:`_estimate`).
+
+    ``cfg`` takes the CLI's path (:func:`~fedlap_privacy.fl.config_resolve.resolve_given`):
+    the keys it was not given are decided as ``train`` decides the flags a user did not type
+    (FedLAP-DP's ``schedule``, ``auto`` or named as ``--schedule`` names it; the cross-device
+    defaults; sigma planned for a target); the keys it was given win. With ``data`` a
+    :class:`Dataset`, ``cfg`` runs as it is (the rules size clients by the configured
+    dataset, which that data replaces).
     """
     out = Path(out_dir) if out_dir is not None else None
     if isinstance(data, str | Path):
         cfg, data = with_data(cfg, data), None
-    cfg.validate()
+    cfg = cfg.validate() if data is not None else resolve_given(cfg, schedule)
     if cfg.canaries and ask_clients is not local_clients:
         raise ConfigError("canaries are inserted by the in-process driver only: train them "
                           "with --engine simulation")

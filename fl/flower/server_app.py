@@ -25,6 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.config_resolve import resolve_given
 from fedlap_privacy.fl.engine.simulation import Callback, restored_config, resume, train
 from fedlap_privacy.fl.flower.grid_clients import (
     FlowerClients,
@@ -107,7 +108,8 @@ def _run(grid: Grid, context: Context, cfg: TrainConfig, driver: dict[str, Any],
         named = cfg.model  # on resume: the model the launcher's run config consented to
         if driver["resume"]:
             cfg, split_seed = restored_config(load_private(out), named, str(out / PRIVATE))
-        else:
+        else:  # a run config that leaves keys out gets them decided as train decides them
+            cfg = resolve_given(cfg)
             split_seed = run_split_seed(cfg)
         # a user's records (cfg.data): their natural partition fixes the clients
         sent, data = run_data(instruction_config(cfg, split_seed))

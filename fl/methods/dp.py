@@ -59,8 +59,8 @@ from fedlap_privacy.ghost_clipping import ghost_clipped_sum
 from fedlap_privacy.per_sample import per_sample_grads
 
 __all__ = [
-    "DP_CHUNK", "DiracCanaryStep", "clip_and_noise", "clip_factors", "clipped_sum",
-    "dirac_canaries", "dp_gradient", "poisson_sample", "release",
+    "DP_CHUNK", "DiracCanaryStep", "batch_rate", "clip_and_noise", "clip_factors",
+    "clipped_sum", "dirac_canaries", "dp_gradient", "poisson_sample", "release",
 ]
 
 #: records whose per-record gradients :func:`dp_gradient` holds at once (memory and speed
@@ -120,6 +120,27 @@ def poisson_sample(num_records: int, rate: float, generator: torch.Generator) ->
         raise ConfigError(f"sampling rate must lie in [0, 1], got {rate}")
     keep = torch.rand(num_records, generator=generator, device=generator.device) < rate
     return torch.nonzero(keep).flatten().to(torch.int64)
+
+
+def batch_rate(batch_size: float, num_records: int, *, accounted: bool) -> float:
+    """The Poisson rate of a client's batches of expected size ``batch_size`` B over its
+    ``num_records`` N_k records (docs/algorithms.md#batches).
+
+    ``accounted`` (record-level DP: the accountant composes q = B / N_k): exactly B / N_k; a
+    client of fewer than B records has no such rate, and is refused in one line (the driver
+    refuses it before round 1, naming the client: ``fl.run.privacy.run_schedule``). Not
+    accounted (the non-private methods; client-level DP, whose local steps are not
+    private): min(B / N_k, 1), so a client of fewer than B records takes every record in
+    every step, the batch of min(B, N_k) records FedAvg's users expect."""
+    if num_records <= 0:
+        raise ConfigError("a client with no records has no batches")
+    rate = batch_size / num_records
+    if not accounted:
+        return min(rate, 1.0)
+    if rate > 1.0:
+        raise ConfigError(f"batch size {batch_size:g} is larger than the client's "
+                          f"{num_records} records: the accounted rate B / N_k exceeds 1")
+    return rate
 
 
 def _check(clip: float, sigma: float, expected_batch_size: float) -> None:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.cohort import ClientBatches, cohort_local_sgd
 from fedlap_privacy.fl.engine.progress import report_step
-from fedlap_privacy.fl.methods.dp import dp_gradient, poisson_sample
+from fedlap_privacy.fl.methods.dp import batch_rate, dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.methods.trust_region import clone_params
 
@@ -50,7 +50,9 @@ def local_training(
 ) -> tuple[nn.Module, int]:
     """Run ``steps`` local SGD steps from w_g; returns the trained copy and the accesses made.
 
-    Each step samples a Poisson batch at rate ``batch_size / N_k`` (one access). With
+    Each step samples a Poisson batch at rate ``batch_size / N_k`` (one access; without
+    ``dp`` at most 1, so a client of fewer than B records takes all of them each step:
+    :func:`~fedlap_privacy.fl.methods.dp.batch_rate`). With
     ``dp = (clip, sigma)`` the step's gradient is the DP gradient
     (docs/accounting.md#sampled-gaussian-mechanism) — an empty batch
     still releases noise; without, an empty batch skips the step. The update is
@@ -60,7 +62,7 @@ def local_training(
     model = copy.deepcopy(global_model)
     params = list(model.parameters())
     anchor = clone_params(global_model)
-    rate = batch_size / x.shape[0]
+    rate = batch_rate(batch_size, x.shape[0], accounted=dp is not None)
     for step in range(steps):
         batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
         if dp is not None:

@@ -34,7 +34,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.phase_timer import phase
 from fedlap_privacy.fl.engine.progress import report_step
 from fedlap_privacy.fl.methods.augment import DSA, NO_AUGMENTATION, DrawnAugmentation
-from fedlap_privacy.fl.methods.dp import dp_gradient, poisson_sample
+from fedlap_privacy.fl.methods.dp import batch_rate, dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.methods.matching import MatchTarget
 from fedlap_privacy.fl.methods.trust_region import clone_params, distance, project_to_ball
@@ -215,7 +215,7 @@ def client_approximation(
     params = list(model.parameters())
     images = syn.images.detach().clone().requires_grad_(True)
     opt = torch.optim.SGD([images], lr=cfg.lr_img, momentum=cfg.img_momentum)
-    rate = cfg.batch_size / x.shape[0]
+    rate = batch_rate(cfg.batch_size, x.shape[0], accounted=cfg.private)
     include = [not zero for zero in structurally_zero(model)]
     blocks = supported_blocks(model, images)  # the written-out second-order pass applies
     accesses, total = 0, cfg.reinits * cfg.max_loops * cfg.real_batches

@@ -33,10 +33,12 @@ def run_schedule(cfg: TrainConfig, client_sizes: list[int]) -> FedLAPSchedule | 
         return cfg.sampling.schedule()
     if cfg.notion != Notion.RECORD:
         return None
-    if cfg.batch_size > min(client_sizes):
+    smallest = min(range(len(client_sizes)), key=client_sizes.__getitem__)
+    if cfg.batch_size > client_sizes[smallest]:  # its rate B / N_k would exceed 1
         raise ConfigError(
-            f"batch size {cfg.batch_size} is larger than the smallest client "
-            f"({min(client_sizes)} records): lower --batch-size"
+            f"batch size {cfg.batch_size} is larger than the smallest client (client "
+            f"{smallest}, {client_sizes[smallest]} records): {cfg.method}'s accountant "
+            "samples its batches at rate B / N_k, at most 1; lower --batch-size"
             + (" or use --schedule small" if cfg.is_fedlap else "")
         )
     return FedLAPSchedule(

@@ -79,8 +79,11 @@ def run_model(cfg: TrainConfig, input_shape: tuple[int, ...], num_classes: int) 
 
 
 def with_data(cfg: TrainConfig, data: str | Path) -> TrainConfig:
-    """``cfg`` on a user's records at ``data`` (the Python API's ``train(cfg, out, data=PATH)``)."""
-    return dataclasses.replace(cfg, data=str(data), dataset=CUSTOM).validate()
+    """``cfg`` on a user's records at ``data`` (the Python API's ``train(cfg, out, data=PATH)``),
+    keeping which keys were given (:attr:`TrainConfig.given`): the others are left to the
+    resolution, which sizes the run by those records."""
+    return TrainConfig.from_dict({**cfg.given_values(), "data": str(data),
+                                  "dataset": CUSTOM}).validate()
 
 
 def check_user_run(cfg: TrainConfig) -> None:
