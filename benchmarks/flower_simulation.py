@@ -11,7 +11,11 @@ three ways, each in a fresh process, one after the other on the same machine:
   seeded run does by default, and the reference of the bit-for-bit check);
 * ``flower-simulation``: ``--engine flower-simulation`` with one CPU per virtual SuperNode
   (Ray actors side by side), its node policy admitting FedAvg, its batch size and seeded
-  batches.
+  batches;
+* ``flower-simulation-flower-queue`` (only when named in ``--runs``): the same with Flower's
+  own hand-over of messages to the virtual nodes (one walk over the waiting messages per node
+  every 0.1 s) instead of :mod:`fedlap_privacy.fl.flower.message_queue`'s single pass: the
+  start-up before that change, measured beside it.
 
 Prints each run's wall time, its start-up (the wall time before round 1 ends, less the
 round: Ray's start and the discovery of every virtual node, the data's load and split), its
@@ -40,7 +44,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RUNS = ("packed", "loop", "flower-simulation")
+RUNS = ("packed", "loop", "flower-simulation", "flower-simulation-flower-queue")
+FLOWER_RUNS = ("flower-simulation", "flower-simulation-flower-queue")
 
 
 def _config(spec: dict):
@@ -68,7 +73,11 @@ def worker(spec: dict) -> dict:
         if event == "round_end" and not first:
             first.append(time.perf_counter() - start)
 
-    if spec["run"] == "flower-simulation":
+    if spec["run"] in FLOWER_RUNS:
+        if spec["run"] == "flower-simulation-flower-queue":
+            from fedlap_privacy.fl.flower import simulation_engine
+
+            simulation_engine.one_pass_delivery = contextlib.nullcontext
         policy = Path(spec["out"]).with_suffix(".policy.toml")
         policy.write_text('threat-model = "trusted-server"\nallowed-methods = ["fedavg"]\n'
                           "allow-reproducible-noise = true\nmin-batch-size = 1\n")
@@ -166,7 +175,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cohort", type=int, default=100)
-    parser.add_argument("--runs", default=",".join(RUNS),
+    parser.add_argument("--runs", default=",".join(RUNS[:3]),
                         help="which of " + ", ".join(RUNS) + " to run, comma-separated")
     parser.add_argument("--one-thread", action="store_true",
                         help="the packed cohort with one torch thread too (a loaded machine's "
@@ -204,15 +213,16 @@ def main() -> None:
                   + f" s ({', '.join(map(str, row['clients']))} clients), {cpu:7.1f} CPU s, "
                   f"peak {usage.peak_mib:6.0f} MiB (process tree), test accuracy "
                   f"{row['accuracy']:.4f}", flush=True)
-        for run in ("loop", "flower-simulation"):
+        for run in ("loop", *FLOWER_RUNS):
             if run not in rows or "packed" not in rows:
                 continue
             ratio = sum(rows[run]["rounds"]) / sum(rows["packed"]["rounds"])
             print(f"{run:>18}: rounds {ratio:6.2f}x the packed cohort's, wall "
                   f"{rows[run]['wall'] / rows['packed']['wall']:6.2f}x, CPU "
                   f"{rows[run]['cpu'] / rows['packed']['cpu']:6.2f}x")
-        if {"loop", "flower-simulation"} <= rows.keys():
-            print(f"bit for bit: {same_run(root / 'loop', root / 'flower-simulation')}")
+        for run in FLOWER_RUNS:
+            if {"loop", run} <= rows.keys():
+                print(f"bit for bit ({run}): {same_run(root / 'loop', root / run)}")
     print(f"load after: {_load()}")
 
 

@@ -38,6 +38,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
+from fedlap_privacy.fl.flower.message_queue import one_pass_delivery
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.run_config import run_config_of
 from fedlap_privacy.fl.flower.runner import FlowerResult, prepare_run
@@ -221,9 +222,10 @@ def run_simulation_engine(
                 client = make_client_app(
                     [node_config_mod(tmp, resources.node_device, policy)])
                 try:
-                    run_simulation(server_app=_server(run_config, log, callback),
-                                   client_app=client, num_supernodes=cfg.clients,
-                                   backend_config=resources.backend_config())
+                    with one_pass_delivery():
+                        run_simulation(server_app=_server(run_config, log, callback),
+                                       client_app=client, num_supernodes=cfg.clients,
+                                       backend_config=resources.backend_config())
                 except Exception as exc:  # the ServerApp's failure is in STATUS, one line
                     if not (out / STATUS).exists():
                         if isinstance(exc, FedlapError):

@@ -167,4 +167,4 @@ def test_thousand_virtual_nodes_equal_in_process(tmp_path):
                            "1000", "--rounds", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "bit for bit: True" in done.stdout, done.stdout
+    assert "bit for bit (flower-simulation): True" in done.stdout, done.stdout
