@@ -42,7 +42,7 @@ from fedlap_privacy.audit.exported_ops import CONVOLUTIONS, NO_META
 from fedlap_privacy.audit.exported_schema import Refused
 
 __all__ = ["Ledger", "MemoryBudget", "meta_call", "output_bytes", "physical",
-           "result_bytes"]
+           "result_bytes", "tensors_in"]
 
 _MB = 1 << 20
 FLOOR = 128 * _MB
@@ -65,12 +65,13 @@ def physical(t: torch.Tensor) -> tuple[torch.Tensor, int]:
     return t, factor
 
 
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
+def tensors_in(value: Any) -> Iterable[torch.Tensor]:
+    """Every tensor in ``value``, a tensor or (nested) lists and tuples of them."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            yield from _tensors(v)
+            yield from tensors_in(v)
 
 
 def _meta(value: Any) -> Any:
@@ -114,7 +115,7 @@ def output_bytes(op: Any, target: str, args: list[Any], kwargs: dict[str, Any]) 
     """The bytes ``op(*args, **kwargs)`` would allocate, found without allocating: its
     outputs' sizes from the operator's meta kernel (or, for a data-dependent size, its
     bound), each times the vmap batch of its inputs."""
-    factor = max((physical(t)[1] for t in _tensors([args, list(kwargs.values())])),
+    factor = max((physical(t)[1] for t in tensors_in([args, list(kwargs.values())])),
                  default=1)
     if not any("Tensor" in str(r.type) for r in op._schema.returns):
         return 0
@@ -131,7 +132,7 @@ def output_bytes(op: Any, target: str, args: list[Any], kwargs: dict[str, Any]) 
 def result_bytes(target: str, args: list[Any], out: Any) -> int:
     """The bytes of ``out``, the outputs of ``aten.<target>(*args)``, with a convolution's
     im2col buffer."""
-    total = sum(t.numel() * t.element_size() for t in _tensors(out))
+    total = sum(t.numel() * t.element_size() for t in tensors_in(out))
     if target in CONVOLUTIONS and isinstance(out, torch.Tensor):
         total += _columns(args[0], args[1], out)
     return total

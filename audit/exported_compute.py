@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from fedlap_privacy.audit.exported_budget import tensors_in
 from fedlap_privacy.audit.exported_ops import CONVOLUTIONS
 from fedlap_privacy.audit.exported_schema import Refused
 
@@ -78,14 +78,6 @@ _FREE = {"view.default", "_unsafe_view.default", "t.default", "transpose.int",
          "_local_scalar_dense.default", "item.default"}
 
 
-def _tensors(value: Any) -> Iterable[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _tensors(v)
-
-
 def flops(target: str, args: list[Any], out: Any) -> int:
     """The floating-point operations of ``aten.<target>(*args)`` returning ``out`` (module
     doc), from the shapes alone."""
@@ -95,7 +87,7 @@ def flops(target: str, args: list[Any], out: Any) -> int:
         inputs = [a for a in args if isinstance(a, torch.Tensor)]
         if isinstance(out, torch.Tensor) and len(inputs) >= 2:
             return _linear(target, args, inputs, out)
-    elements = max((t.numel() for t in _tensors([args, out])), default=0)
+    elements = max((t.numel() for t in tensors_in([args, out])), default=0)
     pooled = _POOLING.fullmatch(target)
     if pooled is None:
         return elements
@@ -106,7 +98,7 @@ def flops(target: str, args: list[Any], out: Any) -> int:
     window = math.prod(kernel) if isinstance(kernel, list) else 1
     if isinstance(kernel, int) or (isinstance(kernel, list) and len(kernel) == 1):
         window = int(kernel if isinstance(kernel, int) else kernel[0]) ** dims
-    outputs = max((t.numel() for t in _tensors(out)), default=0)
+    outputs = max((t.numel() for t in tensors_in(out)), default=0)
     return max(elements, outputs * window)
 
 
