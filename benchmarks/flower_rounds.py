@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from flower_simulation import machine_load
+
 RUNS = (("in-process", None), ("flower, subprocess", "subprocess"),
         ("flower, process", "process"))
 
@@ -54,10 +56,6 @@ def worker(spec: dict) -> dict:
             "accuracy": history[-1].test_accuracy if history else None}
 
 
-def _load() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=5)
@@ -68,7 +66,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    print(f"load before: {_load()}  (CPUs: {os.cpu_count()})")
+    print(f"load before: {machine_load()}  (CPUs: {os.cpu_count()})")
     rows = {}
     with tempfile.TemporaryDirectory(prefix="flower-rounds-") as tmp:
         for name, isolation in RUNS:
@@ -95,7 +93,7 @@ def main() -> None:
         print(f"{name:>20}: {wall / base:5.2f}x the in-process wall time, {cpu:5.2f}x its CPU "
               f"time, rounds {rounds:5.2f}x; goal (<= 2 x {base:.1f} + 30 = "
               f"{2 * base + 30:.1f} s): {'met' if wall <= 2 * base + 30 else 'missed'}")
-    print(f"load after: {_load()}")
+    print(f"load after: {machine_load()}")
 
 
 if __name__ == "__main__":

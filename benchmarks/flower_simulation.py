@@ -165,7 +165,8 @@ class TreeUsage:
         return sum(self.cpu.values())
 
 
-def _load() -> str:
+def machine_load() -> str:
+    """The machine's load line (``uptime``), printed before and after a benchmark."""
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
@@ -186,7 +187,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return
-    print(f"load before: {_load()}  (CPUs: {os.cpu_count()})")
+    print(f"load before: {machine_load()}  (CPUs: {os.cpu_count()})")
     with tempfile.TemporaryDirectory(prefix="flower-sim-bench-") as tmp:
         root = Path(args.out or tmp)
         rows = {}
@@ -223,7 +224,7 @@ def main() -> None:
         for run in FLOWER_RUNS:
             if {"loop", run} <= rows.keys():
                 print(f"bit for bit ({run}): {same_run(root / 'loop', root / run)}")
-    print(f"load after: {_load()}")
+    print(f"load after: {machine_load()}")
 
 
 if __name__ == "__main__":

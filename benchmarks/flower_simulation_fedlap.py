@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flower_simulation import TreeUsage, _load, same_run
+from flower_simulation import TreeUsage, machine_load, same_run
 
 SMALL = dict(width=16, reinits=1, max_loops=2, real_batches=2, syn_steps=2,
              local_model_steps=2, ipc=2, server_epochs=5)
@@ -57,7 +57,7 @@ def main() -> None:
                         "max_loops=4): longer client rounds")
     parser.add_argument("--out", default=None, help="keep the run folders here")
     args = parser.parse_args()
-    print(f"load before: {_load()}  (CPUs: {os.cpu_count()})")
+    print(f"load before: {machine_load()}  (CPUs: {os.cpu_count()})")
     with tempfile.TemporaryDirectory(prefix="flower-sim-fedlap-") as tmp:
         root = Path(args.out or tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def main() -> None:
                   + (f"; Ray workers' CPU s: {', '.join(actors)}" if actors else ""),
                   flush=True)
         print(f"bit for bit: {same_run(root / 'loop', root / 'sim')}")
-    print(f"load after: {_load()}")
+    print(f"load after: {machine_load()}")
 
 
 if __name__ == "__main__":
