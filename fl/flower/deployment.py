@@ -6,7 +6,9 @@ folder (``workdir/node-K``: the node ledger) and, when given, the node policy fi
 each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
 it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
 message), runs each SuperNode as ``flower-supernode`` without its idle 3 s
-(:mod:`.local_supernode`), and stops every process it started on exit (:mod:`.processes`).
+(:mod:`.local_supernode`), forks the nodes' processes from one that imported Flower, torch and
+this package once (:mod:`.node_zygote`), and stops every process it started on exit
+(:mod:`.processes`).
 With :class:`Secure` the SuperLink serves TLS (the CA, certificate and key given) and, when
 node keys are given, admits only SuperNodes whose public key was registered with ``flwr
 supernode register`` (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
@@ -28,7 +30,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
-from fedlap_privacy.fl.flower.processes import free_port, kill_family, stop, stop_all
+from fedlap_privacy.fl.flower.node_zygote import ForkedProcess, Zygote, ZygoteError
+from fedlap_privacy.fl.flower.processes import Process, free_port, kill_family, stop, stop_all
 from fedlap_privacy.fl.flower.run_config import toml_table
 from fedlap_privacy.fl.flower.timings import LauncherMarks
 from fedlap_privacy.threads import WORKERS_ENV
@@ -87,9 +90,10 @@ class LocalDeployment:
         self.home = self.workdir / "home"
         self.port = 0
         self.superlink: subprocess.Popen[bytes] | None = None
-        self.supernodes: list[subprocess.Popen[bytes]] = []
-        self.workers: dict[int, subprocess.Popen[bytes]] = {}  # node k -> its ClientApp process
-        self.extra_workers: list[subprocess.Popen[bytes]] = []  # those of extra nodes
+        self.zygote: Zygote | None = None  # the nodes' processes are forked from it
+        self.supernodes: list[Process] = []
+        self.workers: dict[int, Process] = {}  # node k -> its ClientApp process
+        self.extra_workers: list[Process] = []  # those of extra nodes
         self._logs: list[IO[bytes]] = []
         self.marks = LauncherMarks()  # when each phase ended (timings.py)
         bindir = str(Path(sys.executable).parent)
@@ -119,11 +123,25 @@ class LocalDeployment:
               env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start ``args`` in its own session, output into ``workdir/log_name`` (environment:
         ``env``, else the nodes')."""
-        log = open(self.workdir / log_name, "wb")
-        self._logs.append(log)
+        log = self._log(log_name)
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                 env=self.env if env is None else env, cwd=self.workdir,
                                 start_new_session=True)
+
+    def fork(self, module: str, args: list[str], log_name: str) -> ForkedProcess:
+        """Fork ``python -m module ARGS`` from the nodes' zygote (:mod:`.node_zygote`), in its
+        own session, output into ``workdir/log_name``."""
+        if self.zygote is None:
+            self.zygote = Zygote(self.env, self.workdir, self._log("zygote.log"))
+        try:
+            return self.zygote.spawn(module, args, self.workdir / log_name)
+        except ZygoteError as exc:
+            raise FlowerError(f"{exc}: see {self.workdir / 'zygote.log'}") from None
+
+    def _log(self, name: str) -> IO[bytes]:
+        log = open(self.workdir / name, "wb")
+        self._logs.append(log)
+        return log
 
     def _tls_link_args(self) -> list[str]:
         s = self.secure
@@ -139,6 +157,8 @@ class LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.zygote = Zygote(self.env, self.workdir, self._log("zygote.log"))  # imports
+        # while the SuperLink starts
         transport = ("insecure = true\n" if self.secure is None else
                      f"root-certificates = {json.dumps(str(self.secure.ca_cert))}\n")
         (self.home / "config.toml").write_text(
@@ -180,13 +200,12 @@ class LocalDeployment:
         return " ".join(f"{key}={json.dumps(v)}" for key, v in items.items())
 
     def start_node(self, k: int, key: Path | None = None,
-                   log_name: str | None = None) -> subprocess.Popen[bytes]:
+                   log_name: str | None = None) -> Process:
         """Start (or restart) the SuperNode holding partition ``k`` (with its key, if any;
         ``key`` overrides it: a node with another key is an unregistered node)."""
         runtime_port = free_port()
         self.exe("flower-supernode")  # installed (else one line saying how)
-        args = [sys.executable, "-m", "fedlap_privacy.fl.flower.local_supernode",
-                "--superlink", f"127.0.0.1:{self.port}",
+        args = ["--superlink", f"127.0.0.1:{self.port}",
                 "--port", str(runtime_port), "--node-config", self.node_config(k),
                 "--isolation", self.isolation]
         if self.secure is None:
@@ -196,14 +215,14 @@ class LocalDeployment:
             key = key or (self.secure.node_keys[k] if self.secure.node_keys else None)
             if key is not None:
                 args += ["--auth-supernode-private-key", str(key)]
-        proc = self.spawn(args, log_name or f"supernode-{k}.log")
+        log = log_name or f"supernode-{k}.log"
+        proc = self.fork("fedlap_privacy.fl.flower.local_supernode", args, log)
         worker = None
         if self.isolation == "process":  # the node's ClientApp process, beside it
-            worker = self.spawn(
-                [sys.executable, "-m", "fedlap_privacy.fl.flower.clientapp_worker",
-                 "--runtime-api", f"127.0.0.1:{runtime_port}", "--supernode-pid",
-                 str(proc.pid)],
-                (log_name or f"supernode-{k}.log").replace(".log", "-clientapp.log"))
+            worker = self.fork(
+                "fedlap_privacy.fl.flower.clientapp_worker",
+                ["--runtime-api", f"127.0.0.1:{runtime_port}", "--supernode-pid", str(proc.pid)],
+                log.replace(".log", "-clientapp.log"))
         if log_name is None:
             if k < len(self.supernodes):
                 self.supernodes[k] = proc
@@ -215,7 +234,7 @@ class LocalDeployment:
             self.extra_workers.append(worker)
         return proc
 
-    def _replace_worker(self, k: int, worker: subprocess.Popen[bytes]) -> None:
+    def _replace_worker(self, k: int, worker: Process) -> None:
         old = self.workers.get(k)
         if old is not None:
             stop(old)
@@ -260,6 +279,9 @@ class LocalDeployment:
         TERM, SuperNodes first, then KILL what is left after :data:`CLOSE_GRACE_S`)."""
         stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
                   *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
+        if self.zygote is not None:
+            self.zygote.close()
+            stop(self.zygote.proc, grace=CLOSE_GRACE_S)
         for log in self._logs:
             log.close()
         self._logs.clear()

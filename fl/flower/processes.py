@@ -14,8 +14,21 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["family", "free_port", "kill_family", "stop", "stop_all"]
+__all__ = ["Process", "family", "free_port", "kill_family", "stop", "stop_all"]
+
+
+class Process(Protocol):
+    """A started process as :class:`subprocess.Popen` shows it (also the node processes
+    forked by :mod:`.node_zygote`)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def free_port() -> int:
@@ -65,19 +78,19 @@ def _signal(members: list[tuple[int, int]], sig: int) -> None:
                 os.kill(pid, sig)
 
 
-def kill_family(proc: subprocess.Popen[bytes]) -> None:
+def kill_family(proc: Process) -> None:
     """SIGKILL ``proc`` and everything it started, at once (a machine dying)."""
     if proc.poll() is None:
         _signal(family(proc.pid), signal.SIGKILL)
     proc.wait(timeout=10)
 
 
-def stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop(proc: Process, grace: float = 5.0) -> None:
     """Stop ``proc`` and every process it started (each by its id): TERM, then KILL."""
     stop_all([proc], grace)
 
 
-def stop_all(procs: list[subprocess.Popen[bytes]], grace: float = 5.0) -> None:
+def stop_all(procs: list[Process], grace: float = 5.0) -> None:
     """:func:`stop` every process of ``procs`` at once: TERM to all their families (in the
     order given), then KILL to what is left after ``grace`` seconds; the grace runs once for
     all of them, not once each."""
