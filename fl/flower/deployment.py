@@ -59,7 +59,7 @@ class Secure:
 ISOLATIONS = ("process", "subprocess")
 #: seconds between two claims of a task by the SuperLink's SuperExec (Flower's default 1 s):
 #: the ServerApp starts this much sooner
-SUPEREXEC_POLL_S = 0.1
+SUPEREXEC_POLL_S = 0.5
 #: seconds the processes get to exit on SIGTERM before SIGKILL when the deployment closes (an
 #: idle ClientApp process exits at once; a SuperNode's and the ServerApp's own clean-up took 3
 #: to 5 s on a loaded machine, and nothing of the run is left to write by then)

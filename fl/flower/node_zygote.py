@@ -47,8 +47,9 @@ ENTRY_POINTS = (
 )
 #: this module's name (``__name__`` is ``__main__`` in the zygote)
 _SELF = ENTRY_POINTS[2]
-#: modules a node imports on its first task, imported by the zygote too
-_PRELOAD = ("sklearn.datasets", "fedlap_privacy.fl.methods.fedlap",
+#: modules a node imports on its first task, imported by the zygote too (torch imports its
+#: ``_dynamo``, with sympy, on a client round's first step: 1.6 s a process)
+_PRELOAD = ("sklearn.datasets", "torch._dynamo", "fedlap_privacy.fl.methods.fedlap",
             "fedlap_privacy.fl.methods.fedavg", "fedlap_privacy.fl.methods.dp")
 #: seconds the zygote's select waits before it looks for exited children again
 _REAP_S = 0.2
