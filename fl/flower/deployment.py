@@ -72,14 +72,15 @@ class LocalDeployment:
     Each node's torch threads: ``threads`` when given, else its share of the CPUs
     (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.threads`). ``isolation``: see
     :data:`ISOLATIONS`; with ``process`` each node's ClientApp process is started beside it
-    and stopped (or killed) with it."""
+    and stopped (or killed) with it. Node k keeps its state (its ledger) in
+    ``state_root/node-k`` (default: the working folder)."""
 
     CONNECTION = "fedlap-local"
 
     def __init__(self, clients: int, workdir: str | Path, device: str = "auto",
                  data_dir: str | None = None, policy_file: str | Path | None = None,
                  secure: Secure | None = None, threads: int | None = None,
-                 isolation: str = "process") -> None:
+                 isolation: str = "process", state_root: str | Path | None = None) -> None:
         if isolation not in ISOLATIONS:
             raise FlowerError(f"isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
         self.isolation = isolation
@@ -87,6 +88,7 @@ class LocalDeployment:
         self.policy_file = None if policy_file is None else Path(policy_file).resolve()
         self.secure = secure
         self.workdir = Path(workdir)
+        self.state_root = self.workdir if state_root is None else Path(state_root)
         self.home = self.workdir / "home"
         self.port = 0
         self.superlink: subprocess.Popen[bytes] | None = None
@@ -190,7 +192,7 @@ class LocalDeployment:
 
     def node_config(self, k: int) -> str:
         """The ``--node-config`` of the SuperNode holding partition ``k``."""
-        state = self.workdir / f"node-{k}"
+        state = self.state_root / f"node-{k}"
         items = {"partition-id": k, "num-partitions": self.clients, "device": self.device,
                  "state-dir": str(state)}
         if self.data_dir:

@@ -43,9 +43,13 @@ from fedlap_privacy.fl.flower.policy import PRICING, NodePolicy, PolicyRefusal
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.vocabulary import Notion, ThreatModel
 
-__all__ = ["FORMAT", "NodeLedger", "default_state_dir"]
+__all__ = ["FORMAT", "NODE_STATE", "NodeLedger", "default_state_dir"]
 
 FORMAT = "fedlap-node-ledger/1"
+#: the folder of a run folder where the nodes this package starts on one machine (``--engine
+#: flower``, ``flower-simulation`` on this machine) keep their state folders ``node-K``: a
+#: resumed run's nodes find their ledgers, so a node's budget spans the whole run
+NODE_STATE = "flower-nodes"
 
 
 def default_state_dir() -> Path:

@@ -28,6 +28,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.deployment import LocalDeployment
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
+from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.processes import stop
 from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
@@ -211,7 +212,8 @@ def run_flower(
         before = len(load_history(out)) if resume_run else 0  # rounds of earlier launches
         with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
             with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
-                                 threads=threads, isolation=isolation) as deployment:
+                                 threads=threads, isolation=isolation,
+                                 state_root=out / NODE_STATE) as deployment:
                 result = run_on(
                     deployment, None if resume_run else cfg, out, device, callback,
                     allow_client_failures=allow_client_failures, round_timeout=round_timeout,

@@ -39,6 +39,7 @@ from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.message_queue import one_pass_delivery
+from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.run_config import run_config_of
 from fedlap_privacy.fl.flower.runner import FlowerResult, prepare_run
@@ -219,8 +220,12 @@ def run_simulation_engine(
                     log_file.write(line + "\n")
                     log_file.flush()
 
+                # the nodes' ledgers: in the run folder on this machine (a resumed run's
+                # nodes find them); on a cluster, where the run folder may not exist, in a
+                # temporary folder of each machine
+                state_root = tmp if resources.address else str(out / NODE_STATE)
                 client = make_client_app(
-                    [node_config_mod(tmp, resources.node_device, policy)])
+                    [node_config_mod(state_root, resources.node_device, policy)])
                 try:
                     with one_pass_delivery():
                         run_simulation(server_app=_server(run_config, log, callback),

@@ -22,6 +22,10 @@ A run folder (``--out``) holds:
   ``--resume`` and ``audit`` read it beside ``ckpt.pt``.
 * ``commit.json`` — which pair of the two is committed (:func:`commit_run_files`).
 * ``run.lock`` — the lock a run holds while it writes (:mod:`fedlap_privacy.run_lock`).
+* ``flower-nodes/node-K`` — with ``--engine flower`` (and ``flower-simulation`` on this
+  machine), the state folder of the node holding partition K: its own ledger
+  (:mod:`fedlap_privacy.fl.flower.node_ledger`), kept so that a resumed run's nodes keep their
+  budgets. PRIVATE like ``private.pt`` (each node's record count and content hash).
 * ``metrics.jsonl`` (one line per round: the metrics of ``ckpt.pt``), ``accuracy.png`` /
   ``epsilon.png`` (test accuracy and epsilon only), and
   ``round.pending`` while a round that touches private data is under way (private: it

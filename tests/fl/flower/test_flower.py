@@ -41,6 +41,7 @@ from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     write_app,
 )
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, PENDING, train  # noqa: E402
+from fedlap_privacy.fl.flower.node_ledger import NODE_STATE  # noqa: E402
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE  # noqa: E402
 from fedlap_privacy.fl.run.run_records import RoundRecord  # noqa: E402
 
@@ -305,6 +306,9 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     # the equality is not that of an untrained model: the weights moved from their init
     assert _moved(tiny(), a["model_state"]) > 0.1
     assert _flower_processes() <= before  # SuperLink, SuperNodes and apps are gone
+    for k in range(2):  # each node's ledger is kept in the run folder, for --resume
+        (path,) = (tmp_path / "flower" / NODE_STATE / f"node-{k}").glob("run-*.json")
+        assert [e["round"] for e in json.loads(path.read_text())["entries"]] == [1, 2]
 
 
 def _flower_processes() -> set[int]:
@@ -321,7 +325,7 @@ def _flower_processes() -> set[int]:
             continue
         ours = cmd.startswith(prefix) or sys.executable.encode() in cmd
         if ours and (b"flower-super" in cmd or b"flwr-" in cmd or b"clientapp_worker" in cmd
-                     or b"local_supernode" in cmd):
+                     or b"local_supernode" in cmd or b"node_zygote" in cmd):
             pids.add(int(entry.parent.name))
     return pids
 
@@ -406,3 +410,26 @@ def test_each_node_prices_its_answers_with_pld_as_the_in_process_engine(tmp_path
     assert spent[min(spent)] == pytest.approx(privacy.epsilon, rel=1e-9)
     assert spent[max(spent)] < privacy.epsilon
     assert privacy.epsilon < privacy.epsilon_by_accountant["rdp"]
+
+
+@pytest.mark.flower
+def test_a_resumed_run_keeps_each_nodes_budget(tmp_path, monkeypatch):
+    """The attacker's way around a node's budget: stop the run and ``--resume`` it. The
+    local nodes' ledgers stay in the run folder, so the resumed run's nodes still count the
+    first round: with a budget that fits one round but not two, the node refuses round 2
+    (with the nodes' ledgers in the deployment's temporary folder it admitted it)."""
+    from fedlap_privacy.fl.flower.runner import run_flower
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = tmp_path / "run"
+    allow = write_policy(tmp_path / "allow.toml", allow_reproducible_noise=True)
+    first = run_flower(tiny(method="dp-fedavg", rounds=1), out, device="cpu",
+                       node_policy=allow)
+    one_round = first.summary.privacy.epsilon
+    assert first.summary.rounds_run == 1 and one_round > 0
+    strict = write_policy(tmp_path / "strict.toml", allow_reproducible_noise=True,
+                          epsilon=1.1 * one_round)
+    with pytest.raises(FlowerError, match="refused"):
+        run_flower(None, out, device="cpu", resume_run=True, rounds=2, node_policy=strict)
+    (path,) = (out / NODE_STATE / "node-0").glob("run-*.json")
+    assert [e["round"] for e in json.loads(path.read_text())["entries"]] == [1]
