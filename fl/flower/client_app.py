@@ -43,7 +43,7 @@ from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import typed_value
 from fedlap_privacy.fl.engine.simulation import resolve_device
-from fedlap_privacy.fl.flower.codec import CodecError, pack, unpack
+from fedlap_privacy.fl.flower.codec import CodecError, pack, pack_into, unpack
 from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
 from fedlap_privacy.fl.flower.node_model import (
     MODEL_RECORD,
@@ -138,12 +138,14 @@ def _admit(msg: Message, context: Context, device: torch.device
     info = _round_info(msg.content, device)
     steps = policy.check(cfg, info)
     shape = ModelShape.from_content(msg.content)
-    if "weights" not in msg.content.array_records:
-        raise ConfigError("the instruction has no weights")
+    weights = unpack(msg.content, "weights", device)
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor)
+                                                for v in weights.values()):
+        raise ConfigError("the instruction's weights are not a model's parameters")
     data = load_partition(cfg, node_config, device)
     check_records(shape, data.input_shape, data.y, data.declared_classes, _where(context))
     model = build_node_model(cfg, shape, policy).to(device)
-    load_weights(model, msg.content.array_records["weights"].to_torch_state_dict(), device)
+    load_weights(model, weights, device)
     state_dir = Path(str(node_config.get("state-dir", "")) or default_state_dir()).expanduser()
     ledger = NodeLedger.open(state_dir, int(context.run_id), data.index, data.content_hash,
                              data.size, cfg, policy)
@@ -168,8 +170,7 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Mod
     reply = method.client(model, data.x, data.y, state, info, gen)
     if reply.accesses > steps:  # the ledger entered T before the round: never exceed it
         raise RuntimeError(f"the client step made {reply.accesses} accesses, {steps} admitted")
-    for key, record in pack("state", {"partition": data.index, "state": state}).items():
-        context.state[key] = record
+    pack_into(context.state, "state", {"partition": data.index, "state": state})
     out = pack("payload", reply.payload)
     out["reply"] = ConfigRecord({
         "accesses": int(reply.accesses), "num-examples": int(reply.num_examples),

@@ -30,7 +30,7 @@ from fedlap_privacy.data import Dataset, load_dataset, partition_hash
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback, client_parts
-from fedlap_privacy.fl.flower.codec import pack, unpack, weights_record
+from fedlap_privacy.fl.flower.codec import pack, pack_into, unpack
 from fedlap_privacy.fl.flower.node_model import MODEL_RECORD, ModelShape
 from fedlap_privacy.fl.flower.partition import SIMULATED
 from fedlap_privacy.fl.flower.run_config import config_values
@@ -266,7 +266,7 @@ class FlowerClients:
         if not chosen:
             return []
         content = pack("extras", info.extras)
-        content["weights"] = weights_record(run.model.state_dict())
+        pack_into(content, "weights", dict(run.model.state_dict()))
         content["round"] = ConfigRecord({"round": m, "rounds": info.rounds, "lr": float(info.lr)})
         content[MODEL_RECORD] = model_shape(run.data).to_record()
         content["config"] = ConfigRecord(config_values(instruction_config(run.cfg,

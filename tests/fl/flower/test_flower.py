@@ -90,6 +90,49 @@ def test_state_codec_keeps_tensors_bits_and_plain_values():
         encode_state({"x": object()})
 
 
+def test_state_codec_is_exact_for_every_dtype_and_shape():
+    """One byte array per state: every tensor comes back with its dtype, shape and bits
+    (NaN payloads, -0.0, empty and zero-dimensional tensors included)."""
+    odd = torch.tensor([float("nan"), -0.0, float("inf"), 1e-45], dtype=torch.float32)
+    state = {"odd": odd, "empty": torch.zeros(0, 3), "scalar": torch.tensor(2.5),
+             "tensors": [torch.randn(2, 3).to(dtype) for dtype in (
+                 torch.float16, torch.bfloat16, torch.float64)]
+             + [torch.tensor([1, -2, 3], dtype=dtype) for dtype in (
+                 torch.int8, torch.int16, torch.int32, torch.int64)]
+             + [torch.tensor([True, False]), torch.arange(4, dtype=torch.uint8)]}
+    arrays, tree = encode_state(state)
+    assert list(arrays) == ["blob"]  # one array on Flower's wire, whatever the state holds
+    back = decode_state(arrays, tree)
+    assert torch.equal(back["odd"].view(torch.int32), odd.view(torch.int32))  # the bits
+    assert back["empty"].shape == (0, 3) and back["scalar"].shape == ()
+    for a, b in zip(back["tensors"], state["tensors"], strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("entry, why", [
+    ([4000, "float32", [2]], "outside"),  # bytes the record does not hold
+    ([-4, "float32", [2]], "outside"),
+    ([0, "float32", [10**12, 10**12]], "outside"),  # a forged shape: no allocation
+    ([0, "object", [1]], "bad tensor entry"),  # only numeric dtypes
+    ([0, "float32", [-1]], "bad tensor entry"),
+    ([True, "float32", [1]], "bad tensor entry"),
+    ([0, "float32", "2"], "bad tensor entry"),
+])
+def test_a_forged_state_is_refused_in_one_line(entry, why):
+    """A malicious server's instruction or a malicious node's reply names bytes, dtypes or
+    shapes of its choosing: each is checked against the one array before anything is read."""
+    from flwr.app import Array, ArrayRecord
+
+    from fedlap_privacy.fl.flower.codec import CodecError
+
+    arrays, _ = encode_state({"w": torch.ones(2)})
+    with pytest.raises(CodecError, match=why):
+        decode_state(arrays, json.dumps({"__dict__": {"w": {"__tensor__": entry}}}))
+    two = ArrayRecord({"blob": arrays["blob"], "more": Array(torch.ones(1).numpy())})
+    with pytest.raises(CodecError, match="expected one array"):
+        decode_state(two, json.dumps(None))
+
+
 def test_run_config_round_trip_and_app_is_a_valid_flower_app(tmp_path):
     from flwr.common.config import validate_config
     from flwr.common.constant import FAB_CONFIG_FILE

@@ -29,7 +29,7 @@ from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import client_app  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, client_parts, train  # noqa: E402
-from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
+from fedlap_privacy.fl.flower.codec import pack, pack_into  # noqa: E402
 from fedlap_privacy.fl.flower.grid_clients import (  # noqa: E402
     FlowerClients,
     FlowerError,
@@ -242,7 +242,7 @@ def test_a_node_file_of_any_numeric_dtype_with_one_class_is_taken(tmp_path):
 # ----------------------------------------------------------------------- server and node models
 def _train_msg(cfg: TrainConfig, weights: dict, shape: ModelShape | None) -> Message:
     content = pack("extras", {})
-    content["weights"] = weights_record(weights)
+    pack_into(content, "weights", weights)
     content["round"] = ConfigRecord({"round": 1, "rounds": cfg.rounds, "lr": 0.1})
     content["config"] = ConfigRecord(config_values(cfg))
     if shape is not None:

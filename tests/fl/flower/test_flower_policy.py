@@ -33,7 +33,7 @@ from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     expected_partitions,
 )
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, default_model_config, train  # noqa: E402
-from fedlap_privacy.fl.flower.codec import pack, weights_record  # noqa: E402
+from fedlap_privacy.fl.flower.codec import pack, pack_into  # noqa: E402
 from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
 from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
 from fedlap_privacy.models import build_model  # noqa: E402
@@ -62,7 +62,7 @@ def instruction(cfg: TrainConfig, round_: int, extras: dict | None = None, lr: f
     data = load_dataset(cfg.dataset)
     model = build_model(default_model_config(cfg, data))
     content = pack("extras", extras or {})
-    content["weights"] = weights_record(model.state_dict())
+    pack_into(content, "weights", dict(model.state_dict()))
     content["model"] = model_shape(data).to_record()
     content["round"] = ConfigRecord({"round": round_, "rounds": cfg.rounds, "lr": lr})
     content["config"] = ConfigRecord({**config_values(cfg), **raw})
