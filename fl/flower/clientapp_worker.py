@@ -48,7 +48,7 @@ from flwr.supernode.runtime.run_clientapp import (
 from fedlap_privacy.fl.flower.client_app import client_app
 from fedlap_privacy.fl.flower.run_config import CLIENT_APP_REF
 
-__all__ = ["main", "run_task", "serve"]
+__all__ = ["alive", "main", "run_task", "runtime_client", "serve"]
 
 #: seconds between two claims of a task right after a task; doubled while the node stays
 #: idle, up to :data:`MAX_POLL` (a SuperNode itself pulls from the SuperLink every 3 s)
@@ -56,13 +56,17 @@ DEFAULT_POLL = 0.1
 MAX_POLL = 1.0
 
 
-def _client(address: str, component: str, token: str | None = None) -> RuntimeHttpClient:
+def runtime_client(address: str, component: str, token: str | None = None,
+                   root_certificates: bytes | None = None) -> RuntimeHttpClient:
+    """A client of a Runtime API (a SuperNode's, or a SuperLink's with ``root_certificates``
+    for TLS) as Flower's own ``component`` makes it."""
     interceptors = [RuntimeVersionHttpInterceptor(component_name=component)]
     if token is not None:
         interceptors.append(RuntimeTokenHttpInterceptor(token))  # type: ignore[arg-type]
     return RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=True, root_certificates=None,
-        interceptors=interceptors, retry_invoker=make_simple_http_retry_invoker())
+        server_address=address, insecure=root_certificates is None,
+        root_certificates=root_certificates, interceptors=interceptors,
+        retry_invoker=make_simple_http_retry_invoker())
 
 
 def _app_of(fab_content: bytes) -> str:
@@ -74,7 +78,7 @@ def _app_of(fab_content: bytes) -> str:
 def run_task(address: str, token: str) -> str:
     """Run the task of ``token`` as ``flwr-clientapp`` would, in this process; returns its
     final status (``completed`` or ``failed``)."""
-    client = _client(address, "flwr-clientapp", token)
+    client = runtime_client(address, "flwr-clientapp", token)
     heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
     heartbeat.start()
     message = reply = context = None
@@ -107,7 +111,8 @@ def run_task(address: str, token: str) -> str:
     return str(status)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -131,11 +136,11 @@ def serve(address: str, supernode_pid: int | None = None, poll: float = DEFAULT_
     """Claim and run the SuperNode's ClientApp tasks until its process is gone; while idle,
     claim every ``poll`` seconds, doubling up to :data:`MAX_POLL` (each claim is an HTTP
     request: on a shared machine a fixed fast poll costs CPU)."""
-    acquirer = _client(address, "SuperExec")
+    acquirer = runtime_client(address, "SuperExec")
     request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
     wait = poll
     try:
-        while supernode_pid is None or _alive(supernode_pid):
+        while supernode_pid is None or alive(supernode_pid):
             try:
                 res = acquirer.AcquireTask(request)
             except Exception:  # the Runtime API is not up yet, or going away

@@ -6,9 +6,10 @@ folder (``workdir/node-K``: the node ledger) and, when given, the node policy fi
 each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
 it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
 message), runs each SuperNode as ``flower-supernode`` without its idle 3 s
-(:mod:`.local_supernode`), forks the nodes' processes from one that imported Flower, torch and
-this package once (:mod:`.node_zygote`), and stops every process it started on exit
-(:mod:`.processes`).
+(:mod:`.local_supernode`), runs the SuperLink in ``process`` isolation with the ServerApp's
+process beside it (:mod:`.serverapp_worker`, in place of Flower's SuperExec), forks the nodes'
+and the ServerApp's processes from one that imported Flower, torch and this package once
+(:mod:`.node_zygote`), and stops every process it started on exit (:mod:`.processes`).
 With :class:`Secure` the SuperLink serves TLS (the CA, certificate and key given) and, when
 node keys are given, admits only SuperNodes whose public key was registered with ``flwr
 supernode register`` (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
@@ -57,10 +58,6 @@ class Secure:
 #: per node (:mod:`.clientapp_worker`, Flower's ``--isolation process``); ``subprocess``,
 #: Flower's default, a new ``flwr-clientapp`` process for every message
 ISOLATIONS = ("process", "subprocess")
-#: seconds between two claims of a task by the SuperLink's SuperExec (Flower's default 1 s):
-#: the ServerApp starts sooner; each claim is a request the SuperLink answers for the whole
-#: run (at 0.1 s they were a third of its CPU time)
-SUPEREXEC_POLL_S = 0.5
 #: seconds the processes get to exit on SIGTERM before SIGKILL when the deployment closes (an
 #: idle ClientApp process exits at once; a SuperNode's and the ServerApp's own clean-up took 3
 #: to 5 s on a loaded machine, and nothing of the run is left to write by then)
@@ -94,6 +91,7 @@ class LocalDeployment:
         self.port = 0
         self.superlink: subprocess.Popen[bytes] | None = None
         self.zygote: Zygote | None = None  # the nodes' processes are forked from it
+        self.serverapp: Process | None = None  # runs each run's ServerApp (serverapp_worker)
         self.supernodes: list[Process] = []
         self.workers: dict[int, Process] = {}  # node k -> its ClientApp process
         self.extra_workers: list[Process] = []  # those of extra nodes
@@ -105,14 +103,9 @@ class LocalDeployment:
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
             WORKERS_ENV: str(clients),  # the nodes share this machine's CPUs (threads.py)
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": str(SUPEREXEC_POLL_S),
         }
         if threads is not None:  # an explicit count wins over the share (threads.py)
             self.env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        # the SuperLink's, hence its ServerApp's: the server computes while the nodes wait
-        # (aggregation, the server step, evaluation), so it takes the machine's CPUs
-        # (following the load, server_app.py), not a node's share
-        self.link_env = {**self.env, WORKERS_ENV: "1"}
 
     def exe(self, name: str) -> str:
         """The path of a Flower command (beside this Python first)."""
@@ -168,13 +161,20 @@ class LocalDeployment:
             f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\n' + transport
         )
+        # process isolation: no SuperExec; the ServerApp process is forked beside it
         self.superlink = self.spawn(
             [self.exe("flower-superlink"), *self._tls_link_args(), "--host", "127.0.0.1",
-             "--port", str(self.port), "--disable-runtime-dependency-installation"],
-            "superlink.log", self.link_env,
+             "--port", str(self.port), "--disable-runtime-dependency-installation",
+             "--isolation", "process"],
+            "superlink.log",
         )
         self._wait_ready(timeout)
         self.marks.superlink = time.time()
+        tls = [] if self.secure is None else ["--root-certificates", str(self.secure.ca_cert)]
+        self.serverapp = self.fork(
+            "fedlap_privacy.fl.flower.serverapp_worker",
+            ["--runtime-api", f"127.0.0.1:{self.port}", "--superlink-pid",
+             str(self.superlink.pid), *tls], "serverapp.log")
         for key in self.secure.node_keys if self.secure else ():
             self.register(key.with_name(key.name + ".pub"))
         for k in range(self.clients):
@@ -281,6 +281,7 @@ class LocalDeployment:
         """Stop every process this deployment started, all at once (:func:`.processes.stop_all`:
         TERM, SuperNodes first, then KILL what is left after :data:`CLOSE_GRACE_S`)."""
         stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
+                  *([self.serverapp] if self.serverapp else []),
                   *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
         if self.zygote is not None:
             self.zygote.close()

@@ -1,16 +1,16 @@
 """The node processes of a local deployment, forked from one that imported everything once.
 
 Contract: ``python -m fedlap_privacy.fl.flower.node_zygote`` (the zygote) imports what a
-SuperNode (:mod:`.local_supernode`) and its ClientApp process (:mod:`.clientapp_worker`: torch,
-Flower and this package) import, then serves requests on its standard input, one JSON object
-a line: ``{"id": N, "module": NAME, "args": [...], "log": PATH}``, NAME one of
-:data:`ENTRY_POINTS` (nothing else is run). For each it forks a child that starts its own
-session, writes its output to PATH, draws fresh randomness (Python's, numpy's and torch's
-global generators; the DP noise is seeded from the operating system on use anyway,
-:mod:`fedlap_privacy.fl.run.randomness`) and runs NAME's ``main()`` with ``args`` as
-``python -m NAME ARGS`` would; it answers ``started N PID`` (or ``failed N REASON``) on its
-standard output, reaps its children and reports each as ``exited PID CODE``. It exits when its
-standard input closes; the children run on until they are stopped.
+SuperNode (:mod:`.local_supernode`), its ClientApp process (:mod:`.clientapp_worker`: torch,
+Flower and this package) and the ServerApp (:mod:`.serverapp_worker`) import, then serves
+requests on its standard input, one JSON object a line: ``{"id": N, "module": NAME, "args":
+[...], "log": PATH}``, NAME one of :data:`ENTRY_POINTS` (nothing else is run). For each it
+forks a child that starts its own session, writes its output to PATH, draws fresh randomness
+(Python's, numpy's and torch's global generators; the DP noise is seeded from the operating
+system on use anyway, :mod:`fedlap_privacy.fl.run.randomness`) and runs NAME's ``main()`` with
+``args`` as ``python -m NAME ARGS`` would; it answers ``started N PID`` (or ``failed N
+REASON``) on its standard output, reaps its children and reports each as ``exited PID CODE``.
+It exits when its standard input closes; the children run on until they are stopped.
 
 Why: every process of a local deployment used to import Flower, torch and this package
 itself: five SuperNodes and five ClientApp processes at once, about 40 CPU seconds of a
@@ -41,15 +41,18 @@ __all__ = ["ENTRY_POINTS", "ForkedProcess", "Zygote", "ZygoteError", "main"]
 
 #: the modules a child may run (their ``main()``), and nothing else
 ENTRY_POINTS = (
+    "fedlap_privacy.fl.flower.node_zygote",  # probe(): a child reports its randomness
     "fedlap_privacy.fl.flower.local_supernode",
     "fedlap_privacy.fl.flower.clientapp_worker",
-    "fedlap_privacy.fl.flower.node_zygote",  # probe(): a child reports its randomness
+    "fedlap_privacy.fl.flower.serverapp_worker",
 )
 #: this module's name (``__name__`` is ``__main__`` in the zygote)
-_SELF = ENTRY_POINTS[2]
-#: modules a node imports on its first task, imported by the zygote too (torch imports its
-#: ``_dynamo``, with sympy, on a client round's first step: 1.6 s a process)
-_PRELOAD = ("sklearn.datasets", "torch._dynamo", "fedlap_privacy.fl.methods.fedlap",
+_SELF = ENTRY_POINTS[0]
+#: modules a node or the ServerApp imports on its first task, imported by the zygote too
+#: (torch imports its ``_dynamo``, with sympy, on a client round's first step: 1.6 s a
+#: process)
+_PRELOAD = ("sklearn.datasets", "torch._dynamo", "flwr.superlink.cli.flwr_serverapp",
+            "fedlap_privacy.fl.flower.server_app", "fedlap_privacy.fl.methods.fedlap",
             "fedlap_privacy.fl.methods.fedavg", "fedlap_privacy.fl.methods.dp")
 #: seconds the zygote's select waits before it looks for exited children again
 _REAP_S = 0.2

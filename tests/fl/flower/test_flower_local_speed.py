@@ -102,14 +102,16 @@ def test_stop_all_gives_every_process_one_grace_period_together():
 
 
 def test_the_server_app_takes_the_machine_and_the_nodes_their_share(tmp_path, monkeypatch):
-    """The SuperLink's environment (its ServerApp's) counts one worker, the nodes' N; an
-    explicit --threads is everyone's."""
+    """The ServerApp's environment counts one worker, the nodes' N; an explicit --threads is
+    everyone's (the ServerApp is forked from the nodes' zygote and keeps the rest)."""
+    from fedlap_privacy.fl.flower.serverapp_worker import SERVER_ENV
+
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     dep = LocalDeployment(4, tmp_path / "a")
-    assert dep.env["FEDLAP_WORKERS"] == "4" and dep.link_env["FEDLAP_WORKERS"] == "1"
+    assert dep.env["FEDLAP_WORKERS"] == "4" and {**dep.env, **SERVER_ENV}["FEDLAP_WORKERS"] == "1"
     pinned = LocalDeployment(4, tmp_path / "b", threads=3)
-    assert pinned.link_env["OMP_NUM_THREADS"] == pinned.env["OMP_NUM_THREADS"] == "3"
+    assert pinned.env["OMP_NUM_THREADS"] == "3" and "OMP_NUM_THREADS" not in SERVER_ENV
 
 
 def test_timings_combine_the_launchers_and_the_servers_instants(tmp_path):
