@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from flwr.app import Message
 from flwr.app.error import Error
@@ -48,7 +49,7 @@ from flwr.supernode.runtime.run_clientapp import (
 from fedlap_privacy.fl.flower.client_app import client_app
 from fedlap_privacy.fl.flower.run_config import CLIENT_APP_REF
 
-__all__ = ["alive", "main", "run_task", "runtime_client", "serve"]
+__all__ = ["alive", "claim_tasks", "main", "run_task", "runtime_client", "serve"]
 
 #: seconds between two claims of a task right after a task; doubled while the node stays
 #: idle, up to :data:`MAX_POLL` (a SuperNode itself pulls from the SuperLink every 3 s)
@@ -132,32 +133,43 @@ def _on_term(*_: object) -> None:
     sys.exit(0)
 
 
-def serve(address: str, supernode_pid: int | None = None, poll: float = DEFAULT_POLL) -> None:
-    """Claim and run the SuperNode's ClientApp tasks until its process is gone; while idle,
-    claim every ``poll`` seconds, doubling up to :data:`MAX_POLL` (each claim is an HTTP
-    request: on a shared machine a fixed fast poll costs CPU)."""
-    acquirer = runtime_client(address, "SuperExec")
-    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP.value])
+def claim_tasks(acquirer: RuntimeHttpClient, task_type: str, keep_going: Callable[[], bool],
+                run: Callable[[str], object], poll: float = DEFAULT_POLL) -> None:
+    """Claim tasks of ``task_type`` from a Runtime API and ``run(token)`` each, while
+    ``keep_going()``; ``poll`` seconds after a task, doubling up to :data:`MAX_POLL` while
+    idle (each claim is an HTTP request: on a shared machine a fixed fast poll costs CPU)."""
+    request = AcquireTaskRequest(supported_task_types=[task_type])
     wait = poll
     try:
-        while supernode_pid is None or alive(supernode_pid):
+        while keep_going():
             try:
                 res = acquirer.AcquireTask(request)
             except Exception:  # the Runtime API is not up yet, or going away
                 time.sleep(max(wait, 0.2))
                 continue
             if res.HasField("task") and res.token:
-                _BUSY[0] = True
-                try:
-                    run_task(address, res.token)
-                finally:
-                    _BUSY[0] = False
+                run(res.token)
                 wait = poll
             else:
                 time.sleep(wait)
                 wait = min(2 * wait, max(MAX_POLL, poll))
     finally:
         acquirer.close()
+
+
+def serve(address: str, supernode_pid: int | None = None, poll: float = DEFAULT_POLL) -> None:
+    """Claim and run the SuperNode's ClientApp tasks until its process is gone
+    (:func:`claim_tasks`)."""
+
+    def run(token: str) -> None:
+        _BUSY[0] = True
+        try:
+            run_task(address, token)
+        finally:
+            _BUSY[0] = False
+
+    claim_tasks(runtime_client(address, "SuperExec"), TaskType.CLIENT_APP.value,
+                lambda: supernode_pid is None or alive(supernode_pid), run, poll)
 
 
 def main(argv: list[str] | None = None) -> None:

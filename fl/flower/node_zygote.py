@@ -34,10 +34,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
-__all__ = ["ENTRY_POINTS", "ForkedProcess", "Zygote", "ZygoteError", "main"]
+__all__ = ["ENTRY_POINTS", "ForkedProcess", "Zygote", "ZygoteError", "exit_with", "main"]
 
 #: the modules a child may run (their ``main()``), and nothing else
 ENTRY_POINTS = (
@@ -79,24 +80,13 @@ def _reseed() -> None:
     torch.seed()
 
 
-def _child(name: str, args: list[str], log: str) -> None:
-    """In the forked child: its own session, output and randomness; run ``name``; exit."""
+def exit_with(main: Callable[[], object]) -> NoReturn:
+    """Run ``main`` as the interpreter runs a program (its ``SystemExit`` code, else 0; a
+    traceback and 1 on any other exception) and end this forked process with that code, at
+    once (``os._exit``: the parent's clean-up is not the child's)."""
     code = 1
     try:
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.setsid()
-        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
-        os.close(null)
-        _reseed()
-        sys.argv = [name, *args]
-        _entry(name)()
+        main()
         code = 0
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
@@ -112,6 +102,24 @@ def _child(name: str, args: list[str], log: str) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _child(name: str, args: list[str], log: str) -> None:
+    """In the forked child: its own session, output and randomness; then ``name``'s entry."""
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()
+    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.close(null)
+    _reseed()
+    sys.argv = [name, *args]
+    _entry(name)()
 
 
 def _say(line: str) -> None:
@@ -140,7 +148,7 @@ def _fork(request: dict[str, Any]) -> None:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _child(name, args, log)  # never returns
+        exit_with(lambda: _child(name, args, log))
     _say(f"started {ident} {pid}")
 
 

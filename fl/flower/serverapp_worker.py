@@ -24,13 +24,17 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
-from flwr.proto.runtime_pb2 import AcquireTaskRequest  # type: ignore[attr-defined]
 from flwr.supercore.constant import TaskType
 
-from fedlap_privacy.fl.flower.clientapp_worker import DEFAULT_POLL, MAX_POLL, alive, runtime_client
+from fedlap_privacy.fl.flower.clientapp_worker import (
+    DEFAULT_POLL,
+    alive,
+    claim_tasks,
+    runtime_client,
+)
+from fedlap_privacy.fl.flower.node_zygote import exit_with
 from fedlap_privacy.threads import WORKERS_ENV
 
 __all__ = ["SERVER_ENV", "main", "serve", "serverapp_args"]
@@ -48,28 +52,14 @@ def serverapp_args(address: str, token: str, root_certificates: str | None) -> l
 
 
 def _run_serverapp(args: list[str]) -> None:
-    """In the forked child: Flower's ``flwr-serverapp`` with ``args``; never returns."""
-    code = 1
-    try:
-        for sig in (signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        os.environ.update(SERVER_ENV)
-        from flwr.superlink.cli.flwr_serverapp import flwr_serverapp
+    """In the forked child: Flower's ``flwr-serverapp`` with ``args``."""
+    for sig in (signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.update(SERVER_ENV)
+    from flwr.superlink.cli.flwr_serverapp import flwr_serverapp
 
-        sys.argv = ["flwr-serverapp", *args]
-        flwr_serverapp()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # as the interpreter would: the traceback into the log
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+    sys.argv = ["flwr-serverapp", *args]
+    flwr_serverapp()
 
 
 def _reap(children: set[int]) -> None:
@@ -84,33 +74,24 @@ def _reap(children: set[int]) -> None:
 def serve(address: str, superlink_pid: int, root_certificates: str | None = None,
           poll: float = DEFAULT_POLL) -> None:
     """Claim and run the SuperLink's ServerApp tasks until its process is gone (module
-    docstring)."""
+    docstring; :func:`.clientapp_worker.claim_tasks`)."""
     certificates = None if root_certificates is None else Path(root_certificates).read_bytes()
-    acquirer = runtime_client(address, "SuperExec", root_certificates=certificates)
-    request = AcquireTaskRequest(supported_task_types=[TaskType.SERVER_APP.value])
     children: set[int] = set()
-    wait = poll
-    try:
-        while alive(superlink_pid):
-            _reap(children)
-            try:
-                res = acquirer.AcquireTask(request)
-            except Exception:  # the Runtime API is not up yet, or going away
-                time.sleep(max(wait, 0.2))
-                continue
-            if res.HasField("task") and res.token:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _run_serverapp(serverapp_args(address, res.token, root_certificates))
-                children.add(pid)
-                wait = poll
-            else:
-                time.sleep(wait)
-                wait = min(2 * wait, max(MAX_POLL, poll))
-    finally:
-        acquirer.close()
+
+    def keep_going() -> bool:
+        _reap(children)
+        return alive(superlink_pid)
+
+    def run(token: str) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            exit_with(lambda: _run_serverapp(serverapp_args(address, token, root_certificates)))
+        children.add(pid)
+
+    claim_tasks(runtime_client(address, "SuperExec", root_certificates=certificates),
+                TaskType.SERVER_APP.value, keep_going, run, poll)
 
 
 def main(argv: list[str] | None = None) -> None:
