@@ -2,7 +2,7 @@
 
 Contract: :class:`LocalDeployment` starts the processes (free ports, ``FLWR_HOME`` in its
 working folder, runtime dependency installation off), gives each SuperNode its own state
-folder (``workdir/node-K``: the node ledger) and, when given, the node policy file, runs
+folder (``state_root/node-K``: the node ledger) and, when given, the node policy file, runs
 each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
 it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
 message), runs each SuperNode as ``flower-supernode`` without its idle 3 s
@@ -115,20 +115,17 @@ class LocalDeployment:
             raise FlowerError(f"{name} not found: pip install 'fedlap-privacy[flower]'")
         return found
 
-    def spawn(self, args: list[str], log_name: str,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start ``args`` in its own session, output into ``workdir/log_name`` (environment:
-        ``env``, else the nodes')."""
+    def spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+        """Start ``args`` in its own session, output into ``workdir/log_name``."""
         log = self._log(log_name)
-        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                env=self.env if env is None else env, cwd=self.workdir,
-                                start_new_session=True)
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                cwd=self.workdir, start_new_session=True)
 
     def fork(self, module: str, args: list[str], log_name: str) -> ForkedProcess:
         """Fork ``python -m module ARGS`` from the nodes' zygote (:mod:`.node_zygote`), in its
         own session, output into ``workdir/log_name``."""
         if self.zygote is None:
-            self.zygote = Zygote(self.env, self.workdir, self._log("zygote.log"))
+            raise FlowerError("the deployment is not started")
         try:
             return self.zygote.spawn(module, args, self.workdir / log_name)
         except ZygoteError as exc:
