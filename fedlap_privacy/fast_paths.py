@@ -20,6 +20,10 @@ rounding, in less time or memory; switched off, the reference twin runs:
   gradients of the layers where the norm is cheaper (:mod:`fedlap_privacy.ghost_clipping`).
   Off: every record's gradient through the ``per_sample`` path (or its twin), clipped and
   summed.
+* ``winograd``: the ConvNet's 3x3 convolutions of at least 128 channels through Winograd's
+  F(4x4, 3x3) (:mod:`fedlap_privacy.kernels.winograd`) in the fused forward, the per-record
+  and ghost-clipping passes and the written-out matching step. Off: torch's convolutions.
+  It runs on the kernels too.
 * ``allocator``: freed tensor memory kept in the process (:mod:`fedlap_privacy.allocator`).
   Off: glibc's defaults. Applied once, at a command's start-up.
 * ``follow_load``: torch's threads follow the machine's load (:mod:`fedlap_privacy.threads`).
@@ -90,6 +94,7 @@ class FastPaths:
     second_order: bool = True
     per_sample: bool = True
     ghost_clipping: bool = True
+    winograd: bool = True
     allocator: bool = True
     follow_load: bool = True
     huge_pages: bool = True
@@ -106,9 +111,11 @@ class FastPaths:
             [_path_name(n) for n in names] if names else PATHS, False))
 
     def effective(self) -> FastPaths:
-        """The paths that can run: ``second_order`` and ``per_sample`` run on the kernels."""
+        """The paths that can run: ``second_order``, ``per_sample`` and ``winograd`` run on
+        the kernels."""
         return dataclasses.replace(self, second_order=self.second_order and self.kernels,
-                                   per_sample=self.per_sample and self.kernels)
+                                   per_sample=self.per_sample and self.kernels,
+                                   winograd=self.winograd and self.kernels)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FastPaths:

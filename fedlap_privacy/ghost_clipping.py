@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels.winograd import conv2d_backward
 from fedlap_privacy.models import ConvNet
 from fedlap_privacy.per_sample import (
     _conv_weight_grads,
@@ -123,10 +124,8 @@ def _layer_sum(module: nn.Module, inp: Tensor, gy: Tensor, factors: Tensor,
     if "weight" in out or getattr(module, "weight", None) is None:
         return out
     if isinstance(module, nn.Conv2d):
-        out["weight"] = torch.ops.aten.convolution_backward(
-            gy * factors.view(-1, 1, 1, 1), inp, module.weight, None, list(module.stride),
-            list(module.padding), list(module.dilation), False, [0, 0], module.groups,
-            [False, True, False])[1]
+        out["weight"] = conv2d_backward(module, gy * factors.view(-1, 1, 1, 1), inp,
+                                        module.weight, (False, True))[1]
     else:  # Linear
         g2 = (gy.reshape(gy.shape[0], -1, module.out_features) * factors.view(-1, 1, 1))
         out["weight"] = g2.reshape(-1, module.out_features).T @ inp.reshape(

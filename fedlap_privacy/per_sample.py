@@ -55,6 +55,7 @@ from torch.func import functional_call, grad, vmap
 from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.kernels import block_backward, block_forward
+from fedlap_privacy.kernels.winograd import conv2d, conv2d_backward
 from fedlap_privacy.models import ConvNet
 
 Method = Literal["auto", "fused", "hooks", "vmap"]
@@ -213,7 +214,7 @@ def _fused_capture(
     with torch.no_grad():
         h = x
         for conv, norm in blocks:
-            z = conv(h)
+            z = conv2d(conv, h, conv.weight, conv.bias)
             out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
             saved.append((h, z, mean, rstd))
             h = out
@@ -231,9 +232,7 @@ def _fused_capture(
                 block_backward(z, gh, norm.weight, norm.bias, mean, rstd))
             layers.append((conv, h_in, gz))
             if i > 0:
-                gh = torch.ops.aten.convolution_backward(
-                    gz, h_in, conv.weight, None, list(conv.stride), list(conv.padding),
-                    list(conv.dilation), False, [0, 0], conv.groups, [True, False, False])[0]
+                gh, _ = conv2d_backward(conv, gz, h_in, conv.weight, (True, False))
     return layers, norm_grads
 
 

@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
 from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward
+from fedlap_privacy.kernels.winograd import conv2d, conv2d_backward
 from fedlap_privacy.models import ConvNet, has_hooks
 
 __all__ = ["Blocks", "supported_blocks", "weight_grad", "weight_grad_input_vjp"]
@@ -73,18 +74,6 @@ def supported_blocks(model: nn.Module, x: Tensor) -> Blocks | None:
     return blocks
 
 
-def _conv(x: Tensor, weight: Tensor, conv: nn.Conv2d, bias: Tensor | None = None) -> Tensor:
-    return torch.ops.aten.convolution(x, weight, bias, list(conv.stride), list(conv.padding),
-                                      list(conv.dilation), False, [0, 0], conv.groups)
-
-
-def _conv_backward(gz: Tensor, a: Tensor, weight: Tensor, conv: nn.Conv2d,
-                   mask: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.ops.aten.convolution_backward(
-        gz, a, weight, None, list(conv.stride), list(conv.padding), list(conv.dilation), False,
-        [0, 0], conv.groups, [*mask, False])
-
-
 def _input_grad(gz: Tensor, a: Tensor, weight: Tensor, conv: nn.Conv2d) -> Tensor:
     """The input gradient of a convolution. For at most 3 input channels (the first block) it
     runs torch's native kernel: oneDNN's is 3-7x slower there (measured at 8x8 and 32x32)."""
@@ -92,7 +81,9 @@ def _input_grad(gz: Tensor, a: Tensor, weight: Tensor, conv: nn.Conv2d) -> Tenso
         return torch.ops.aten._slow_conv2d_backward.output_mask(
             gz, a, weight, list(weight.shape[2:]), list(conv.stride), list(conv.padding),
             [True, False, False])[0]
-    return _conv_backward(gz, a, weight, conv, [True, False])[0]
+    dx, _ = conv2d_backward(conv, gz, a, weight, (True, False))
+    assert dx is not None
+    return dx
 
 
 def _few_channels(a: Tensor) -> bool:
@@ -168,7 +159,7 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
             columns = _columns(a, conv)
             z = _conv_columns(columns, conv.weight, _out_shape(a, conv), conv.bias)
         else:
-            z = _conv(a, conv.weight, conv, conv.bias)
+            z = conv2d(conv, a, conv.weight, conv.bias)
         out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
         inputs.append(a)
         pre.append(z)
@@ -200,8 +191,11 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
         grads[id(norm.weight)], grads[id(norm.bias)] = sgx.sum(0), sgy.sum(0)
         if conv.bias is not None:
             grads[id(conv.bias)] = gz.sum((0, 2, 3))
-        ga, grads[id(conv.weight)], _ = _conv_backward(gz, inputs[i], conv.weight, conv,
-                                                       [i > 0, True])
+        dx, dw = conv2d_backward(conv, gz, inputs[i], conv.weight, (i > 0, True))
+        assert dw is not None
+        grads[id(conv.weight)] = dw
+        if dx is not None:
+            ga = dx
     return _Tape(inputs, columns, pre, stats, incoming[::-1], gzs[::-1], f, p, share, go,
                  grads)
 
@@ -245,7 +239,7 @@ def weight_grad_input_vjp(
             elif i == 0 and t.columns is not None:  # stack_in is the images alone
                 bar_gz = _conv_columns(t.columns, stack_w, t.gz[i].shape)
             else:
-                bar_gz = _conv(stack_in, stack_w, conv)
+                bar_gz = conv2d(conv, stack_in, stack_w)
             if conv.bias is not None and u[id(conv.bias)] is not None:
                 bar_gz += u[id(conv.bias)].view(1, -1, 1, 1)
             u_g, u_b = u[id(norm.weight)], u[id(norm.bias)]

@@ -4,6 +4,8 @@
 every convolution of the FedLAP-DP ConvNet, differentiable to second order
 (:mod:`~fedlap_privacy.kernels.block`); :func:`cosine_rows_grad` is the gradient of gradient
 matching's row-wise cosine distance (:mod:`~fedlap_privacy.kernels.cosine`);
+:mod:`~fedlap_privacy.kernels.winograd` runs the ConvNet's 3x3 convolutions through
+Winograd's F(4x4, 3x3) transforms;
 :mod:`~fedlap_privacy.kernels.build` compiles and
 loads the C source (``FEDLAP_KERNELS=auto|off|require``). Importing this package imports
 torch; the package root does not import it.

@@ -1,9 +1,9 @@
 """Compile the package's C kernels once per machine and load them with :mod:`ctypes`.
 
-The kernels (``gn_relu_pool.c``, ``cosine_rows.c``) are plain C with no Python or torch
-headers, so a build takes well under a second with the system C compiler (``$CC``, else
-``cc``), optimised for the processor it runs on (``-O3 -march=native``, retried without
-``-march=native`` where the compiler refuses it). The shared library is cached in
+The kernels (``gn_relu_pool.c``, ``cosine_rows.c``, ``winograd.c``) are plain C with no
+Python or torch headers, so a build takes about a second with the system C compiler
+(``$CC``, else ``cc``), optimised for the processor it runs on (``-O3 -march=native``,
+retried without ``-march=native`` where the compiler refuses it). The shared library is cached in
 ``$FEDLAP_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/fedlap-privacy/kernels``, else
 ``~/.cache/fedlap-privacy/kernels``, under a name that hashes the sources, the flags, the
 compiler and the processor's feature flags, so that an edited source, another compiler or a
@@ -72,7 +72,8 @@ __all__ = [
 
 CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = KERNEL_MODES
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("gn_relu_pool.c", "cosine_rows.c"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
@@ -108,6 +109,16 @@ SIGNATURES: dict[str, list[type]] = {
                              _P],
     # a, b, start, norm_a, weight, eps, mse, r0, r1, grad
     "cosine_rows_grad": [_P, _P, _P, _P, _P, _D, _D, _I, _I, _P],
+    # x, N, C, H, W, zeros, lo, hi, out
+    "wino_input": [_P, _I, _I, _I, _I, _P, _I, _I, _P],
+    # m, bias, N, C, H, W, lo, hi, y
+    "wino_output": [_P, _P, _I, _I, _I, _I, _I, _I, _P],
+    # g, N, C, H, W, lo, hi, out
+    "wino_grad_output": [_P, _I, _I, _I, _I, _I, _I, _P],
+    # d, N, C, H, W, lo, hi, dx
+    "wino_grad_input": [_P, _I, _I, _I, _I, _I, _I, _P],
+    # m, R, C_out, C_in, lo, hi, dw
+    "wino_weight_grad": [_P, _I, _I, _I, _I, _I, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

@@ -194,8 +194,10 @@ def test_fused_per_sample_grads_equal_the_hook_path(config, chunk):
     hooks = per_sample_grads(model, x, y, chunk, method="hooks")
     for (name, p), a, c in zip(model.named_parameters(), fused, hooks, strict=True):
         assert a.shape == (12, *p.shape), name
-        # a conv bias before GroupNorm has a gradient of exactly 0: both are rounding noise
-        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-4, msg=name)
+        # a conv bias before GroupNorm has a gradient of exactly 0: both are rounding noise;
+        # Winograd's F(4x4, 3x3) rounds to about 1e-5 of a tensor's scale in float32
+        scale = c.abs().max().item()
+        torch.testing.assert_close(a, c, atol=max(1e-6, 2e-5 * scale), rtol=1e-4, msg=name)
     assert per_sample_grads(model, x, y)[0].data_ptr() != fused[0].data_ptr()
 
 

@@ -20,8 +20,9 @@ from fedlap_privacy import fast_paths
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
 
+# the last: 128 channels, where the 16x16 convolution runs through Winograd's F(4x4, 3x3)
 CONFIGS = [ModelConfig(1, 8, 10, width=32, depth=2), ModelConfig(1, 28, 10, width=8),
-           ModelConfig(3, 32, 10, width=6)]
+           ModelConfig(3, 32, 10, width=6), ModelConfig(1, 28, 10)]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,235 @@
+"""3x3 convolutions (stride 1, padding 1) through Winograd's minimal filtering (Lavin &
+Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
+
+F(4x4, 3x3) computes each 4x4 output tile with 36 multiplications per channel pair instead
+of 144: each 6x6 input tile ``d`` (stride 4) becomes ``B^T d B`` and each kernel ``w``
+becomes ``G w G^T`` (``winograd.c`` spells out ``B``, ``G`` and ``A``); the sum over input
+channels is then one matrix product per tile point (36 of them, torch's BLAS), and
+``A^T m A`` turns each product back into a 4x4 output tile. The backward passes are the
+adjoints of the same bilinear map, so they share its transforms: the output gradient's
+tiles become ``A g A^T`` once and serve both the input gradient (``B D B^T``,
+overlap-added) and the weight gradient (``G^T M G`` of the products summed over the tiles).
+Per-record weight gradients (DP's) are left to the direct route: per record and point the
+product sums over a record's few tiles (16 at 16x16), too few for a matrix product to run
+fast; through F(2x2, 3x3), 64 tiles, it was still no faster than torch's grouped
+convolution on this CPU.
+
+The transforms are C kernels (:mod:`fedlap_privacy.kernels.build`); the products are
+batched matrix multiplications. Exact arithmetic gives the direct convolution's result; in
+floating point the rounding differs: in float64 it agrees with torch's convolution to about
+1e-14 relative, in float32 to about 1e-5 (F(4x4, 3x3)'s interpolation points 2 and -2 round
+more than a direct sum; ``tests/core/test_winograd.py``). It is the ``winograd`` fast path
+of :mod:`fedlap_privacy.fast_paths`; :func:`applies` says where it runs, and
+:func:`conv2d` and :func:`conv2d_backward` fall back to torch's convolution elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels.block import fusable, run_split
+
+__all__ = [
+    "Tiles",
+    "applies",
+    "conv",
+    "conv2d",
+    "conv2d_backward",
+    "conv_backward",
+    "forward",
+    "grad_tiles",
+    "input_grad",
+    "input_tiles",
+    "weight_grad",
+    "weight_tiles",
+]
+
+
+#: the output tile's side, and the points of a transformed (6x6) tile
+TILE = 4
+POINTS = (TILE + 2) ** 2
+#: the fewest input and output channels, and tiles in all, where the transforms and products
+#: beat oneDNN's direct convolution on a CPU (measured with 32 to 128 channels and 4x4 to
+#: 16x16 maps: at 64 channels or 20 tiles it was about as fast or slower, at 128 channels
+#: and 80 tiles or more 1.1 to 2.9 times faster)
+MIN_CHANNELS = 128
+MIN_TILES = 64
+
+# G of F(4x4, 3x3): the kernel's transform, ``G w G^T``
+_G = ((1 / 4, 0.0, 0.0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
+      (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0.0, 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """A map's transformed tiles, ``(N, T, 36, C)`` (T tiles per record, each tile's 36
+    points together), and the map's ``(N, C, H, W)``."""
+
+    data: Tensor
+    shape: torch.Size
+
+    def point(self, p: int) -> Tensor:
+        """Point ``p`` of every tile, ``(N, T, C)`` (a strided view)."""
+        return self.data[:, :, p]
+
+    def rows(self) -> Tensor:
+        """The tiles as ``(36, N T, C)`` for the matrix products (a strided view)."""
+        n, t, p, c = self.data.shape
+        return self.data.view(n * t, p, c).transpose(0, 1)
+
+
+def applies(x: Tensor, weight: Tensor, module: nn.Conv2d) -> bool:
+    """Whether this module's convolution of ``x`` runs here: the ``winograd`` fast path is
+    on, the kernels take the tensors, the kernel is 3x3 with stride 1, padding 1 (zeros),
+    no dilation and one group, the map's height and width are multiples of 4, both channel
+    counts are at least :data:`MIN_CHANNELS` and the batch has at least :data:`MIN_TILES`
+    tiles."""
+    if not fast_paths.current().effective().winograd or x.dim() != 4 or weight.dim() != 4:
+        return False
+    geometry = (tuple(module.kernel_size), tuple(module.stride), module.padding,
+                tuple(module.dilation), module.groups, module.padding_mode)
+    if geometry != ((3, 3), (1, 1), (1, 1), (1, 1), 1, "zeros"):
+        return False
+    n, c_in, h, w = x.shape
+    if h % TILE or w % TILE or tuple(weight.shape[1:]) != (c_in, 3, 3):
+        return False
+    if min(c_in, weight.shape[0]) < MIN_CHANNELS or n * (h // TILE) * (w // TILE) < MIN_TILES:
+        return False
+    return fusable(x, weight)
+
+
+def _ptr(t: Tensor) -> int:
+    return t.data_ptr()
+
+
+def _channels_last(t: Tensor) -> Tensor:
+    """``t`` (N, C, H, W) as a contiguous (N, H, W, C) tensor."""
+    return t.detach().permute(0, 2, 3, 1).contiguous()
+
+
+def _to_map(nhwc: Tensor) -> Tensor:
+    """A contiguous (N, C, H, W) tensor from a (N, H, W, C) one."""
+    return nhwc.permute(0, 3, 1, 2).contiguous()
+
+
+def _tiles_of(like: Tensor, shape: torch.Size) -> Tiles:
+    """Empty tiles for a map of ``shape`` (N, C, H, W)."""
+    n, c, h, w = shape
+    return Tiles(like.new_empty(n, (h // TILE) * (w // TILE), POINTS, c), shape)
+
+
+def input_tiles(x: Tensor) -> Tiles:
+    """``B^T d B`` of every 6x6 input tile of ``x`` (N, C, H, W), zero-padded by 1."""
+    n, c, h, w = x.shape
+    src = _channels_last(x)
+    out = _tiles_of(src, x.shape)
+    zeros = src.new_zeros(c)
+    run_split("wino_input", src.dtype, n, out.data.numel(),
+              (_ptr(src), n, c, h, w, _ptr(zeros)), (_ptr(out.data),))
+    return out
+
+
+def grad_tiles(gy: Tensor) -> Tiles:
+    """``A g A^T`` of every 4x4 tile of an output gradient ``gy`` (N, C, H, W)."""
+    n, c, h, w = gy.shape
+    src = _channels_last(gy)
+    out = _tiles_of(src, gy.shape)
+    run_split("wino_grad_output", src.dtype, n, out.data.numel(),
+              (_ptr(src), n, c, h, w), (_ptr(out.data),))
+    return out
+
+
+def weight_tiles(weight: Tensor) -> Tensor:
+    """``G w G^T`` of every (output, input) kernel, as ``(36, C_in, C_out)``."""
+    g = weight.new_tensor(_G)
+    return torch.einsum("pk,oikl,ql->pqio", g, weight.detach(), g).reshape(
+        POINTS, weight.shape[1], weight.shape[0])
+
+
+def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The convolution of the map behind ``x`` with the kernels behind ``w_hat``
+    (:func:`weight_tiles`), plus ``bias``: (N, C_out, H, W)."""
+    n, _, h, w = x.shape
+    c_out = w_hat.shape[2]
+    m = _tiles_of(w_hat, torch.Size([n, c_out, h, w]))
+    torch.bmm(x.rows(), w_hat, out=m.rows())
+    y = m.data.new_empty(n, h, w, c_out)
+    b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
+    run_split("wino_output", y.dtype, n, m.data.numel(),
+              (_ptr(m.data), _ptr(b), n, c_out, h, w), (_ptr(y),))
+    return _to_map(y)
+
+
+def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
+    """The input gradient of the convolution with the kernels behind ``w_hat`` from the
+    output gradient's tiles ``gy`` (:func:`grad_tiles`): (N, C_in, H, W)."""
+    n, _, h, w = gy.shape
+    c_in = w_hat.shape[1]
+    d = _tiles_of(w_hat, torch.Size([n, c_in, h, w]))
+    torch.bmm(gy.rows(), w_hat.transpose(1, 2), out=d.rows())
+    dx = d.data.new_empty(n, h, w, c_in)
+    run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
+              (_ptr(d.data), n, c_in, h, w), (_ptr(dx),))
+    return _to_map(dx)
+
+
+def _weight_untile(m: Tensor) -> Tensor:
+    """``G^T M G`` of the products ``m`` (R, C_out, 36, C_in): (R, C_out, C_in, 3, 3)."""
+    rows, c_out, _, c_in = m.shape
+    dw = m.new_empty(rows, c_out, c_in, 3, 3)
+    run_split("wino_weight_grad", m.dtype, rows, m.numel(),
+              (_ptr(m), rows, c_out, c_in), (_ptr(dw),))
+    return dw
+
+
+def weight_grad(gy: Tiles, x: Tiles) -> Tensor:
+    """The weight gradient summed over the batch, ``(C_out, C_in, 3, 3)``, from the output
+    gradient's and the input's tiles."""
+    c_out, c_in = gy.shape[1], x.shape[1]
+    m = x.data.new_empty(1, c_out, POINTS, c_in)
+    torch.bmm(gy.rows().transpose(1, 2), x.rows(), out=m[0].transpose(0, 1))
+    return _weight_untile(m)[0]
+
+
+def conv(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The convolution of ``x`` with ``weight`` (3x3, stride 1, padding 1), plus ``bias``."""
+    return forward(input_tiles(x), weight_tiles(weight), bias)
+
+
+def conv_backward(gy: Tensor, x: Tensor, weight: Tensor,
+                  mask: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    """(input gradient, weight gradient) of the convolution of ``x`` with ``weight`` for the
+    output gradient ``gy``, each where ``mask`` asks for it (None elsewhere)."""
+    g = grad_tiles(gy)
+    dx = input_grad(g, weight_tiles(weight)) if mask[0] else None
+    dw = weight_grad(g, input_tiles(x)) if mask[1] else None
+    return dx, dw
+
+
+def conv2d(module: nn.Conv2d, x: Tensor, weight: Tensor,
+           bias: Tensor | None = None) -> Tensor:
+    """``module``'s convolution of ``x`` with ``weight`` and ``bias`` (which may differ from
+    the module's own, e.g. stacked along the input channels): here where :func:`applies`,
+    else torch's."""
+    if applies(x, weight, module):
+        return conv(x, weight, bias)
+    return torch.ops.aten.convolution(x, weight, bias, list(module.stride),
+                                      list(module.padding), list(module.dilation), False,
+                                      [0, 0], module.groups)
+
+
+def conv2d_backward(module: nn.Conv2d, gy: Tensor, x: Tensor, weight: Tensor,
+                    mask: tuple[bool, bool]) -> tuple[Tensor | None, Tensor | None]:
+    """(input gradient, weight gradient) of :func:`conv2d` for the output gradient ``gy``,
+    each where ``mask`` asks for it (None elsewhere): here where :func:`applies`, else
+    torch's."""
+    if applies(x, weight, module):
+        return conv_backward(gy, x, weight, mask)
+    dx, dw, _ = torch.ops.aten.convolution_backward(
+        gy, x, weight, None, list(module.stride), list(module.padding),
+        list(module.dilation), False, [0, 0], module.groups, [*mask, False])
+    return (dx if mask[0] else None), (dw if mask[1] else None)
