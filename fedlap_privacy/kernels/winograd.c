@@ -15,7 +15,9 @@
               0 -2 -1  2 1 0;  0  2 -1 -2 1 0;  0  4  0 -5 0 1],
        G   = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6; 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1],
        A^T = [1 1 1 1 1 0;  0 1 -1 2 -2 0;  0 1 1 4 4 0;  0 1 -1 8 -8 1];
-   Layouts: maps are channels-last (N, H, W, C); a transformed tensor is (N, T, P, C) with
+   Layouts: maps are (N, C, H, W), each record turned channels-last in a scratch block of the
+   kernel (in the second-level cache: no pass over the batch in memory for the layout);
+   a transformed tensor is (N, T, P, C) with
    T = (H/m) (W/m) tiles per record, row-major, and P = (m + 2)^2 points, so that each
    tile's points form one block, read and written in order; a transformed weight gradient
    is (R, C_out, P, C_in) and its result (R, C_out, C_in, 3, 3). Every function handles
@@ -86,17 +88,38 @@
 #define ALPHA (WINO_M + 2)
 #define POINTS (ALPHA * ALPHA)
 
+/* One record's (C, P) map to (P, C) and back, in 8 x 8 blocks. */
+static void FN(wino_to_channels_last)(const scalar_t *restrict src, int64_t C, int64_t P,
+                                      scalar_t *restrict dst) {
+    for (int64_t c0 = 0; c0 < C; c0 += 8)
+        for (int64_t p0 = 0; p0 < P; p0 += 8)
+            for (int64_t c = c0; c < c0 + 8 && c < C; ++c)
+                for (int64_t p = p0; p < p0 + 8 && p < P; ++p)
+                    dst[p * C + c] = src[c * P + p];
+}
+
+static void FN(wino_to_channels_first)(const scalar_t *restrict src, int64_t C, int64_t P,
+                                       scalar_t *restrict dst) {
+    for (int64_t p0 = 0; p0 < P; p0 += 8)
+        for (int64_t c0 = 0; c0 < C; c0 += 8)
+            for (int64_t p = p0; p < p0 + 8 && p < P; ++p)
+                for (int64_t c = c0; c < c0 + 8 && c < C; ++c)
+                    dst[c * P + p] = src[p * C + c];
+}
+
 /* Input tiles: out[n][t][xi][c] = (B^T d B)[xi] for the tile d of record n whose top left
    corner is (m i - 1, m j - 1), zero outside the map (`zeros`: C zeros). */
 int FN(wino_input)(const scalar_t *restrict x, int64_t N, int64_t C, int64_t H, int64_t W,
                    const scalar_t *restrict zeros, int64_t lo, int64_t hi,
                    scalar_t *restrict out) {
     const int64_t th = H / WINO_M, tw = W / WINO_M, T = th * tw;
-    scalar_t *tmp = malloc((size_t)POINTS * C * sizeof(scalar_t));
+    scalar_t *tmp = malloc((size_t)(POINTS + H * W) * C * sizeof(scalar_t));
     if (!tmp)
         return 1;
+    scalar_t *rec = tmp + POINTS * C;
     (void)N;
-    for (int64_t n = lo; n < hi; ++n)
+    for (int64_t n = lo; n < hi; ++n) {
+        FN(wino_to_channels_last)(x + n * C * H * W, C, H * W, rec);
         for (int64_t i = 0; i < th; ++i)
             for (int64_t j = 0; j < tw; ++j) {
                 scalar_t *restrict o = out + (n * T + i * tw + j) * POINTS * C;
@@ -106,7 +129,7 @@ int FN(wino_input)(const scalar_t *restrict x, int64_t N, int64_t C, int64_t H, 
                     for (int s = 0; s < ALPHA; ++s) {
                         const int64_t z = WINO_M * j - 1 + s;
                         p[s] = (y < 0 || y >= H || z < 0 || z >= W)
-                                   ? zeros : x + ((n * H + y) * W + z) * C;
+                                   ? zeros : rec + (y * W + z) * C;
                     }
                     scalar_t *restrict t = tmp + ALPHA * r * C;
 #pragma omp simd
@@ -131,26 +154,29 @@ int FN(wino_input)(const scalar_t *restrict x, int64_t N, int64_t C, int64_t H, 
                     }
                 }
             }
+    }
     free(tmp);
     return 0;
 }
 
 /* Output-gradient tiles: out[n][t][xi][c] = (A g A^T)[xi] for the m x m tile g of record n's
-   gradient (channels-last), the adjoint of the output transform. */
+   gradient, the adjoint of the output transform. */
 int FN(wino_grad_output)(const scalar_t *restrict g, int64_t N, int64_t C, int64_t H,
                          int64_t W, int64_t lo, int64_t hi, scalar_t *restrict out) {
     const int64_t th = H / WINO_M, tw = W / WINO_M, T = th * tw;
-    scalar_t *tmp = malloc((size_t)WINO_M * ALPHA * C * sizeof(scalar_t));
+    scalar_t *tmp = malloc((size_t)(WINO_M * ALPHA + H * W) * C * sizeof(scalar_t));
     if (!tmp)
         return 1;
+    scalar_t *rec = tmp + WINO_M * ALPHA * C;
     (void)N;
-    for (int64_t n = lo; n < hi; ++n)
+    for (int64_t n = lo; n < hi; ++n) {
+        FN(wino_to_channels_last)(g + n * C * H * W, C, H * W, rec);
         for (int64_t i = 0; i < th; ++i)
             for (int64_t j = 0; j < tw; ++j) {
                 scalar_t *restrict o = out + (n * T + i * tw + j) * POINTS * C;
                 for (int a = 0; a < WINO_M; ++a) { /* rows: tmp[a][.] = A g[a][.] */
                     const scalar_t *restrict g0 =
-                        g + ((n * H + WINO_M * i + a) * W + WINO_M * j) * C;
+                        rec + ((WINO_M * i + a) * W + WINO_M * j) * C;
                     scalar_t *restrict t = tmp + ALPHA * a * C;
 #pragma omp simd
                     for (int64_t c = 0; c < C; ++c) {
@@ -175,6 +201,7 @@ int FN(wino_grad_output)(const scalar_t *restrict g, int64_t N, int64_t C, int64
                     }
                 }
             }
+    }
     free(tmp);
     return 0;
 }
@@ -224,18 +251,19 @@ int FN(wino_weight_grad)(const scalar_t *restrict m, int64_t R, int64_t Co, int6
     return 0;
 }
 
-/* Output tiles: y (channels-last) from the products m (N, T, 36, C): A^T m A per tile, plus
+/* Output tiles: y from the products m (N, T, 36, C): A^T m A per tile, plus
    the bias (C values; zeros where the convolution has none: a test inside the loop kept it
    from vectorising and made such a kernel 3x slower). */
 int FN(wino_output)(const scalar_t *restrict m, const scalar_t *restrict bias, int64_t N,
                     int64_t C, int64_t H, int64_t W, int64_t lo, int64_t hi,
                     scalar_t *restrict y) {
     const int64_t th = H / WINO_M, tw = W / WINO_M, T = th * tw;
-    scalar_t *tmp = malloc((size_t)ALPHA * WINO_M * C * sizeof(scalar_t));
+    scalar_t *tmp = malloc((size_t)(ALPHA * WINO_M + H * W) * C * sizeof(scalar_t));
     if (!tmp)
         return 1;
+    scalar_t *rec = tmp + ALPHA * WINO_M * C;
     (void)N;
-    for (int64_t n = lo; n < hi; ++n)
+    for (int64_t n = lo; n < hi; ++n) {
         for (int64_t i = 0; i < th; ++i)
             for (int64_t j = 0; j < tw; ++j) {
                 const scalar_t *restrict q = m + (n * T + i * tw + j) * POINTS * C;
@@ -255,7 +283,7 @@ int FN(wino_output)(const scalar_t *restrict m, const scalar_t *restrict bias, i
                     const scalar_t *restrict t = tmp + b * C;
                     scalar_t *yp[WINO_M];
                     for (int a = 0; a < WINO_M; ++a)
-                        yp[a] = y + ((n * H + WINO_M * i + a) * W + WINO_M * j + b) * C;
+                        yp[a] = rec + ((WINO_M * i + a) * W + WINO_M * j + b) * C;
 #pragma omp simd
                     for (int64_t c = 0; c < C; ++c) {
                         scalar_t v[ALPHA], u[WINO_M];
@@ -267,24 +295,25 @@ int FN(wino_output)(const scalar_t *restrict m, const scalar_t *restrict bias, i
                     }
                 }
             }
+        FN(wino_to_channels_first)(rec, C, H * W, y + n * C * H * W);
+    }
     free(tmp);
     return 0;
 }
 
-/* Input gradient (channels-last) from the transformed one d (N, T, 36, C): B D B^T per tile,
+/* Input gradient from the transformed one d (N, T, 36, C): B D B^T per tile,
    added where the tiles overlap and cut to the map (the adjoint of the input transform).
    What falls outside the map is added to scratch rows (one per tile point, so that no two
    points of a tile share an address) and dropped. */
 int FN(wino_grad_input)(const scalar_t *restrict d, int64_t N, int64_t C, int64_t H,
                         int64_t W, int64_t lo, int64_t hi, scalar_t *restrict dx) {
     const int64_t th = H / WINO_M, tw = W / WINO_M, T = th * tw;
-    scalar_t *tmp = malloc((size_t)2 * POINTS * C * sizeof(scalar_t));
+    scalar_t *tmp = malloc((size_t)(2 * POINTS + H * W) * C * sizeof(scalar_t));
     if (!tmp)
         return 1;
-    scalar_t *drop = tmp + POINTS * C;
+    scalar_t *drop = tmp + POINTS * C, *rec = drop + POINTS * C;
     (void)N;
     for (int64_t n = lo; n < hi; ++n) {
-        scalar_t *restrict rec = dx + n * H * W * C;
         for (int64_t k = 0; k < H * W * C; ++k)
             rec[k] = 0;
         for (int64_t i = 0; i < th; ++i)
@@ -320,6 +349,7 @@ int FN(wino_grad_input)(const scalar_t *restrict d, int64_t N, int64_t C, int64_
                     }
                 }
             }
+        FN(wino_to_channels_first)(rec, C, H * W, dx + n * C * H * W);
     }
     free(tmp);
     return 0;

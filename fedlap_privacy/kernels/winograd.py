@@ -14,8 +14,8 @@ product sums over a record's few tiles (16 at 16x16), too few for a matrix produ
 fast; through F(2x2, 3x3), 64 tiles, it was still no faster than torch's grouped
 convolution on this CPU.
 
-The transforms are C kernels (:mod:`fedlap_privacy.kernels.build`); the products are
-batched matrix multiplications. Exact arithmetic gives the direct convolution's result; in
+The transforms are C kernels (:mod:`fedlap_privacy.kernels.build`) on (N, C, H, W) maps;
+the products are batched matrix multiplications. Exact arithmetic gives the direct convolution's result; in
 floating point the rounding differs: in float64 it agrees with torch's convolution to about
 1e-14 relative, in float32 to about 1e-5 (F(4x4, 3x3)'s interpolation points 2 and -2 round
 more than a direct sum; ``tests/core/test_winograd.py``). It is the ``winograd`` fast path
@@ -52,10 +52,11 @@ __all__ = [
 #: the output tile's side, and the points of a transformed (6x6) tile
 TILE = 4
 POINTS = (TILE + 2) ** 2
-#: the fewest input and output channels, and tiles in all, where the transforms and products
-#: beat oneDNN's direct convolution on a CPU (measured with 32 to 128 channels and 4x4 to
-#: 16x16 maps: at 64 channels or 20 tiles it was about as fast or slower, at 128 channels
-#: and 80 tiles or more 1.1 to 2.9 times faster)
+#: the fewest input and output channels, and tiles per torch thread, where the transforms
+#: and products beat oneDNN's direct convolution on a CPU (``benchmarks/winograd.py``; with
+#: 32 to 128 channels and 4x4 to 16x16 maps: at 64 channels, or 20 tiles on one thread, or
+#: 80 tiles on two, it was about as fast or slower; at 128 channels and 80 tiles a thread or
+#: more, 1.1 to 2.3 times faster)
 MIN_CHANNELS = 128
 MIN_TILES = 64
 
@@ -87,7 +88,7 @@ def applies(x: Tensor, weight: Tensor, module: nn.Conv2d) -> bool:
     on, the kernels take the tensors, the kernel is 3x3 with stride 1, padding 1 (zeros),
     no dilation and one group, the map's height and width are multiples of 4, both channel
     counts are at least :data:`MIN_CHANNELS` and the batch has at least :data:`MIN_TILES`
-    tiles."""
+    tiles per torch thread."""
     if not fast_paths.current().effective().winograd or x.dim() != 4 or weight.dim() != 4:
         return False
     geometry = (tuple(module.kernel_size), tuple(module.stride), module.padding,
@@ -97,23 +98,15 @@ def applies(x: Tensor, weight: Tensor, module: nn.Conv2d) -> bool:
     n, c_in, h, w = x.shape
     if h % TILE or w % TILE or tuple(weight.shape[1:]) != (c_in, 3, 3):
         return False
-    if min(c_in, weight.shape[0]) < MIN_CHANNELS or n * (h // TILE) * (w // TILE) < MIN_TILES:
+    if min(c_in, weight.shape[0]) < MIN_CHANNELS:
+        return False
+    if n * (h // TILE) * (w // TILE) < MIN_TILES * torch.get_num_threads():
         return False
     return fusable(x, weight)
 
 
 def _ptr(t: Tensor) -> int:
     return t.data_ptr()
-
-
-def _channels_last(t: Tensor) -> Tensor:
-    """``t`` (N, C, H, W) as a contiguous (N, H, W, C) tensor."""
-    return t.detach().permute(0, 2, 3, 1).contiguous()
-
-
-def _to_map(nhwc: Tensor) -> Tensor:
-    """A contiguous (N, C, H, W) tensor from a (N, H, W, C) one."""
-    return nhwc.permute(0, 3, 1, 2).contiguous()
 
 
 def _tiles_of(like: Tensor, shape: torch.Size) -> Tiles:
@@ -125,7 +118,7 @@ def _tiles_of(like: Tensor, shape: torch.Size) -> Tiles:
 def input_tiles(x: Tensor) -> Tiles:
     """``B^T d B`` of every 6x6 input tile of ``x`` (N, C, H, W), zero-padded by 1."""
     n, c, h, w = x.shape
-    src = _channels_last(x)
+    src = x.detach().contiguous()
     out = _tiles_of(src, x.shape)
     zeros = src.new_zeros(c)
     run_split("wino_input", src.dtype, n, out.data.numel(),
@@ -136,7 +129,7 @@ def input_tiles(x: Tensor) -> Tiles:
 def grad_tiles(gy: Tensor) -> Tiles:
     """``A g A^T`` of every 4x4 tile of an output gradient ``gy`` (N, C, H, W)."""
     n, c, h, w = gy.shape
-    src = _channels_last(gy)
+    src = gy.detach().contiguous()
     out = _tiles_of(src, gy.shape)
     run_split("wino_grad_output", src.dtype, n, out.data.numel(),
               (_ptr(src), n, c, h, w), (_ptr(out.data),))
@@ -157,11 +150,11 @@ def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
     c_out = w_hat.shape[2]
     m = _tiles_of(w_hat, torch.Size([n, c_out, h, w]))
     torch.bmm(x.rows(), w_hat, out=m.rows())
-    y = m.data.new_empty(n, h, w, c_out)
+    y = m.data.new_empty(n, c_out, h, w)
     b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
     run_split("wino_output", y.dtype, n, m.data.numel(),
               (_ptr(m.data), _ptr(b), n, c_out, h, w), (_ptr(y),))
-    return _to_map(y)
+    return y
 
 
 def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
@@ -171,10 +164,10 @@ def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
     c_in = w_hat.shape[1]
     d = _tiles_of(w_hat, torch.Size([n, c_in, h, w]))
     torch.bmm(gy.rows(), w_hat.transpose(1, 2), out=d.rows())
-    dx = d.data.new_empty(n, h, w, c_in)
+    dx = d.data.new_empty(n, c_in, h, w)
     run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
               (_ptr(d.data), n, c_in, h, w), (_ptr(dx),))
-    return _to_map(dx)
+    return dx
 
 
 def _weight_untile(m: Tensor) -> Tensor:

@@ -20,7 +20,8 @@ from fedlap_privacy import fast_paths
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
 
-# the last: 128 channels, where the 16x16 convolution runs through Winograd's F(4x4, 3x3)
+# the last: 128 channels, where the 16x16 convolution of 8 records runs through Winograd's
+# F(4x4, 3x3) (on up to two torch threads: 128 tiles)
 CONFIGS = [ModelConfig(1, 8, 10, width=32, depth=2), ModelConfig(1, 28, 10, width=8),
            ModelConfig(3, 32, 10, width=6), ModelConfig(1, 28, 10)]
 
@@ -52,9 +53,9 @@ def test_equals_autograds_double_backward(config: ModelConfig, dtype: torch.dtyp
     model = build_model(config).to(dtype)
     params = list(model.parameters())
     g = torch.Generator().manual_seed(1)
-    x = torch.randn(6, config.in_channels, config.image_size, config.image_size,
+    x = torch.randn(8, config.in_channels, config.image_size, config.image_size,
                     generator=g, dtype=dtype)
-    y = torch.randint(0, 10, (6,), generator=g)
+    y = torch.randint(0, 10, (8,), generator=g)
     blocks = supported_blocks(model, x)
     assert blocks is not None
     for left_out in ((), (1, 5), tuple(range(0, len(params), 2))):  # conv biases; half

@@ -31,10 +31,16 @@ SHAPES = [(5, 128, 128, 16, 16), (11, 128, 160, 8, 12), (32, 136, 128, 4, 8),
 
 @pytest.fixture(autouse=True)
 def _kernels_on() -> Iterator[None]:
+    """The path on, and one torch thread (the tile threshold is per thread)."""
     if not fast_paths.current().kernels:
         pytest.skip("the kernels are switched off (FEDLAP_KERNELS, FEDLAP_FAST_PATHS)")
-    with fast_paths.using(winograd=True, require_kernels=True):
-        yield
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with fast_paths.using(winograd=True, require_kernels=True):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _torch_backward(gy, x, w):
@@ -102,6 +108,9 @@ def test_small_maps_and_batches_and_a_switched_off_path_run_torch():
     for n, h, w in ((16, 6, 8), (16, 8, 10), (15, 8, 8)):  # sides not multiples of 4; 60 tiles
         x = torch.randn(n, 128, h, w, dtype=torch.float64)
         assert not winograd.applies(x, module.weight, module)
+    torch.set_num_threads(2)  # 64 tiles a thread
+    assert not winograd.applies(torch.randn(16, 128, 8, 8), module.weight.float(), module)
+    torch.set_num_threads(1)
     x = torch.randn(16, 128, 8, 8, dtype=torch.float64)
     gy = torch.randn(16, 128, 8, 8, dtype=torch.float64)
     assert winograd.applies(x, module.weight, module)
