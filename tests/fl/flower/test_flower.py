@@ -398,7 +398,7 @@ def test_killed_supernode(deployment, tmp_path, allow):
     out = tmp_path / "run"
     hook, killed = _kill_in_round(1, out)
     cfg = tiny(rounds=1)
-    kwargs = dict(round_timeout=20.0, allow_client_failures=allow, on_poll=hook)
+    kwargs = dict(round_timeout=10.0, allow_client_failures=allow, on_poll=hook)
     if allow:
         result = run_on(deployment, cfg, out, "cpu", **kwargs)
         assert [h.replies for h in result.history] == [1]
