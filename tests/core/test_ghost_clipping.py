@@ -77,8 +77,9 @@ CASES = {
     # 8x8 ConvNet: the second convolution (4x4 maps) takes the Gram route
     "convnet-8x8": (lambda: build_model(ModelConfig(1, 8, 10, width=32, depth=2)),
                     (12, 1, 8, 8), 10),
-    # the FedLAP-DP model at 28x28: the third convolution (8x8 maps) takes the Gram route
-    "convnet-28x28": (lambda: build_model(ModelConfig(1, 28, 10)), (4, 1, 28, 28), 10),
+    # the FedLAP-DP model at 28x28: the third convolution (8x8 maps) takes the Gram route;
+    # 8 records put the 16x16 convolution through Winograd's F(4x4, 3x3) on up to 2 threads
+    "convnet-28x28": (lambda: build_model(ModelConfig(1, 28, 10)), (8, 1, 28, 28), 10),
     "tabular-mlp": (lambda: TabularMLP(20, 3), (16, 20), 3),
     "sequence-mlp": (_SequenceMLP, (10, 4, 8), 5),
 }
