@@ -21,9 +21,10 @@ rounding, in less time or memory; switched off, the reference twin runs:
   Off: every record's gradient through the ``per_sample`` path (or its twin), clipped and
   summed.
 * ``winograd``: the ConvNet's 3x3 convolutions of at least 128 channels through Winograd's
-  F(4x4, 3x3) (:mod:`fedlap_privacy.kernels.winograd`) in the fused forward, the per-record
-  and ghost-clipping passes and the written-out matching step. Off: torch's convolutions.
-  It runs on the kernels too.
+  F(4x4, 3x3) (:mod:`fedlap_privacy.kernels.winograd`): the forward and input gradients of
+  the fused per-record pass, the ghost-clipping sum's weight gradient, the written-out
+  matching step and the local and server steps. Off: torch's convolutions. It runs on the
+  kernels too.
 * ``allocator``: freed tensor memory kept in the process (:mod:`fedlap_privacy.allocator`).
   Off: glibc's defaults. Applied once, at a command's start-up.
 * ``follow_load``: torch's threads follow the machine's load (:mod:`fedlap_privacy.threads`).

@@ -56,7 +56,7 @@ from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.kernels import block_backward, block_forward
 from fedlap_privacy.kernels.winograd import conv2d, conv2d_backward
-from fedlap_privacy.models import ConvNet
+from fedlap_privacy.models import ConvNet, has_hooks
 
 Method = Literal["auto", "fused", "hooks", "vmap"]
 
@@ -214,7 +214,8 @@ def _fused_capture(
     with torch.no_grad():
         h = x
         for conv, norm in blocks:
-            z = conv2d(conv, h, conv.weight, conv.bias)
+            # the module itself where something hooks it, so that its hooks still run
+            z = conv(h) if has_hooks(conv) else conv2d(conv, h, conv.weight, conv.bias)
             out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
             saved.append((h, z, mean, rstd))
             h = out

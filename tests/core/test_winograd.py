@@ -23,6 +23,7 @@ from fedlap_privacy import fast_paths
 from fedlap_privacy.fast_paths import FAST_PATHS_ENV, FastPaths
 from fedlap_privacy.kernels import winograd
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.per_sample import per_sample_grads
 
 # (records, input channels, output channels, height, width)
 SHAPES = [(5, 128, 128, 16, 16), (11, 128, 160, 8, 12), (32, 136, 128, 4, 8),
@@ -135,3 +136,19 @@ def test_the_convnets_convolutions_run_here_at_the_sizes_of_a_fedlap_round():
         maps = [torch.randn(n, 1, 28, 28), torch.randn(n, 128, 16, 16), torch.randn(n, 128, 8, 8)]
         assert [winograd.applies(x, c.weight, c) for x, c in zip(maps, convs, strict=True)] == [
             False, True, True]
+
+
+def test_a_hooked_convolution_still_runs_its_hooks_in_the_fused_pass():
+    """Winograd computes the convolution without calling the module; where something hooks
+    the module, the fused per-record pass calls it, so that the hook still sees its call."""
+    model = build_model(ModelConfig(1, 28, 10))
+    conv = model.features[4]
+    assert isinstance(conv, nn.Conv2d)
+    calls = []
+    handle = conv.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+        grads = per_sample_grads(model, x, y, method="fused")
+    finally:
+        handle.remove()
+    assert calls == [1] and grads[0].shape[0] == 8
