@@ -74,10 +74,6 @@ class Tiles:
     data: Tensor
     shape: torch.Size
 
-    def point(self, p: int) -> Tensor:
-        """Point ``p`` of every tile, ``(N, T, C)`` (a strided view)."""
-        return self.data[:, :, p]
-
     def rows(self) -> Tensor:
         """The tiles as ``(36, N T, C)`` for the matrix products (a strided view)."""
         n, t, p, c = self.data.shape
@@ -106,10 +102,6 @@ def applies(x: Tensor, weight: Tensor, module: nn.Conv2d) -> bool:
     return fusable(x, weight)
 
 
-def _ptr(t: Tensor) -> int:
-    return t.data_ptr()
-
-
 def _tiles_of(like: Tensor, shape: torch.Size) -> Tiles:
     """Empty tiles for a map of ``shape`` (N, C, H, W)."""
     n, c, h, w = shape
@@ -123,7 +115,7 @@ def input_tiles(x: Tensor) -> Tiles:
     out = _tiles_of(src, x.shape)
     zeros = src.new_zeros(c)
     run_split("wino_input", src.dtype, n, out.data.numel(),
-              (_ptr(src), n, c, h, w, _ptr(zeros)), (_ptr(out.data),))
+              (src.data_ptr(), n, c, h, w, zeros.data_ptr()), (out.data.data_ptr(),))
     return out
 
 
@@ -133,7 +125,7 @@ def grad_tiles(gy: Tensor) -> Tiles:
     src = gy.detach().contiguous()
     out = _tiles_of(src, gy.shape)
     run_split("wino_grad_output", src.dtype, n, out.data.numel(),
-              (_ptr(src), n, c, h, w), (_ptr(out.data),))
+              (src.data_ptr(), n, c, h, w), (out.data.data_ptr(),))
     return out
 
 
@@ -154,7 +146,7 @@ def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
     y = m.data.new_empty(n, c_out, h, w)
     b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
     run_split("wino_output", y.dtype, n, m.data.numel(),
-              (_ptr(m.data), _ptr(b), n, c_out, h, w), (_ptr(y),))
+              (m.data.data_ptr(), b.data_ptr(), n, c_out, h, w), (y.data_ptr(),))
     return y
 
 
@@ -167,7 +159,7 @@ def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
     torch.bmm(gy.rows(), w_hat.transpose(1, 2), out=d.rows())
     dx = d.data.new_empty(n, c_in, h, w)
     run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
-              (_ptr(d.data), n, c_in, h, w), (_ptr(dx),))
+              (d.data.data_ptr(), n, c_in, h, w), (dx.data_ptr(),))
     return dx
 
 
@@ -176,7 +168,7 @@ def _weight_untile(m: Tensor) -> Tensor:
     rows, c_out, _, c_in = m.shape
     dw = m.new_empty(rows, c_out, c_in, 3, 3)
     run_split("wino_weight_grad", m.dtype, rows, m.numel(),
-              (_ptr(m), rows, c_out, c_in), (_ptr(dw),))
+              (m.data_ptr(), rows, c_out, c_in), (dw.data_ptr(),))
     return dw
 
 
