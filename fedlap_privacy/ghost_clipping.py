@@ -11,10 +11,13 @@ by layer:
 * **Ghost norms** (Li, Tramer, Liang, Hashimoto 2022, sec. 4; Goodfellow 2015): a Linear
   weight gradient ``g_i^T a_i`` (one position) has squared norm ``||a_i||^2 ||g_i||^2``; over
   ``T`` positions (a sequence, or a convolution's unfolded input columns) it is
-  ``<a_i a_i^T, g_i g_i^T>`` (two ``T x T`` Gram matrices), used where ``T (p + d) < p d``
-  for a ``d x p`` weight, i.e. where the Gram matrices are cheaper than the gradient
-  itself. Elsewhere (the 28x28 ConvNet's first two convolutions) the layer's per-record
-  gradient is formed and its norm taken, as are the small biases and GroupNorm parameters.
+  ``<a_i a_i^T, g_i g_i^T>`` (two ``T x T`` Gram matrices). For a convolution with stride 1
+  the columns' Gram matrix is the input's pixel Gram matrix summed over the kernel's
+  offsets (:mod:`fedlap_privacy.kernels.conv_gram`), ``C_in`` instead of ``C_in kh kw``
+  multiply-adds per entry. Each layer takes the cheapest of these and the per-record
+  gradient itself, counted in multiply-adds (the 28x28 ConvNet: the first convolution's
+  gradient is formed, the 16x16 and 8x8 ones go through pixel Gram matrices), as do the
+  small biases and GroupNorm parameters.
 * **Book-keeping** (Bu, Wang, Zha, Karypis 2023, "Differentially private optimization on
   large model at small cost", Algorithm 1): with the factors ``c_i`` known, the clipped sum
   of a layer whose gradients were not formed is the batch's weight gradient of the
@@ -34,12 +37,18 @@ per-record path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels.conv_gram import (
+    PixelGeometry,
+    conv_weight_grad_sq,
+    pixel_gram_cost,
+)
 from fedlap_privacy.kernels.winograd import conv2d_backward
 from fedlap_privacy.models import ConvNet
 from fedlap_privacy.per_sample import (
@@ -66,6 +75,23 @@ def _row_sq(g: Tensor) -> Tensor:
     return torch.linalg.vector_norm(g.reshape(g.shape[0], -1), dim=1).square()
 
 
+def _conv_norm_route(module: nn.Conv2d, inp: Tensor, gy: Tensor
+                     ) -> PixelGeometry | Literal["columns", "gradient"]:
+    """The cheapest way to a Conv2d layer's per-record weight-gradient norms, in
+    multiply-adds per record: the pixel Gram matrices (stride 1, one group:
+    :mod:`fedlap_privacy.kernels.conv_gram`), the Gram matrices of the unfolded columns, or
+    the gradient itself."""
+    positions = gy.shape[2] * gy.shape[3]
+    p = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+    d = module.out_channels // module.groups
+    costs: dict[PixelGeometry | Literal["columns", "gradient"], int] = {
+        "gradient": positions * p * d, "columns": positions * positions * (p + d)}
+    geometry = PixelGeometry.of(module, inp, gy)
+    if geometry is not None:
+        costs[geometry] = pixel_gram_cost(geometry, module.in_channels, module.out_channels)
+    return min(costs, key=costs.__getitem__)
+
+
 def _conv_gram_sq(module: nn.Conv2d, inp: Tensor, gy: Tensor) -> Tensor:
     """Per-record squared norm of a Conv2d weight gradient from the Gram matrices of the
     unfolded input columns and of the output gradient, per group."""
@@ -87,9 +113,10 @@ def _layer_norms(module: nn.Module, inp: Tensor, gy: Tensor) -> tuple[Tensor, di
     sq = inp.new_zeros(batch)
     formed: dict[str, Tensor] = {}
     if isinstance(module, nn.Conv2d):
-        p = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-        d = module.out_channels // module.groups
-        if _gram_cheaper(gy.shape[2] * gy.shape[3], p, d):
+        route = _conv_norm_route(module, inp, gy)
+        if isinstance(route, PixelGeometry):
+            sq = conv_weight_grad_sq(inp, gy, route)
+        elif route == "columns":
             sq = _conv_gram_sq(module, inp, gy)
         else:
             formed["weight"] = _conv_weight_grads(module, inp, gy)

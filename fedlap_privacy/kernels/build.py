@@ -1,7 +1,8 @@
 """Compile the package's C kernels once per machine and load them with :mod:`ctypes`.
 
-The kernels (``gn_relu_pool.c``, ``cosine_rows.c``, ``winograd.c``) are plain C with no
-Python or torch headers, so a build takes about a second with the system C compiler
+The kernels (``gn_relu_pool.c``, ``cosine_rows.c``, ``winograd.c``, ``conv_gram.c``) are
+plain C with no Python or torch headers, so a build takes about two seconds with the system
+C compiler
 (``$CC``, else ``cc``), optimised for the processor it runs on (``-O3 -march=native``,
 retried without ``-march=native`` where the compiler refuses it). The shared library is cached in
 ``$FEDLAP_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/fedlap-privacy/kernels``, else
@@ -73,7 +74,7 @@ __all__ = [
 CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = KERNEL_MODES
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c"))
+                for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c", "conv_gram.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
@@ -119,6 +120,8 @@ SIGNATURES: dict[str, list[type]] = {
     "wino_grad_input": [_P, _I, _I, _I, _I, _I, _I, _P],
     # m, R, C_out, C_in, lo, hi, dw
     "wino_weight_grad": [_P, _I, _I, _I, _I, _I, _P],
+    # q, gg, H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
+    "conv_gram_dot": [_P, _P, *[_I] * 12, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

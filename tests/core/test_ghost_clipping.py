@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths, ghost_clipping
 from fedlap_privacy.fl.methods.dp import clip_factors, clipped_sum, dp_gradient
+from fedlap_privacy.kernels.conv_gram import PixelGeometry
 from fedlap_privacy.models import ModelConfig, TabularMLP, build_model
 from fedlap_privacy.per_sample import per_sample_grad_norms, per_sample_grads
 
@@ -55,6 +56,19 @@ class _SequenceMLP(nn.Module):
         return self.classifier(torch.relu(h).flatten(1))
 
 
+class _StridedCNN(nn.Module):
+    """A convolution with stride 2 (ghost norm by the unfolded columns' Gram matrices: the
+    pixel identity needs stride 1) and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 64, 3, stride=2, padding=1)
+        self.classifier = nn.Linear(64 * 16, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(torch.relu(self.conv(x)).flatten(1))
+
+
 def _ghost(model: nn.Module, x: Tensor, y: Tensor, clip: float) -> list[Tensor]:
     out = ghost_clipping.ghost_clipped_sum(model, x, y, lambda n: clip_factors(n, clip))
     assert out is not None
@@ -74,12 +88,13 @@ def _assert_close(got: list[Tensor], want: list[Tensor], rtol: float) -> None:
 
 
 CASES = {
-    # 8x8 ConvNet: the second convolution (4x4 maps) takes the Gram route
+    # 8x8 ConvNet: the second convolution (4x4 maps) takes the pixel Gram route
     "convnet-8x8": (lambda: build_model(ModelConfig(1, 8, 10, width=32, depth=2)),
                     (12, 1, 8, 8), 10),
-    # the FedLAP-DP model at 28x28: the third convolution (8x8 maps) takes the Gram route;
+    # the FedLAP-DP model at 28x28: the 16x16 and 8x8 convolutions take the pixel Gram route;
     # 8 records put the 16x16 convolution through Winograd's F(4x4, 3x3) on up to 2 threads
     "convnet-28x28": (lambda: build_model(ModelConfig(1, 28, 10)), (8, 1, 28, 28), 10),
+    "strided-cnn": (_StridedCNN, (10, 4, 8, 8), 3),
     "tabular-mlp": (lambda: TabularMLP(20, 3), (16, 20), 3),
     "sequence-mlp": (_SequenceMLP, (10, 4, 8), 5),
 }
@@ -113,18 +128,24 @@ def test_the_ghost_sum_equals_per_record_clipping_and_opacus(name, fast):
     _assert_close(unclipped, [p.grad for p in model.parameters()], 1e-10)
 
 
-def test_the_28x28_convnet_takes_the_gram_route_on_its_third_convolution(monkeypatch):
-    seen: list[int] = []
-    gram = ghost_clipping._conv_gram_sq
+def test_each_convolution_takes_its_cheapest_norm_route(monkeypatch):
+    seen: dict[int, object] = {}
+    route = ghost_clipping._conv_norm_route
 
     def spy(module, inp, gy):
-        seen.append(gy.shape[-1])
-        return gram(module, inp, gy)
+        seen[gy.shape[-1]] = chosen = route(module, inp, gy)
+        return chosen
 
-    monkeypatch.setattr(ghost_clipping, "_conv_gram_sq", spy)
-    model = build_model(ModelConfig(1, 28, 10))
-    _ghost(model, torch.randn(2, 1, 28, 28), torch.tensor([0, 1]), 1.0)
-    assert seen == [8]  # 8x8 maps: 64 positions * (1152 + 128) < 1152 * 128
+    monkeypatch.setattr(ghost_clipping, "_conv_norm_route", spy)
+    _ghost(build_model(ModelConfig(1, 28, 10)), torch.randn(2, 1, 28, 28),
+           torch.tensor([0, 1]), 1.0)
+    # 32x32 maps of one input channel: the gradient (1,024 * 9 * 128 multiply-adds) is
+    # cheapest; 16x16 and 8x8 maps of 128 channels: the pixel Gram matrices
+    assert seen[32] == "gradient"
+    assert isinstance(seen[16], PixelGeometry) and isinstance(seen[8], PixelGeometry)
+    seen.clear()
+    _ghost(_StridedCNN(), torch.randn(2, 4, 8, 8), torch.tensor([0, 1]), 1.0)
+    assert seen == {4: "columns"}  # stride 2: 16 * 16 * (36 + 64) < 16 * 36 * 64
 
 
 def test_dp_gradient_takes_the_ghost_path_and_equals_the_per_record_path(monkeypatch):
