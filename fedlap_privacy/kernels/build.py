@@ -118,6 +118,8 @@ SIGNATURES: dict[str, list[type]] = {
     "wino_grad_output": [_P, _I, _I, _I, _I, _I, _I, _P],
     # d, N, C, H, W, lo, hi, dx
     "wino_grad_input": [_P, _I, _I, _I, _I, _I, _I, _P],
+    # w, C_out, C_in, lo, hi, out
+    "wino_weight": [_P, _I, _I, _I, _I, _P],
     # m, R, C_out, C_in, lo, hi, dw
     "wino_weight_grad": [_P, _I, _I, _I, _I, _I, _P],
     # q, gg, H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out

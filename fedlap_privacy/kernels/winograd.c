@@ -82,6 +82,18 @@
         (o)[1] = m12 / 6 + m34 / 12;                                                     \
         (o)[2] = (p34 - p12) / 6 + (v)[5];                                               \
     } while (0)
+/* v -> G v (3 -> 6) */
+#define WINO_G(v, o)                                                                     \
+    do {                                                                                 \
+        const scalar_t p02 = (v)[0] + (v)[2];                                            \
+        const scalar_t e = (v)[0] / 24 + (v)[2] / 6, f = (v)[1] / 12;                    \
+        (o)[0] = (v)[0] / 4;                                                             \
+        (o)[1] = -(p02 + (v)[1]) / 6;                                                    \
+        (o)[2] = ((v)[1] - p02) / 6;                                                     \
+        (o)[3] = e + f;                                                                  \
+        (o)[4] = e - f;                                                                  \
+        (o)[5] = (v)[2];                                                                 \
+    } while (0)
 #define WINO_M 4 /* the output tile's side */
 #endif
 
@@ -248,6 +260,48 @@ int FN(wino_weight_grad)(const scalar_t *restrict m, int64_t R, int64_t Co, int6
                     w[i * 9 + k] = k9[k * Ci + i];
         }
     free(tmp);
+    return 0;
+}
+
+/* Kernel tiles: out[xi][o][i] = (G w G^T)[xi] of the 3x3 kernel w[o][i] (C_out, C_in, 3,
+   3), for output channels lo <= o < hi: the kernel's nine taps are laid out tap-major in
+   a scratch block first, so that the loop over the input channels vectorises. */
+int FN(wino_weight)(const scalar_t *restrict w, int64_t Co, int64_t Ci, int64_t lo,
+                    int64_t hi, scalar_t *restrict out) {
+    scalar_t *taps = malloc((size_t)(9 + 3 * ALPHA) * Ci * sizeof(scalar_t));
+    if (!taps)
+        return 1;
+    scalar_t *rows = taps + 9 * Ci; /* rows[a][c][i] = (G w[.][c])[a] */
+    for (int64_t o = lo; o < hi; ++o) {
+        const scalar_t *restrict k = w + o * Ci * 9;
+        for (int64_t i = 0; i < Ci; ++i)
+            for (int t = 0; t < 9; ++t)
+                taps[t * Ci + i] = k[i * 9 + t];
+        for (int c = 0; c < 3; ++c) {
+#pragma omp simd
+            for (int64_t i = 0; i < Ci; ++i) {
+                scalar_t v[3], u[ALPHA];
+                v[0] = taps[c * Ci + i], v[1] = taps[(3 + c) * Ci + i];
+                v[2] = taps[(6 + c) * Ci + i];
+                WINO_G(v, u);
+                _Pragma("GCC unroll 8") for (int a = 0; a < ALPHA; ++a)
+                    rows[(a * 3 + c) * Ci + i] = u[a];
+            }
+        }
+        for (int a = 0; a < ALPHA; ++a) {
+            scalar_t *restrict dst = out + (a * ALPHA * Co + o) * Ci;
+#pragma omp simd
+            for (int64_t i = 0; i < Ci; ++i) {
+                scalar_t v[3], u[ALPHA];
+                v[0] = rows[(a * 3) * Ci + i], v[1] = rows[(a * 3 + 1) * Ci + i];
+                v[2] = rows[(a * 3 + 2) * Ci + i];
+                WINO_G(v, u);
+                _Pragma("GCC unroll 8") for (int b = 0; b < ALPHA; ++b)
+                    dst[b * Co * Ci + i] = u[b];
+            }
+        }
+    }
+    free(taps);
     return 0;
 }
 

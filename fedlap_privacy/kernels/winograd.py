@@ -61,10 +61,6 @@ POINTS = (TILE + 2) ** 2
 MIN_CHANNELS = 128
 MIN_TILES = 64
 
-# G of F(4x4, 3x3): the kernel's transform, ``G w G^T``
-_G = ((1 / 4, 0.0, 0.0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6),
-      (1 / 24, 1 / 12, 1 / 6), (1 / 24, -1 / 12, 1 / 6), (0.0, 0.0, 1.0))
-
 
 @dataclass(frozen=True)
 class Tiles:
@@ -130,10 +126,14 @@ def grad_tiles(gy: Tensor) -> Tiles:
 
 
 def weight_tiles(weight: Tensor) -> Tensor:
-    """``G w G^T`` of every (output, input) kernel, as ``(36, C_in, C_out)``."""
-    g = weight.new_tensor(_G)
-    return torch.einsum("pk,oikl,ql->pqio", g, weight.detach(), g).reshape(
-        POINTS, weight.shape[1], weight.shape[0])
+    """``G w G^T`` of every (output, input) kernel, as ``(36, C_in, C_out)`` (a transposed
+    view of ``(36, C_out, C_in)``, which the matrix products take as it is)."""
+    c_out, c_in = weight.shape[:2]
+    src = weight.detach().contiguous()
+    out = src.new_empty(POINTS, c_out, c_in)
+    run_split("wino_weight", src.dtype, c_out, out.numel(),
+              (src.data_ptr(), c_out, c_in), (out.data_ptr(),))
+    return out.transpose(1, 2)
 
 
 def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
