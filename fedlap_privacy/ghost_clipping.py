@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels import winograd
 from fedlap_privacy.kernels.conv_gram import (
     PixelGeometry,
     conv_weight_grad_sq,
@@ -52,6 +53,7 @@ from fedlap_privacy.kernels.conv_gram import (
 from fedlap_privacy.kernels.winograd import conv2d_backward
 from fedlap_privacy.models import ConvNet
 from fedlap_privacy.per_sample import (
+    TransformedInputs,
     _conv_weight_grads,
     _fused_capture,
     _hook_capture,
@@ -143,16 +145,23 @@ def _layer_norms(module: nn.Module, inp: Tensor, gy: Tensor) -> tuple[Tensor, di
 
 
 def _layer_sum(module: nn.Module, inp: Tensor, gy: Tensor, factors: Tensor,
-               formed: dict[str, Tensor]) -> dict[str, Tensor]:
+               formed: dict[str, Tensor], transformed: TransformedInputs) -> dict[str, Tensor]:
     """A layer's clipped sum ``sum_i c_i grad_i`` per parameter: ``c @ grads`` where the
-    gradients were formed, else the batch's weight gradient of ``c . g`` (book-keeping)."""
+    gradients were formed, else the batch's weight gradient of ``c . g`` (book-keeping;
+    from the forward pass's input tiles where the convolution ran through Winograd's
+    F(4x4, 3x3))."""
     out = {name: (factors @ g.reshape(g.shape[0], -1)).view(g.shape[1:])
            for name, g in formed.items()}
     if "weight" in out or getattr(module, "weight", None) is None:
         return out
     if isinstance(module, nn.Conv2d):
-        out["weight"] = conv2d_backward(module, gy * factors.view(-1, 1, 1, 1), inp,
-                                        module.weight, (False, True))[1]
+        scaled = gy * factors.view(-1, 1, 1, 1)
+        if module in transformed:
+            out["weight"] = winograd.weight_grad(winograd.grad_tiles(scaled),
+                                                 transformed[module][0])
+        else:
+            out["weight"] = conv2d_backward(module, scaled, inp, module.weight,
+                                            (False, True))[1]
     else:  # Linear
         g2 = (gy.reshape(gy.shape[0], -1, module.out_features) * factors.view(-1, 1, 1))
         out["weight"] = g2.reshape(-1, module.out_features).T @ inp.reshape(
@@ -177,13 +186,13 @@ def ghost_clipped_sum(
     blocks = (model.fused_blocks(x)
               if fast_paths.current().per_sample and isinstance(model, ConvNet) else None)
     if blocks is not None:
-        layers, formed_all = _fused_capture(model, blocks, x, y)
+        layers, formed_all, transformed = _fused_capture(model, blocks, x, y)
     elif hooks_supported(model):
         try:
             layers = _hook_capture(model, x, y)
         except _InPlaceModified:
             return None
-        formed_all = {}
+        formed_all, transformed = {}, {}
         if len({id(m) for m, _, _ in layers}) != len(layers):  # a layer called twice
             return None
     else:
@@ -201,6 +210,7 @@ def ghost_clipped_sum(
                 for name, g in formed_all.items()}
         for (module, inp, gy), formed in zip(layers, per_layer, strict=True):
             prefix = names[module]
-            for pname, total in _layer_sum(module, inp, gy, factors, formed).items():
+            for pname, total in _layer_sum(module, inp, gy, factors, formed,
+                                           transformed).items():
                 sums[f"{prefix}.{pname}" if prefix else pname] = total
     return [sums[name] if name in sums else p.detach().new_zeros(p.shape) for name, p in named]

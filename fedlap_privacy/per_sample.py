@@ -54,7 +54,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedlap_privacy import fast_paths
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.kernels import block_backward, block_forward
+from fedlap_privacy.kernels import block_backward, block_forward, winograd
 from fedlap_privacy.kernels.winograd import conv2d, conv2d_backward
 from fedlap_privacy.models import ConvNet, has_hooks
 
@@ -203,19 +203,32 @@ def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
     return result
 
 
+#: a convolution's input tiles and kernel tiles where it ran through Winograd's F(4x4, 3x3)
+TransformedInputs = dict[nn.Module, tuple[winograd.Tiles, Tensor]]
+
+
 def _fused_capture(
     model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor, y: Tensor
-) -> tuple[list[tuple[nn.Module, Tensor, Tensor]], dict[str, Tensor]]:
+) -> tuple[list[tuple[nn.Module, Tensor, Tensor]], dict[str, Tensor], TransformedInputs]:
     """The fused forward and written-out backward of one chunk (module docstring): the
-    classifier's and every convolution's (module, input, output gradient), and every
-    record's GroupNorm gradients by parameter name (the fused backward returns them)."""
+    classifier's and every convolution's (module, input, output gradient), every record's
+    GroupNorm gradients by parameter name (the fused backward returns them), and the input
+    and kernel tiles of the convolutions that ran through Winograd's F(4x4, 3x3), which a
+    batch weight gradient can reuse."""
     saved: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # block input, conv output, stats
     names = {module: name for name, module in model.named_modules()}
+    transformed: TransformedInputs = {}
     with torch.no_grad():
         h = x
         for conv, norm in blocks:
-            # the module itself where something hooks it, so that its hooks still run
-            z = conv(h) if has_hooks(conv) else conv2d(conv, h, conv.weight, conv.bias)
+            if has_hooks(conv):  # the module itself, so that its hooks still run
+                z = conv(h)
+            elif winograd.applies(h, conv.weight, conv):
+                tiles = winograd.input_tiles(h), winograd.weight_tiles(conv.weight)
+                transformed[conv] = tiles
+                z = winograd.forward(*tiles, conv.bias)
+            else:
+                z = conv2d(conv, h, conv.weight, conv.bias)
             out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
             saved.append((h, z, mean, rstd))
             h = out
@@ -232,16 +245,18 @@ def _fused_capture(
             gz, norm_grads[f"{names[norm]}.weight"], norm_grads[f"{names[norm]}.bias"] = (
                 block_backward(z, gh, norm.weight, norm.bias, mean, rstd))
             layers.append((conv, h_in, gz))
-            if i > 0:
+            if i > 0 and conv in transformed:
+                gh = winograd.input_grad(winograd.grad_tiles(gz), transformed[conv][1])
+            elif i > 0:
                 gh, _ = conv2d_backward(conv, gz, h_in, conv.weight, (True, False))
-    return layers, norm_grads
+    return layers, norm_grads, transformed
 
 
 def _fused_grads(model: ConvNet, blocks: list[tuple[nn.Conv2d, nn.GroupNorm]], x: Tensor,
                  y: Tensor) -> dict[str, Tensor]:
     """Per-record gradients of one chunk through the fused blocks (module docstring)."""
     names = {module: name for name, module in model.named_modules()}
-    layers, grads = _fused_capture(model, blocks, x, y)
+    layers, grads, _ = _fused_capture(model, blocks, x, y)
     with torch.no_grad():
         for module, inp, gy in layers:
             for pname, grad in _layer_grads(module, inp, gy).items():

@@ -26,7 +26,13 @@ gradient of the double backward that nobody asked for), and none of autograd's p
 bookkeeping. The first block (at most 3 input channels: the images) convolves through its
 input's columns (im2col, one batched matrix product), which the forward and step 3 share,
 and takes torch's native input-gradient kernel (both several times faster than oneDNN's
-there). :func:`weight_grad` is step 1 alone: the first-order gradient of the (optionally
+there). Where a block's convolutions run through Winograd's F(4x4, 3x3)
+(:mod:`fedlap_privacy.kernels.winograd`), its input ``a_{l-1}``, its kernels and ``gz_l``
+are transformed once per step and shared by the block's four convolutions, and each pair
+of stacked operands becomes two sets of products summed before one inverse transform
+(:func:`~fedlap_privacy.kernels.winograd.forward_sum`,
+:func:`~fedlap_privacy.kernels.winograd.input_grad_sum`) instead of a concatenation.
+:func:`weight_grad` is step 1 alone: the first-order gradient of the (optionally
 record-weighted) mean cross-entropy, for the local and the server steps. The test suite
 holds both to autograd's results (their oracle). This is the ``second_order`` fast path of
 :mod:`fedlap_privacy.fast_paths`: switched off there (or the kernels it runs on),
@@ -43,8 +49,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward
-from fedlap_privacy.kernels.winograd import conv2d, conv2d_backward
+from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward, winograd
+from fedlap_privacy.kernels.winograd import Tiles, conv2d, conv2d_backward
 from fedlap_privacy.models import ConvNet, has_hooks
 
 __all__ = ["Blocks", "supported_blocks", "weight_grad", "weight_grad_input_vjp"]
@@ -118,6 +124,18 @@ def _stacked(parts: list[Tensor | None], dim: int) -> Tensor | None:
 
 
 @dataclass
+class _Transformed:
+    """A block whose convolutions run through Winograd's F(4x4, 3x3)
+    (:mod:`fedlap_privacy.kernels.winograd`): the tiles of its input ``a_{l-1}``, of its
+    kernels and, after the backward pass, of ``gz_l``, each transformed once per step and
+    shared by the four convolutions of the block."""
+
+    inputs: Tiles
+    weight: Tensor
+    gz: Tiles | None = None
+
+
+@dataclass
 class _Tape:
     """What the forward and backward pass keep per block ``l`` (lists indexed by block) and
     for the classifier: input ``a_{l-1}``, pre-activation ``z_l``, the block's statistics,
@@ -137,6 +155,7 @@ class _Tape:
     share: Tensor
     go: Tensor
     grads: dict[int, Tensor]
+    transformed: list[_Transformed | None]
 
 
 def _out_shape(a: Tensor, conv: nn.Conv2d) -> torch.Size:
@@ -152,14 +171,20 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
     with ``weights``, ``sum_i w_i CE_i / sum_i w_i``."""
     classifier = model.classifier
     inputs, pre, stats = [], [], []
+    transformed: list[_Transformed | None] = []
     a = x
     columns = None
     for conv, norm in blocks:
+        tiles = None
         if not inputs and _few_channels(a):
             columns = _columns(a, conv)
             z = _conv_columns(columns, conv.weight, _out_shape(a, conv), conv.bias)
+        elif winograd.applies(a, conv.weight, conv):
+            tiles = _Transformed(winograd.input_tiles(a), winograd.weight_tiles(conv.weight))
+            z = winograd.forward(tiles.inputs, tiles.weight, conv.bias)
         else:
             z = conv2d(conv, a, conv.weight, conv.bias)
+        transformed.append(tiles)
         out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
         inputs.append(a)
         pre.append(z)
@@ -191,13 +216,20 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
         grads[id(norm.weight)], grads[id(norm.bias)] = sgx.sum(0), sgy.sum(0)
         if conv.bias is not None:
             grads[id(conv.bias)] = gz.sum((0, 2, 3))
+        tiles = transformed[i]
+        if tiles is not None:
+            tiles.gz = winograd.grad_tiles(gz)
+            grads[id(conv.weight)] = winograd.weight_grad(tiles.gz, tiles.inputs)
+            if i > 0:
+                ga = winograd.input_grad(tiles.gz, tiles.weight)
+            continue
         dx, dw = conv2d_backward(conv, gz, inputs[i], conv.weight, (i > 0, True))
         assert dw is not None
         grads[id(conv.weight)] = dw
         if dx is not None:
             ga = dx
     return _Tape(inputs, columns, pre, stats, incoming[::-1], gzs[::-1], f, p, share, go,
-                 grads)
+                 grads, transformed)
 
 
 def weight_grad(model: ConvNet, blocks: Blocks, x: Tensor,
@@ -229,17 +261,27 @@ def weight_grad_input_vjp(
                      strict=True))
         # step 3: the backward of the backward, from the first block up
         second = []  # the second-order part of each z_l's adjoint
+        u_hat: list[Tensor | None] = []  # U_W_l's kernel tiles, for step 4
         bar_ga: Tensor | None = None
         for i, (conv, norm) in enumerate(blocks):
             u_w = u[id(conv.weight)]
-            stack_in = _stacked([None if u_w is None else t.inputs[i], bar_ga], 1)
-            stack_w = _stacked([u_w, None if bar_ga is None else conv.weight], 1)
-            if stack_in is None or stack_w is None:
-                bar_gz = torch.zeros_like(t.gz[i])
-            elif i == 0 and t.columns is not None:  # stack_in is the images alone
-                bar_gz = _conv_columns(t.columns, stack_w, t.gz[i].shape)
+            tiles = t.transformed[i]
+            u_hat.append(None if tiles is None or u_w is None else winograd.weight_tiles(u_w))
+            if tiles is not None and (u_w is not None or bar_ga is not None):
+                # the two convolutions summed in the transformed domain
+                pairs = [] if u_hat[i] is None else [(tiles.inputs, u_hat[i])]
+                if bar_ga is not None:
+                    pairs.append((winograd.input_tiles(bar_ga), tiles.weight))
+                bar_gz = winograd.forward_sum(pairs)
             else:
-                bar_gz = conv2d(conv, stack_in, stack_w)
+                stack_in = _stacked([None if u_w is None else t.inputs[i], bar_ga], 1)
+                stack_w = _stacked([u_w, None if bar_ga is None else conv.weight], 1)
+                if stack_in is None or stack_w is None:
+                    bar_gz = torch.zeros_like(t.gz[i])
+                elif i == 0 and t.columns is not None:  # stack_in is the images alone
+                    bar_gz = _conv_columns(t.columns, stack_w, t.gz[i].shape)
+                else:
+                    bar_gz = conv2d(conv, stack_in, stack_w)
             if conv.bias is not None and u[id(conv.bias)] is not None:
                 bar_gz += u[id(conv.bias)].view(1, -1, 1, 1)
             u_g, u_b = u[id(norm.weight)], u[id(norm.bias)]
@@ -268,6 +310,13 @@ def weight_grad_input_vjp(
             conv, norm = blocks[i]
             bar_z = block_backward(t.pre[i], bar_a, norm.weight, norm.bias, *t.stats[i])[0]
             bar_z += second[i]
+            tiles, u_hat_i = t.transformed[i], u_hat[i]
+            if tiles is not None and tiles.gz is not None:
+                pairs = [(winograd.grad_tiles(bar_z), tiles.weight)]
+                if u_hat_i is not None:
+                    pairs.append((tiles.gz, u_hat_i))
+                bar_a = winograd.input_grad_sum(pairs)
+                continue
             u_w = u[id(conv.weight)]
             gz = _stacked([bar_z, None if u_w is None else t.gz[i]], 1)
             weight = _stacked([conv.weight, u_w], 0)

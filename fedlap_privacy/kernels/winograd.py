@@ -26,6 +26,7 @@ convolution elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +43,10 @@ __all__ = [
     "conv2d_backward",
     "conv_backward",
     "forward",
+    "forward_sum",
     "grad_tiles",
     "input_grad",
+    "input_grad_sum",
     "input_tiles",
     "weight_grad",
     "weight_tiles",
@@ -136,13 +139,26 @@ def weight_tiles(weight: Tensor) -> Tensor:
     return out.transpose(1, 2)
 
 
-def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
-    """The convolution of the map behind ``x`` with the kernels behind ``w_hat``
-    (:func:`weight_tiles`), plus ``bias``: (N, C_out, H, W)."""
-    n, _, h, w = x.shape
-    c_out = w_hat.shape[2]
-    m = _tiles_of(w_hat, torch.Size([n, c_out, h, w]))
-    torch.bmm(x.rows(), w_hat, out=m.rows())
+def _products(pairs: Sequence[tuple[Tiles, Tensor]], channels: int) -> Tiles:
+    """``sum_k rows(t_k) @ w_k`` per point, as the tiles of a map of ``channels`` channels."""
+    first = pairs[0][0]
+    out = _tiles_of(pairs[0][1], torch.Size([*first.shape[:1], channels, *first.shape[2:]]))
+    rows = out.rows()
+    for k, (t, w) in enumerate(pairs):
+        if k == 0:
+            torch.bmm(t.rows(), w, out=rows)
+        else:
+            rows.baddbmm_(t.rows(), w)
+    return out
+
+
+def forward_sum(pairs: Sequence[tuple[Tiles, Tensor]], bias: Tensor | None = None) -> Tensor:
+    """``sum_k conv(x_k, w_k) + bias`` for maps behind the tiles ``x_k`` (one shape) and
+    kernels behind ``w_k`` (:func:`weight_tiles`, one number of output channels): one
+    output transform for the sum, (N, C_out, H, W)."""
+    n, _, h, w = pairs[0][0].shape
+    c_out = pairs[0][1].shape[2]
+    m = _products(pairs, c_out)
     y = m.data.new_empty(n, c_out, h, w)
     b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
     run_split("wino_output", y.dtype, n, m.data.numel(),
@@ -150,17 +166,29 @@ def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
     return y
 
 
-def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
-    """The input gradient of the convolution with the kernels behind ``w_hat`` from the
-    output gradient's tiles ``gy`` (:func:`grad_tiles`): (N, C_in, H, W)."""
-    n, _, h, w = gy.shape
-    c_in = w_hat.shape[1]
-    d = _tiles_of(w_hat, torch.Size([n, c_in, h, w]))
-    torch.bmm(gy.rows(), w_hat.transpose(1, 2), out=d.rows())
+def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The convolution of the map behind ``x`` with the kernels behind ``w_hat``
+    (:func:`weight_tiles`), plus ``bias``: (N, C_out, H, W)."""
+    return forward_sum([(x, w_hat)], bias)
+
+
+def input_grad_sum(pairs: Sequence[tuple[Tiles, Tensor]]) -> Tensor:
+    """``sum_k`` of the input gradients of the convolutions with the kernels behind ``w_k``
+    for the output gradients behind the tiles ``g_k`` (:func:`grad_tiles`; one shape, one
+    number of input channels): one transform for the sum, (N, C_in, H, W)."""
+    n, _, h, w = pairs[0][0].shape
+    c_in = pairs[0][1].shape[1]
+    d = _products([(g, w_hat.transpose(1, 2)) for g, w_hat in pairs], c_in)
     dx = d.data.new_empty(n, c_in, h, w)
     run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
               (d.data.data_ptr(), n, c_in, h, w), (dx.data_ptr(),))
     return dx
+
+
+def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
+    """The input gradient of the convolution with the kernels behind ``w_hat`` from the
+    output gradient's tiles ``gy`` (:func:`grad_tiles`): (N, C_in, H, W)."""
+    return input_grad_sum([(gy, w_hat)])
 
 
 def _weight_untile(m: Tensor) -> Tensor:
