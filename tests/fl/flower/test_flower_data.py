@@ -275,6 +275,7 @@ def test_weights_of_another_model_are_refused_before_the_ledger(tmp_path):
 
 # ----------------------------------------------------------------------- a real local deployment
 @pytest.mark.flower
+@pytest.mark.slow  # 20 s; CI keeps test_flower.py's two-round deployment equal to in-process
 def test_train_engine_flower_on_tabular_data_with_a_custom_model(tmp_path, monkeypatch):
     """``train --engine flower --data FOLDER --model FILE.py:FUNC``: three sites of tabular
     records, a custom model the node policy lists; SuperLink + 3 SuperNodes on 127.0.0.1 give
