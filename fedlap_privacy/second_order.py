@@ -311,9 +311,10 @@ def weight_grad_input_vjp(
             bar_z = block_backward(t.pre[i], bar_a, norm.weight, norm.bias, *t.stats[i])[0]
             bar_z += second[i]
             tiles, u_hat_i = t.transformed[i], u_hat[i]
-            if tiles is not None and tiles.gz is not None:
+            if tiles is not None:
                 pairs = [(winograd.grad_tiles(bar_z), tiles.weight)]
                 if u_hat_i is not None:
+                    assert tiles.gz is not None  # set by the backward pass
                     pairs.append((tiles.gz, u_hat_i))
                 bar_a = winograd.input_grad_sum(pairs)
                 continue

@@ -100,23 +100,15 @@
 #define ALPHA (WINO_M + 2)
 #define POINTS (ALPHA * ALPHA)
 
-/* One record's (C, P) map to (P, C) and back, in 8 x 8 blocks. */
-static void FN(wino_to_channels_last)(const scalar_t *restrict src, int64_t C, int64_t P,
-                                      scalar_t *restrict dst) {
-    for (int64_t c0 = 0; c0 < C; c0 += 8)
-        for (int64_t p0 = 0; p0 < P; p0 += 8)
-            for (int64_t c = c0; c < c0 + 8 && c < C; ++c)
-                for (int64_t p = p0; p < p0 + 8 && p < P; ++p)
-                    dst[p * C + c] = src[c * P + p];
-}
-
-static void FN(wino_to_channels_first)(const scalar_t *restrict src, int64_t C, int64_t P,
-                                       scalar_t *restrict dst) {
-    for (int64_t p0 = 0; p0 < P; p0 += 8)
-        for (int64_t c0 = 0; c0 < C; c0 += 8)
-            for (int64_t p = p0; p < p0 + 8 && p < P; ++p)
-                for (int64_t c = c0; c < c0 + 8 && c < C; ++c)
-                    dst[c * P + p] = src[p * C + c];
+/* A (R, K) matrix to its (K, R) transpose, in 8 x 8 blocks: one record's (C, P) map to
+   (P, C) and back. */
+static void FN(wino_transpose)(const scalar_t *restrict src, int64_t R, int64_t K,
+                               scalar_t *restrict dst) {
+    for (int64_t r0 = 0; r0 < R; r0 += 8)
+        for (int64_t k0 = 0; k0 < K; k0 += 8)
+            for (int64_t r = r0; r < r0 + 8 && r < R; ++r)
+                for (int64_t k = k0; k < k0 + 8 && k < K; ++k)
+                    dst[k * R + r] = src[r * K + k];
 }
 
 /* Input tiles: out[n][t][xi][c] = (B^T d B)[xi] for the tile d of record n whose top left
@@ -131,7 +123,7 @@ int FN(wino_input)(const scalar_t *restrict x, int64_t N, int64_t C, int64_t H, 
     scalar_t *rec = tmp + POINTS * C;
     (void)N;
     for (int64_t n = lo; n < hi; ++n) {
-        FN(wino_to_channels_last)(x + n * C * H * W, C, H * W, rec);
+        FN(wino_transpose)(x + n * C * H * W, C, H * W, rec);
         for (int64_t i = 0; i < th; ++i)
             for (int64_t j = 0; j < tw; ++j) {
                 scalar_t *restrict o = out + (n * T + i * tw + j) * POINTS * C;
@@ -182,7 +174,7 @@ int FN(wino_grad_output)(const scalar_t *restrict g, int64_t N, int64_t C, int64
     scalar_t *rec = tmp + WINO_M * ALPHA * C;
     (void)N;
     for (int64_t n = lo; n < hi; ++n) {
-        FN(wino_to_channels_last)(g + n * C * H * W, C, H * W, rec);
+        FN(wino_transpose)(g + n * C * H * W, C, H * W, rec);
         for (int64_t i = 0; i < th; ++i)
             for (int64_t j = 0; j < tw; ++j) {
                 scalar_t *restrict o = out + (n * T + i * tw + j) * POINTS * C;
@@ -349,7 +341,7 @@ int FN(wino_output)(const scalar_t *restrict m, const scalar_t *restrict bias, i
                     }
                 }
             }
-        FN(wino_to_channels_first)(rec, C, H * W, y + n * C * H * W);
+        FN(wino_transpose)(rec, H * W, C, y + n * C * H * W);
     }
     free(tmp);
     return 0;
@@ -403,7 +395,7 @@ int FN(wino_grad_input)(const scalar_t *restrict d, int64_t N, int64_t C, int64_
                     }
                 }
             }
-        FN(wino_to_channels_first)(rec, C, H * W, dx + n * C * H * W);
+        FN(wino_transpose)(rec, H * W, C, dx + n * C * H * W);
     }
     free(tmp);
     return 0;
