@@ -20,6 +20,8 @@ one thread (``benchmarks/threads.py`` measures the policy). The policy:
    every round and client step, the CPU time other processes took on this process's CPUs
    since the last look (``/proc/stat`` less this process's own time) is subtracted from
    the usable CPUs, and torch runs that many threads (at least 1, at most the count of 2.).
+   A Flower ServerApp, which waits while its nodes train, looks afresh once they replied
+   (the next 0.1 s only): their training is not load on its own server step.
    GNU OpenMP's idle threads spin a few milliseconds before they sleep, so threads beyond
    the idle cores spin on every small operation: a default two-round ``train`` beside one
    busy torch process took 3.6-3.8x its time alone with two threads and 0.9x with one;
@@ -245,15 +247,23 @@ class LoadFollower:
 
 
 _follower: LoadFollower | None = None
-#: seconds the first look at the load spans, at start-up
+#: seconds a fresh look at the load spans (the first one, at start-up, and
+#: ``follow_load(fresh=True)``)
 STARTUP_LOOK = 0.1
 
 
-def follow_load() -> None:
+def follow_load(fresh: bool = False) -> None:
     """Let the process's :class:`LoadFollower` (set by :func:`apply_cpu_policy`) adjust the
     threads; nothing where none was set (a library user's own thread settings stand) or
-    the load-following fast path is off (:func:`fedlap_privacy.fast_paths.current`)."""
+    the load-following fast path is off (:func:`fedlap_privacy.fast_paths.current`).
+
+    ``fresh``: look at the next :data:`STARTUP_LOOK` seconds only, for a process that waited
+    while others computed for it (a Flower ServerApp while its nodes train: their time since
+    the last look is others' load, but they are done)."""
     if _follower is not None and fast_paths.current().follow_load:
+        if fresh:
+            _follower.last = sample_load(_follower.cpus, _follower.stat)
+            time.sleep(STARTUP_LOOK)
         _follower.update()
 
 

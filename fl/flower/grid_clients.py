@@ -36,6 +36,8 @@ from fedlap_privacy.fl.flower.partition import SIMULATED
 from fedlap_privacy.fl.flower.run_config import config_values
 from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 from fedlap_privacy.fl.run.user_runs import prepare_data
+from fedlap_privacy.threads import follow_load
+from fedlap_privacy.vocabulary import NoiseKind
 
 __all__ = [
     "ClientFailure", "Expected", "FlowerClients", "FlowerError", "NodeInfo", "RunView",
@@ -286,6 +288,8 @@ class FlowerClients:
             callback("client_done", {"round": m, "client": k})
         if failed:
             self._on_failure(run, m, chosen, failed, replies)
+        if run.cfg.noise != NoiseKind.SEEDED:  # a seeded run keeps its threads (bit for bit)
+            follow_load(fresh=True)  # the server's step: the nodes are done with the cores
         return replies
 
     def _on_failure(self, run: RunView, m: int, chosen: list[int], failed: list[str],

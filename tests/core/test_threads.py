@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from fedlap_privacy import threads
+from fedlap_privacy import fast_paths, threads
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.threads import (
     LoadFollower,
@@ -172,3 +172,29 @@ def test_too_many_threads_is_one_line_before_anything_runs(command, tmp_path):
     assert result.stderr.strip() == (f"error: --threads 100000: at most {limit}, the CPUs "
                                      "this process may run on (its CPU affinity)")
     assert torch.get_num_threads() == before and not any(tmp_path.iterdir())
+
+
+def test_a_fresh_look_forgets_the_load_of_the_wait(tmp_path, monkeypatch):
+    """A Flower ServerApp waits while its nodes keep both cores busy; once they are done, its
+    own step looks at the next moment only (two threads), not at the wait (one)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    clock = iter([100.0, 400.0, 400.0, 400.1])
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(threads.time, "sleep", lambda s: _stat(stat, [300 * hz, 300 * hz]))
+    own = os.times()
+    monkeypatch.setattr(threads.os, "times", lambda: own)
+    _stat(stat, [0, 0])
+    follower = LoadFollower(2, frozenset({0, 1}), stat=stat)
+    _stat(stat, [300 * hz, 300 * hz])  # the nodes: both cores busy for 300 s
+    monkeypatch.setattr(threads, "_follower", follower)
+    before = torch.get_num_threads()
+    try:
+        with fast_paths.using(follow_load=True):
+            torch.set_num_threads(2)
+            threads.follow_load()  # the wait counted: both cores looked busy
+            assert torch.get_num_threads() == 1
+            threads.follow_load(fresh=True)  # idle during the fresh look
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
