@@ -152,3 +152,30 @@ def test_a_hooked_convolution_still_runs_its_hooks_in_the_fused_pass():
     finally:
         handle.remove()
     assert calls == [1] and grads[0].shape[0] == 8
+
+
+def test_a_forward_without_autograd_takes_the_transform_and_keeps_the_hooks(monkeypatch):
+    """Evaluation and attack scores (no autograd): the 128-channel convolutions run here, with
+    the model's output up to rounding; a hooked convolution is still called (its hook
+    runs), and with autograd on the module is called as before."""
+    model = build_model(ModelConfig(1, 28, 10)).double()
+    x = torch.randn(40, 1, 28, 28, dtype=torch.float64)
+    with fast_paths.using(winograd=False):
+        reference = model(x).detach()
+    used = []
+    real = winograd.conv
+    monkeypatch.setattr(winograd, "conv", lambda *a: used.append(1) or real(*a))
+    with torch.no_grad():
+        _close(model(x), reference, torch.float64)
+    assert len(used) == 2  # the 16x16 and 8x8 convolutions
+    used.clear()
+    model(x)  # autograd on: the modules themselves
+    assert used == []
+    calls = []
+    handle = model.features[4].register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        handle.remove()
+    assert calls == [1] and used == [1]  # the hooked one is called, the other transformed
