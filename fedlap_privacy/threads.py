@@ -236,6 +236,13 @@ class LoadFollower:
         busy, self.last = others_busy(self.last, now), now
         return max(1, min(self.ceiling, math.floor(len(self.cpus) - busy + 0.5)))
 
+    def look_afresh(self, seconds: float) -> int:
+        """Forget the time since the last look, look again after ``seconds`` and set the
+        threads by what other processes did in them (:meth:`update`)."""
+        self.last = sample_load(self.cpus, self.stat)
+        time.sleep(seconds)
+        return self.update()
+
     def update(self) -> int:
         """Set torch's threads by :meth:`threads_now`; returns the count in force."""
         import torch
@@ -262,9 +269,9 @@ def follow_load(fresh: bool = False) -> None:
     the last look is others' load, but they are done)."""
     if _follower is not None and fast_paths.current().follow_load:
         if fresh:
-            _follower.last = sample_load(_follower.cpus, _follower.stat)
-            time.sleep(STARTUP_LOOK)
-        _follower.update()
+            _follower.look_afresh(STARTUP_LOOK)
+        else:
+            _follower.update()
 
 
 def _affinity() -> frozenset[int]:
