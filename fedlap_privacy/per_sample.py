@@ -204,7 +204,7 @@ def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
 
 
 #: a convolution's input tiles and kernel tiles where it ran through Winograd's F(4x4, 3x3)
-TransformedInputs = dict[nn.Module, tuple[winograd.Tiles, Tensor]]
+TransformedInputs = dict[nn.Module, tuple[winograd.Tiles, winograd.KernelTiles]]
 
 
 def _fused_capture(

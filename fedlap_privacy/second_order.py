@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
 from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward, winograd
-from fedlap_privacy.kernels.winograd import Tiles, conv2d, conv2d_backward
+from fedlap_privacy.kernels.winograd import KernelTiles, Tiles, conv2d, conv2d_backward
 from fedlap_privacy.models import ConvNet, has_hooks
 
 __all__ = ["Blocks", "supported_blocks", "weight_grad", "weight_grad_input_vjp"]
@@ -131,7 +131,7 @@ class _Transformed:
     shared by the four convolutions of the block."""
 
     inputs: Tiles
-    weight: Tensor
+    weight: KernelTiles
     gz: Tiles | None = None
 
 
@@ -261,7 +261,7 @@ def weight_grad_input_vjp(
                      strict=True))
         # step 3: the backward of the backward, from the first block up
         second = []  # the second-order part of each z_l's adjoint
-        u_hat: list[Tensor | None] = []  # U_W_l's kernel tiles, for step 4
+        u_hat: list[KernelTiles | None] = []  # U_W_l's kernel tiles, for step 4
         bar_ga: Tensor | None = None
         for i, (conv, norm) in enumerate(blocks):
             u_w = u[id(conv.weight)]

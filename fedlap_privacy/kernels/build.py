@@ -74,7 +74,8 @@ __all__ = [
 CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = KERNEL_MODES
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c", "conv_gram.c"))
+                for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c", "conv_gram.c",
+                              "tile_products.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
@@ -118,12 +119,17 @@ SIGNATURES: dict[str, list[type]] = {
     "wino_grad_output": [_P, _I, _I, _I, _I, _I, _I, _P],
     # d, N, C, H, W, lo, hi, dx
     "wino_grad_input": [_P, _I, _I, _I, _I, _I, _I, _P],
-    # w, C_out, C_in, lo, hi, out
-    "wino_weight": [_P, _I, _I, _I, _I, _P],
+    # w, C_out, C_in, lo, hi, out, outT
+    "wino_weight": [_P, _I, _I, _I, _I, _P, _P],
     # m, R, C_out, C_in, lo, hi, dw
     "wino_weight_grad": [_P, _I, _I, _I, _I, _I, _P],
     # q, gg, H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
     "conv_gram_dot": [_P, _P, *[_I] * 12, _P],
+    "tile_products_native": [],
+    # tiles (pointer array), weights (pointer array), pairs, P, K, N, lo, hi, out
+    "tile_products": [_P, _P, _I, _I, _I, _I, _I, _I, _P],
+    # x, C, T, W, lo, hi, q
+    "gram_upper": [_P, _I, _I, _I, _I, _I, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

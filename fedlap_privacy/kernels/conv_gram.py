@@ -14,9 +14,10 @@ the padding), so that
 :func:`conv_weight_grad_sq` forms ``Q`` and ``G G^T`` as batched matrix products and the
 shifted sum in one C pass per record (``conv_gram.c``), or, where the kernels are off,
 through torch's operations (the same sum, the oracle in the tests). The C pass reads only
-the pairs of image rows on and above the diagonal of the two symmetric matrices (the
-products themselves stay whole: torch's batched product of the three blocks of two halves
-was slower than of the whole matrix). On the ConvNet's
+the pairs of image rows on and above the diagonal of the two symmetric matrices, and the
+products form only those blocks where :mod:`fedlap_privacy.kernels.tile_products` runs
+(float32 with AVX2; elsewhere torch's batched product forms the whole matrices: its product
+of the three blocks of two halves was slower than of the whole matrix). On the ConvNet's
 128-channel 16x16 convolution this is ``H W (C_in + C_out) + kh kw H W`` multiply-adds per
 position pair against ``C_out C_in kh kw`` per position for the gradient itself: about
 half the arithmetic, as larger matrix products.
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from fedlap_privacy.kernels import tile_products
 from fedlap_privacy.kernels.block import fusable, run_split
 
 __all__ = ["PixelGeometry", "conv_weight_grad_sq", "pixel_gram_cost"]
@@ -95,9 +97,13 @@ def conv_weight_grad_sq(inp: Tensor, gy: Tensor, geometry: PixelGeometry) -> Ten
     block = max(1, _BLOCK_SCALARS // ((h * w) ** 2 + (ho * wo) ** 2))
     for start in range(0, n, block):
         xs, gs = x[start:start + block], g[start:start + block]
-        q = torch.bmm(xs.transpose(1, 2), xs)
-        gg = torch.bmm(gs.transpose(1, 2), gs)
         part = out[start:start + block]
+        if tile_products.native(xs, gs):
+            # only the blocks the C pass reads (on and above the diagonal of image rows)
+            q, gg = tile_products.gram_upper(xs, w), tile_products.gram_upper(gs, wo)
+        else:
+            q = torch.bmm(xs.transpose(1, 2), xs)
+            gg = torch.bmm(gs.transpose(1, 2), gs)
         if fusable(q, gg):
             run_split("conv_gram_dot", q.dtype, q.shape[0], q.numel() + gg.numel(),
                       (q.data_ptr(), gg.data_ptr(), h, w, ho, wo, *geometry.kernel,

@@ -100,15 +100,21 @@
 #define ALPHA (WINO_M + 2)
 #define POINTS (ALPHA * ALPHA)
 
-/* A (R, K) matrix to its (K, R) transpose, in 8 x 8 blocks: one record's (C, P) map to
-   (P, C) and back. */
-static void FN(wino_transpose)(const scalar_t *restrict src, int64_t R, int64_t K,
-                               scalar_t *restrict dst) {
+/* A (R, K) matrix with rows `lds` apart to its (K, R) transpose with rows `ldd` apart, in
+   8 x 8 blocks: one record's (C, P) map to (P, C) and back, a block of kernel tiles to the
+   other layout. */
+static void FN(wino_transpose_strided)(const scalar_t *restrict src, int64_t R, int64_t K,
+                                       int64_t lds, scalar_t *restrict dst, int64_t ldd) {
     for (int64_t r0 = 0; r0 < R; r0 += 8)
         for (int64_t k0 = 0; k0 < K; k0 += 8)
             for (int64_t r = r0; r < r0 + 8 && r < R; ++r)
                 for (int64_t k = k0; k < k0 + 8 && k < K; ++k)
-                    dst[k * R + r] = src[r * K + k];
+                    dst[k * ldd + r] = src[r * lds + k];
+}
+
+static void FN(wino_transpose)(const scalar_t *restrict src, int64_t R, int64_t K,
+                               scalar_t *restrict dst) {
+    FN(wino_transpose_strided)(src, R, K, K, dst, R);
 }
 
 /* Input tiles: out[n][t][xi][c] = (B^T d B)[xi] for the tile d of record n whose top left
@@ -256,10 +262,12 @@ int FN(wino_weight_grad)(const scalar_t *restrict m, int64_t R, int64_t Co, int6
 }
 
 /* Kernel tiles: out[xi][o][i] = (G w G^T)[xi] of the 3x3 kernel w[o][i] (C_out, C_in, 3,
-   3), for output channels lo <= o < hi: the kernel's nine taps are laid out tap-major in
-   a scratch block first, so that the loop over the input channels vectorises. */
+   3), for output channels lo <= o < hi, and the same values as outT[xi][i][o] (the forward
+   products' operand; out is the input gradient's): the kernel's nine taps are laid out
+   tap-major in a scratch block first, so that the loop over the input channels
+   vectorises. */
 int FN(wino_weight)(const scalar_t *restrict w, int64_t Co, int64_t Ci, int64_t lo,
-                    int64_t hi, scalar_t *restrict out) {
+                    int64_t hi, scalar_t *restrict out, scalar_t *restrict outT) {
     scalar_t *taps = malloc((size_t)(9 + 3 * ALPHA) * Ci * sizeof(scalar_t));
     if (!taps)
         return 1;
@@ -293,6 +301,9 @@ int FN(wino_weight)(const scalar_t *restrict w, int64_t Co, int64_t Ci, int64_t 
             }
         }
     }
+    for (int a = 0; a < POINTS; ++a)
+        FN(wino_transpose_strided)(out + (a * Co + lo) * Ci, hi - lo, Ci, Ci,
+                                   outT + a * Ci * Co + lo, Co);
     free(taps);
     return 0;
 }

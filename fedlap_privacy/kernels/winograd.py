@@ -4,7 +4,7 @@ Gray, "Fast Algorithms for Convolutional Neural Networks", CVPR 2016).
 F(4x4, 3x3) computes each 4x4 output tile with 36 multiplications per channel pair instead
 of 144: each 6x6 input tile ``d`` (stride 4) becomes ``B^T d B`` and each kernel ``w``
 becomes ``G w G^T`` (``winograd.c`` spells out ``B``, ``G`` and ``A``); the sum over input
-channels is then one matrix product per tile point (36 of them, torch's BLAS), and
+channels is then one matrix product per tile point (36 of them), and
 ``A^T m A`` turns each product back into a 4x4 output tile. The backward passes are the
 adjoints of the same bilinear map, so they share its transforms: the output gradient's
 tiles become ``A g A^T`` once and serve both the input gradient (``B D B^T``,
@@ -15,7 +15,8 @@ fast; through F(2x2, 3x3), 64 tiles, it was still no faster than torch's grouped
 convolution on this CPU.
 
 The transforms are C kernels (:mod:`fedlap_privacy.kernels.build`) on (N, C, H, W) maps;
-the products are batched matrix multiplications. Exact arithmetic gives the direct
+the products run through :mod:`fedlap_privacy.kernels.tile_products` (float32 with AVX2),
+else torch's batched matrix multiplication. Exact arithmetic gives the direct
 convolution's result; in floating point the rounding differs: in float64 it agrees with
 torch's convolution to about 1e-14 relative, in float32 to about 1e-5 (F(4x4, 3x3)'s
 interpolation points 2 and -2 round more than a direct sum; ``tests/core/test_winograd.py``).
@@ -33,9 +34,11 @@ import torch
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels import tile_products
 from fedlap_privacy.kernels.block import fusable, run_split
 
 __all__ = [
+    "KernelTiles",
     "Tiles",
     "applies",
     "conv",
@@ -128,21 +131,40 @@ def grad_tiles(gy: Tensor) -> Tiles:
     return out
 
 
-def weight_tiles(weight: Tensor) -> Tensor:
-    """``G w G^T`` of every (output, input) kernel, as ``(36, C_in, C_out)`` (a transposed
-    view of ``(36, C_out, C_in)``, which the matrix products take as it is)."""
+@dataclass(frozen=True)
+class KernelTiles:
+    """``G w G^T`` of every (output, input) kernel in the two layouts the products take:
+    ``forward`` ``(36, C_in, C_out)`` and ``adjoint`` ``(36, C_out, C_in)`` (the input
+    gradient's), both contiguous."""
+
+    forward: Tensor
+    adjoint: Tensor
+
+
+def weight_tiles(weight: Tensor) -> KernelTiles:
+    """``G w G^T`` of every kernel of ``weight`` (C_out, C_in, 3, 3), in both layouts."""
     c_out, c_in = weight.shape[:2]
     src = weight.detach().contiguous()
-    out = src.new_empty(POINTS, c_out, c_in)
-    run_split("wino_weight", src.dtype, c_out, out.numel(),
-              (src.data_ptr(), c_out, c_in), (out.data_ptr(),))
-    return out.transpose(1, 2)
+    adjoint = src.new_empty(POINTS, c_out, c_in)
+    forward = src.new_empty(POINTS, c_in, c_out)
+    run_split("wino_weight", src.dtype, c_out, adjoint.numel(),
+              (src.data_ptr(), c_out, c_in), (adjoint.data_ptr(), forward.data_ptr()))
+    return KernelTiles(forward, adjoint)
 
 
 def _products(pairs: Sequence[tuple[Tiles, Tensor]], channels: int) -> Tiles:
-    """``sum_k rows(t_k) @ w_k`` per point, as the tiles of a map of ``channels`` channels."""
+    """``sum_k rows(t_k) @ w_k`` per point (``w_k`` (36, K, channels) contiguous), as the
+    tiles of a map of ``channels`` channels: the package's kernel where
+    :func:`~fedlap_privacy.kernels.tile_products.native`, else torch's batched product."""
     first = pairs[0][0]
     out = _tiles_of(pairs[0][1], torch.Size([*first.shape[:1], channels, *first.shape[2:]]))
+    if len(pairs) <= tile_products.MAX_PAIRS and tile_products.native(out.data, *(
+            t for pair in pairs for t in (pair[0].data, pair[1]))):
+        n, t, p, _ = out.data.shape
+        tile_products.products(
+            [(tiles.data.view(n * t, p, -1), w) for tiles, w in pairs],
+            out.data.view(n * t, p, channels))
+        return out
     rows = out.rows()
     for k, (t, w) in enumerate(pairs):
         if k == 0:
@@ -152,13 +174,14 @@ def _products(pairs: Sequence[tuple[Tiles, Tensor]], channels: int) -> Tiles:
     return out
 
 
-def forward_sum(pairs: Sequence[tuple[Tiles, Tensor]], bias: Tensor | None = None) -> Tensor:
+def forward_sum(pairs: Sequence[tuple[Tiles, KernelTiles]],
+                bias: Tensor | None = None) -> Tensor:
     """``sum_k conv(x_k, w_k) + bias`` for maps behind the tiles ``x_k`` (one shape) and
     kernels behind ``w_k`` (:func:`weight_tiles`, one number of output channels): one
     output transform for the sum, (N, C_out, H, W)."""
     n, _, h, w = pairs[0][0].shape
-    c_out = pairs[0][1].shape[2]
-    m = _products(pairs, c_out)
+    c_out = pairs[0][1].forward.shape[2]
+    m = _products([(x, w_hat.forward) for x, w_hat in pairs], c_out)
     y = m.data.new_empty(n, c_out, h, w)
     b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
     run_split("wino_output", y.dtype, n, m.data.numel(),
@@ -166,26 +189,26 @@ def forward_sum(pairs: Sequence[tuple[Tiles, Tensor]], bias: Tensor | None = Non
     return y
 
 
-def forward(x: Tiles, w_hat: Tensor, bias: Tensor | None = None) -> Tensor:
+def forward(x: Tiles, w_hat: KernelTiles, bias: Tensor | None = None) -> Tensor:
     """The convolution of the map behind ``x`` with the kernels behind ``w_hat``
     (:func:`weight_tiles`), plus ``bias``: (N, C_out, H, W)."""
     return forward_sum([(x, w_hat)], bias)
 
 
-def input_grad_sum(pairs: Sequence[tuple[Tiles, Tensor]]) -> Tensor:
+def input_grad_sum(pairs: Sequence[tuple[Tiles, KernelTiles]]) -> Tensor:
     """``sum_k`` of the input gradients of the convolutions with the kernels behind ``w_k``
     for the output gradients behind the tiles ``g_k`` (:func:`grad_tiles`; one shape, one
     number of input channels): one transform for the sum, (N, C_in, H, W)."""
     n, _, h, w = pairs[0][0].shape
-    c_in = pairs[0][1].shape[1]
-    d = _products([(g, w_hat.transpose(1, 2)) for g, w_hat in pairs], c_in)
+    c_in = pairs[0][1].adjoint.shape[2]
+    d = _products([(g, w_hat.adjoint) for g, w_hat in pairs], c_in)
     dx = d.data.new_empty(n, c_in, h, w)
     run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
               (d.data.data_ptr(), n, c_in, h, w), (dx.data_ptr(),))
     return dx
 
 
-def input_grad(gy: Tiles, w_hat: Tensor) -> Tensor:
+def input_grad(gy: Tiles, w_hat: KernelTiles) -> Tensor:
     """The input gradient of the convolution with the kernels behind ``w_hat`` from the
     output gradient's tiles ``gy`` (:func:`grad_tiles`): (N, C_in, H, W)."""
     return input_grad_sum([(gy, w_hat)])

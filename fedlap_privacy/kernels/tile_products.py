@@ -1,0 +1,86 @@
+"""Matrix products of the Winograd tiles and the pixel Gram matrices, on the CPU, without
+packing their operands (``tile_products.c``; the ``tile_products`` fast path of
+:mod:`fedlap_privacy.fast_paths`).
+
+torch's batched product (MKL's ``sgemm`` on the CPU) copies each operand into packed panels
+before it multiplies, and zeroes the result before it adds into it. The transforms already
+write each tile's channels contiguously, so the kernel here reads them as they lie: for
+each block of 6 tiles it runs all 36 points of F(4x4, 3x3), 6 x 16 results in registers at
+a time. On one core of the 2-core AMD EPYC (AVX2) machine of the measurements it ran the
+products of a round's shapes (128 channels, 320 to 2,048 tiles a point) at 65 to 73
+GFLOP/s against MKL's 45 to 64, and a record's 256 x 256 pixel Gram matrix 1.5 to 1.6
+times faster, computing only the blocks that :mod:`fedlap_privacy.kernels.conv_gram` reads
+of the symmetric matrix (``benchmarks/tile_products.py``). The same products in the same
+order of summation over one pair: the results equal torch's to rounding (to the last bit
+where MKL sums in the same order; ``tests/core/test_tile_products.py``).
+
+It runs for float32 where the kernels were compiled for a processor with AVX2 and FMA
+(:func:`native`); elsewhere, and with the path off, the callers take ``torch.bmm``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels.block import fusable, run_split
+from fedlap_privacy.kernels.build import KernelLibrary, load_kernels
+
+__all__ = ["MAX_PAIRS", "gram_upper", "native", "products"]
+
+#: the most operand pairs one :func:`products` call sums (``TP_MAX_PAIRS`` in the C source)
+MAX_PAIRS = 8
+
+
+@functools.cache
+def _native_in(library: KernelLibrary, dtype: torch.dtype) -> bool:
+    suffix = {torch.float32: "_f32", torch.float64: "_f64"}[dtype]
+    return library.function("tile_products_native", suffix)() == 1
+
+
+def native(*tensors: Tensor) -> bool:
+    """Whether the products of these tensors run here: the ``tile_products`` fast path is on,
+    the kernels take them (:func:`~fedlap_privacy.kernels.block.fusable`) and were compiled
+    with AVX2 and FMA for their type (float32 only)."""
+    if not fast_paths.current().effective().tile_products or not fusable(*tensors):
+        return False
+    library = load_kernels()
+    return library is not None and _native_in(library, tensors[0].dtype)
+
+
+def products(pairs: Sequence[tuple[Tensor, Tensor]], out: Tensor) -> None:
+    """``out[i, p] = sum_q tiles_q[i, p] @ weights_q[p]``: contiguous tiles ``(R, P, K)``,
+    weights ``(P, K, N)`` and ``out`` ``(R, P, N)``; callers check :func:`native` first."""
+    tiles = [t.contiguous() for t, _ in pairs]
+    weights = [w.contiguous() for _, w in pairs]
+    if not 1 <= len(pairs) <= MAX_PAIRS:
+        raise ValueError(f"products takes 1 to {MAX_PAIRS} operand pairs, got {len(pairs)}")
+    rows, points, k = tiles[0].shape
+    n = weights[0].shape[2]
+    shapes = {tuple(t.shape) for t in tiles}, {tuple(w.shape) for w in weights}
+    if shapes != ({(rows, points, k)}, {(points, k, n)}) or tuple(out.shape) != (rows, points, n):
+        raise ValueError("products: the tiles, weights and output do not fit together")
+    addresses = (ctypes.c_void_p * len(pairs))
+    tile_ptrs = addresses(*(t.data_ptr() for t in tiles))
+    weight_ptrs = addresses(*(w.data_ptr() for w in weights))
+    run_split("tile_products", out.dtype, rows, out.numel() * len(pairs),
+              (ctypes.addressof(tile_ptrs), ctypes.addressof(weight_ptrs), len(pairs), points,
+               k, n), (out.data_ptr(),))
+
+
+def gram_upper(x: Tensor, width: int) -> Tensor:
+    """``x[n]^T x[n]`` for ``x`` ``(N, C, T)`` (T positions of rows of ``width``), as
+    ``(N, T, T)``, written only on and above the diagonal blocks of ``width`` x ``width``
+    (image rows): the entries :mod:`fedlap_privacy.kernels.conv_gram` reads. Callers check
+    :func:`native` first."""
+    x = x.contiguous()
+    n, c, t = x.shape
+    q = x.new_empty(n, t, t)
+    run_split("gram_upper", x.dtype, n, q.numel(), (x.data_ptr(), c, t, width),
+              (q.data_ptr(),))
+    return q
