@@ -1,5 +1,6 @@
 """Time the ConvNet's 3x3 convolutions through Winograd's F(4x4, 3x3)
-(fedlap_privacy.kernels.winograd) against torch's own (oneDNN's direct convolution), the
+(fedlap_privacy.kernels.winograd) and its first convolution through the few-channel kernel
+(fedlap_privacy.kernels.few_channels) against torch's own (oneDNN's direct convolution), the
 kernels a user of torch would otherwise run.
 
 For each shape a FedLAP-DP round makes (128 channels; a DP chunk of 128 records and a
@@ -7,6 +8,8 @@ synthetic set of 20 images; the 16x16 and 8x8 maps of the 28x28 ConvNet), the fo
 input gradient and the weight gradient, each way interleaved within one run so that they
 see the same machine load. Checks first that both agree (float64, 1e-12 of the output's
 scale), then prints the median times and the ratio torch / ours, with the load average.
+Last, the forward of the first convolution of FashionMNIST's 28x28 grey images (padding 3,
+128 output channels) for the same two batches.
 
     python benchmarks/winograd.py [--repeats 7] [--threads 1]
 """
@@ -24,7 +27,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
 from fedlap_privacy.allocator import tune_allocator
-from fedlap_privacy.kernels import winograd
+from fedlap_privacy.kernels import few_channels, winograd
 
 # (records, height and width) at 128 channels
 SHAPES = [(128, 16), (20, 16), (128, 8), (20, 8)]
@@ -89,19 +92,33 @@ def main() -> None:
                 print(f"{f'{n} x {side}x{side}':>14s} {pass_:>12s}  below the threshold on "
                       f"{args.threads} threads: torch's runs")
                 continue
-            runs = {"torch": _torch(module, pass_, x, gy), "ours": ours}
-            times: dict[str, list[float]] = {k: [] for k in runs}
-            for fn in runs.values():  # warm up: the first calls fault the buffers in
-                fn(), fn()
-            for _ in range(args.repeats):
-                for name, fn in runs.items():
-                    start = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - start)
-            med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-            print(f"{f'{n} x {side}x{side}':>14s} {pass_:>12s} {med['torch']:8.1f} "
-                  f"{med['ours']:8.1f} {med['torch'] / med['ours']:10.2f}x")
+            _race(f"{n} x {side}x{side}", pass_,
+                  {"torch": _torch(module, pass_, x, gy), "ours": ours}, args.repeats)
+    first = nn.Conv2d(1, 128, 3, padding=3).requires_grad_(False)
+    for n in sorted({n for n, _ in SHAPES}, reverse=True):
+        x = torch.randn(n, 1, 28, 28)
+        assert few_channels.applies(x, first.weight, first)
+        _race(f"{n} x 28x28", "1st forward", {
+            "torch": lambda x=x: torch.ops.aten.convolution(
+                x, first.weight, first.bias, [1, 1], [3, 3], [1, 1], False, [0, 0], 1),
+            "ours": lambda x=x: few_channels.conv(x, first.weight, first.bias, (3, 3))},
+            args.repeats)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+def _race(label: str, pass_: str, runs: dict[str, Callable[[], object]], repeats: int) -> None:
+    """Print the median times of the two ways, interleaved, and their ratio."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for fn in runs.values():  # warm up: the first calls fault the buffers in
+        fn(), fn()
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f"{label:>14s} {pass_:>12s} {med['torch']:8.1f} {med['ours']:8.1f} "
+          f"{med['torch'] / med['ours']:10.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ rounding, in less time or memory; switched off, the reference twin runs:
 
 * ``kernels``: the fused C kernels (:mod:`fedlap_privacy.kernels`): the ConvNet's GroupNorm
   -> ReLU -> 2x2 pooling block in the forward (:meth:`fedlap_privacy.models.ConvNet.fused_blocks`),
-  backward and double backward, and the matching distance's gradient. Off: torch's modules
-  one by one and the matching distance through torch's operations.
+  backward and double backward, the matching distance's gradient, and the first convolution
+  of images of one to three channels (:mod:`fedlap_privacy.kernels.few_channels`). Off:
+  torch's modules one by one, the matching distance through torch's operations and torch's
+  convolution.
 * ``second_order``: the written-out matching gradient and first-order weight gradient of
   the ConvNet (:mod:`fedlap_privacy.second_order`, with the augmentation's adjoint in closed
   form). Off: autograd differentiates its own backward graph (``create_graph=True``).

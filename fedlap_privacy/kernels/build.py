@@ -75,7 +75,7 @@ CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = KERNEL_MODES
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c", "conv_gram.c",
-                              "tile_products.c"))
+                              "tile_products.c", "few_channels.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
@@ -130,6 +130,8 @@ SIGNATURES: dict[str, list[type]] = {
     "tile_products": [_P, _P, _I, _I, _I, _I, _I, _I, _P],
     # x, C, T, W, lo, hi, q
     "gram_upper": [_P, _I, _I, _I, _I, _I, _P],
+    # x, w, b, C_in, C_out, H, W, ph, pw, lo, hi, y
+    "conv3x3_few": [_P, _P, _P, *[_I] * 8, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

@@ -1,0 +1,65 @@
+"""The first convolution of images through the C kernel (fedlap_privacy.kernels.few_channels).
+
+The oracle is torch's convolution: in float64 the kernel must give its result to 1e-12 of
+the output's scale, on the ConvNet's shapes (28x28 grey images with padding 3, 32x32 colour
+images with padding 1) and on odd ones (no padding, maps narrower and wider than a vector
+block, non-square), and the package's convolution must take it exactly where it applies.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fedlap_privacy import fast_paths
+from fedlap_privacy.kernels import few_channels, winograd
+
+# (records, channels, height, width, padding)
+SHAPES = [(3, 1, 28, 28, 3), (2, 3, 32, 32, 1), (2, 2, 7, 5, 0), (1, 1, 9, 40, 2)]
+
+
+@pytest.fixture(autouse=True)
+def _kernels():
+    if not fast_paths.current().kernels:
+        pytest.skip("the kernels are switched off (FEDLAP_KERNELS, FEDLAP_FAST_PATHS)")
+
+
+def _torch(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.convolution(x, conv.weight, conv.bias, [1, 1], list(conv.padding),
+                                      [1, 1], False, [0, 0], 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_kernel_gives_torchs_convolution(shape, dtype):
+    n, c, h, w, pad = shape
+    torch.manual_seed(n * h + w)
+    conv = nn.Conv2d(c, 16, 3, padding=pad).to(dtype).requires_grad_(False)
+    x = torch.randn(n, c, h, w, dtype=dtype)
+    assert few_channels.applies(x, conv.weight, conv)
+    got = few_channels.conv(x, conv.weight, conv.bias, (pad, pad))
+    want = _torch(conv, x)
+    scale = want.abs().max().item()
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(got, want, atol=tol * scale, rtol=0)
+
+
+def test_the_package_convolution_takes_it_where_it_applies(monkeypatch):
+    calls = []
+    real = few_channels.conv
+    monkeypatch.setattr(few_channels, "conv", lambda *a: calls.append(1) or real(*a))
+    grey = nn.Conv2d(1, 8, 3, padding=3).requires_grad_(False)
+    x = torch.randn(2, 1, 28, 28)
+    y = winograd.conv2d(grey, x, grey.weight, grey.bias)
+    assert len(calls) == 1 and y.shape == (2, 8, 32, 32)
+    for other in (nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(1, 8, 5, padding=2),
+                  nn.Conv2d(1, 8, 3, stride=2),
+                  nn.Conv2d(1, 8, 3, padding=1, padding_mode="reflect")):
+        other.requires_grad_(False)
+        inputs = torch.randn(2, other.in_channels, 12, 12)
+        winograd.conv2d(other, inputs, other.weight, other.bias)
+    assert len(calls) == 1
+    with fast_paths.using(kernels=False):
+        winograd.conv2d(grey, x, grey.weight, grey.bias)
+    assert len(calls) == 1
