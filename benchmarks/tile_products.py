@@ -4,11 +4,10 @@
 
 The shapes a FedLAP-DP round makes, float32, 128 channels: the 36 products of a 16x16 or
 8x8 convolution for a DP chunk of 128 records (2,048 and 512 tiles) and for a synthetic set
-of 20 images (320 and 80), with one and two operand pairs (the written-out matching step
-sums two), and the pixel Gram matrices of a DP chunk's 16x16 and 8x8 maps (torch forms
-the whole symmetric matrix; ours the blocks the norm reads). Each way interleaved within
-one run, so that both see the same machine load; prints the median times, GFLOP/s (of the
-whole product) and the ratio torch / ours, with the load average.
+of 20 images (320 and 80), and the pixel Gram matrices of a DP chunk's 16x16 and 8x8 maps
+(torch forms the whole symmetric matrix; ours the blocks the norm reads). Each way
+interleaved within one run, so that both see the same machine load; prints the median
+times, GFLOP/s (of the whole product) and the ratio torch / ours, with the load average.
 
     python benchmarks/tile_products.py [--repeats 9] [--threads 1]
 """
@@ -22,27 +21,16 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
 
 from fedlap_privacy.allocator import tune_allocator
 from fedlap_privacy.kernels import tile_products
 
-# (label, tile rows, operand pairs) at 36 points and 128 channels
-PRODUCTS = [("DP chunk 16x16", 2048, 1), ("DP chunk 8x8", 512, 1),
-            ("synthetic 16x16", 320, 2), ("synthetic 8x8", 80, 2)]
+# (label, tile rows) at 36 points and 128 channels
+PRODUCTS = [("DP chunk 16x16", 2048), ("DP chunk 8x8", 512), ("synthetic 16x16", 320),
+            ("synthetic 8x8", 80)]
 # (label, records, map side) at 128 channels
 GRAMS = [("DP chunk 16x16", 128, 16), ("DP chunk 8x8", 128, 8)]
 CHANNELS, POINTS = 128, 36
-
-
-def _torch_products(pairs: list[tuple[Tensor, Tensor]], out: Tensor) -> Callable[[], None]:
-    rows = out.transpose(0, 1)
-
-    def run() -> None:
-        torch.bmm(pairs[0][0].transpose(0, 1), pairs[0][1], out=rows)
-        for t, w in pairs[1:]:
-            rows.baddbmm_(t.transpose(0, 1), w)
-    return run
 
 
 def _time(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
@@ -73,16 +61,17 @@ def main() -> None:
           f"medians of {args.repeats}")
     print(f"{'product':<28}{'torch ms':>10}{'ours ms':>10}{'torch GF/s':>12}"
           f"{'ours GF/s':>11}{'ratio':>8}")
-    for label, rows, npairs in PRODUCTS:
-        pairs = [(torch.randn(rows, POINTS, CHANNELS), torch.randn(POINTS, CHANNELS, CHANNELS))
-                 for _ in range(npairs)]
+    for label, rows in PRODUCTS:
+        tiles, weights = torch.randn(rows, POINTS, CHANNELS), torch.randn(POINTS, CHANNELS,
+                                                                            CHANNELS)
         a, b = torch.empty(rows, POINTS, CHANNELS), torch.empty(rows, POINTS, CHANNELS)
-        times = _time({"torch": _torch_products(pairs, a),
-                       "ours": lambda p=pairs, o=b: tile_products.products(p, o)},
-                      args.repeats)
+        times = _time({
+            "torch": lambda t=tiles, w=weights, o=a: torch.bmm(t.transpose(0, 1), w,
+                                                               out=o.transpose(0, 1)),
+            "ours": lambda t=tiles, w=weights, o=b: tile_products.products(t, w, o)},
+            args.repeats)
         assert (a - b).abs().max() <= 1e-4 * a.abs().max()
-        flop = 2 * POINTS * rows * CHANNELS * CHANNELS * npairs
-        _row(f"products {label} x{npairs}", times, flop)
+        _row(f"products {label}", times, 2 * POINTS * rows * CHANNELS * CHANNELS)
     for label, records, side in GRAMS:
         x = torch.randn(records, CHANNELS, side * side)
         q = torch.empty(records, side * side, side * side)

@@ -126,8 +126,8 @@ SIGNATURES: dict[str, list[type]] = {
     # q, gg, H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
     "conv_gram_dot": [_P, _P, *[_I] * 12, _P],
     "tile_products_native": [],
-    # tiles (pointer array), weights (pointer array), pairs, P, K, N, lo, hi, out
-    "tile_products": [_P, _P, _I, _I, _I, _I, _I, _I, _P],
+    # tiles, weights, P, K, N, lo, hi, out
+    "tile_products": [_P, _P, _I, _I, _I, _I, _I, _P],
     # x, C, T, W, lo, hi, q
     "gram_upper": [_P, _I, _I, _I, _I, _I, _P],
     # x, w, b, C_in, C_out, H, W, ph, pw, lo, hi, y

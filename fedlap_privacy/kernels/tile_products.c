@@ -2,7 +2,7 @@
    matrices lay them out, without packing them first and without a pass that zeroes the
    result (fedlap_privacy/kernels/tile_products.py says where each runs and why).
 
-   Every product here is C(i, j) = [C(i, j) +] sum_k A(i, k) B(k, j) with B's and C's rows
+   Every product here is C(i, j) = sum_k A(i, k) B(k, j) with B's and C's rows
    contiguous along j, and A read one scalar at a time at any two strides. The inner kernel
    keeps a block of 6 rows and 16 columns of C in twelve AVX registers: per k it loads 16
    values of B's row k, broadcasts A(i, k) for the 6 rows and makes 12 fused multiply-adds
@@ -13,7 +13,9 @@
      the tiles are read once, as 6 sequential streams (looping over a few points at a time
      instead, so that their kernel matrices stay in the second-level cache, or over 12 to
      48 tiles per kernel matrix, so that it is read fewer times, was slower: more streams
-     than the processor's prefetcher follows);
+     than the processor's prefetcher follows). Sums of two products (the matching step's)
+     stay with torch's: the kernel reads each pair's 36 kernel matrices again for every 6
+     tiles, where MKL packs them once;
    - gram_upper (a record's pixel Gram matrix X^T X): only the blocks on and above the
      diagonal of image rows, which is all that conv_gram.c reads of the symmetric matrix.
    The two functions exist for float only and where the compiler targets AVX2 with FMA;
@@ -21,8 +23,7 @@
    (The weight gradient, a product summed over the tiles, stays with torch's: a version of
    it here, which copied 128 tiles at a time into panels, ran at 0.6 to 0.95 times its
    speed.) Each handles rows or records lo <= n < hi, so that callers can split the work
-   between threads, and returns 0 (2 where it does not run, as above, or for more than
-   TP_MAX_PAIRS operand pairs). Compiled by
+   between threads, and returns 0 (2 where it does not run, as above). Compiled by
    fedlap_privacy/kernels/build.py once per scalar type (scalar_t, FN(name)), like
    gn_relu_pool.c. */
 
@@ -32,7 +33,7 @@
 #include <immintrin.h>
 #define TP_NATIVE 1
 
-/* One operand pair: A(i, k) = a[i ai + k ak], B(k, j) = b[k bk + j], k < K. */
+/* One product's operands: A(i, k) = a[i ai + k ak], B(k, j) = b[k bk + j], k < K. */
 typedef struct {
     const float *a;
     int64_t ai, ak;
@@ -47,51 +48,37 @@ static inline void tp_masks(int64_t w, __m256i *m0, __m256i *m1) {
     *m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)w - 8), lanes);
 }
 
-/* C(i0 + r, j0 + j) for r < R, j < 16 (j < w where MASKED): the sum over the pairs, added
-   to C where acc. R and MASKED are constants, so the accumulators stay in registers. */
+/* C(i0 + r, j0 + j) = sum_k A(i0 + r, k) B(k, j0 + j) for r < R, j < 16 (j < w where
+   MASKED). R and MASKED are constants, so the accumulators stay in registers. */
 #define TP_MICRO(R, MASKED)                                                                    \
-    static void tp_micro_##R##_##MASKED(const tp_pair *pairs, int npairs, int64_t i0,          \
-                                        int64_t j0, int64_t w, float *c, int64_t ci,          \
-                                        int acc) {                                             \
+    static void tp_micro_##R##_##MASKED(const tp_pair *pq, int64_t i0, int64_t j0, int64_t w,  \
+                                        float *c, int64_t ci) {                                \
         __m256 s0[R], s1[R];                                                                   \
         __m256i m0 = _mm256_set1_epi32(-1), m1 = m0;                                          \
         if (MASKED)                                                                            \
             tp_masks(w, &m0, &m1);                                                             \
         _Pragma("GCC unroll 6") for (int r = 0; r < R; ++r) s0[r] = s1[r] =                   \
             _mm256_setzero_ps();                                                               \
-        for (int q = 0; q < npairs; ++q) {                                                     \
-            const tp_pair *pq = pairs + q;                                                     \
-            const float *ar[R];                                                                \
-            _Pragma("GCC unroll 6") for (int r = 0; r < R; ++r) ar[r] =                       \
-                pq->a + (i0 + r) * pq->ai;                                                     \
-            const float *b = pq->b + j0;                                                       \
-            const int64_t ak = pq->ak, bk = pq->bk;                                            \
-            _Pragma("GCC unroll 2") for (int64_t k = 0; k < pq->K; ++k) {                     \
-                const float *bp = b + k * bk;                                                  \
-                const __m256 b0 = MASKED ? _mm256_maskload_ps(bp, m0) : _mm256_loadu_ps(bp);  \
-                const __m256 b1 =                                                              \
-                    MASKED ? _mm256_maskload_ps(bp + 8, m1) : _mm256_loadu_ps(bp + 8);        \
-                _Pragma("GCC unroll 6") for (int r = 0; r < R; ++r) {                         \
-                    const __m256 av = _mm256_broadcast_ss(ar[r] + k * ak);                    \
-                    s0[r] = _mm256_fmadd_ps(av, b0, s0[r]);                                    \
-                    s1[r] = _mm256_fmadd_ps(av, b1, s1[r]);                                    \
-                }                                                                              \
+        const float *ar[R];                                                                    \
+        _Pragma("GCC unroll 6") for (int r = 0; r < R; ++r) ar[r] = pq->a + (i0 + r) * pq->ai; \
+        const float *b = pq->b + j0;                                                           \
+        const int64_t ak = pq->ak, bk = pq->bk;                                                \
+        _Pragma("GCC unroll 2") for (int64_t k = 0; k < pq->K; ++k) {                         \
+            const float *bp = b + k * bk;                                                      \
+            const __m256 b0 = MASKED ? _mm256_maskload_ps(bp, m0) : _mm256_loadu_ps(bp);      \
+            const __m256 b1 = MASKED ? _mm256_maskload_ps(bp + 8, m1) : _mm256_loadu_ps(bp + 8); \
+            _Pragma("GCC unroll 6") for (int r = 0; r < R; ++r) {                             \
+                const __m256 av = _mm256_broadcast_ss(ar[r] + k * ak);                        \
+                s0[r] = _mm256_fmadd_ps(av, b0, s0[r]);                                        \
+                s1[r] = _mm256_fmadd_ps(av, b1, s1[r]);                                        \
             }                                                                                  \
         }                                                                                      \
         _Pragma("GCC unroll 6") for (int r = 0; r < R; ++r) {                                 \
             float *cp = c + (i0 + r) * ci + j0;                                                \
             if (MASKED) {                                                                      \
-                if (acc) {                                                                     \
-                    s0[r] = _mm256_add_ps(s0[r], _mm256_maskload_ps(cp, m0));                 \
-                    s1[r] = _mm256_add_ps(s1[r], _mm256_maskload_ps(cp + 8, m1));             \
-                }                                                                              \
                 _mm256_maskstore_ps(cp, m0, s0[r]);                                            \
                 _mm256_maskstore_ps(cp + 8, m1, s1[r]);                                        \
             } else {                                                                           \
-                if (acc) {                                                                     \
-                    s0[r] = _mm256_add_ps(s0[r], _mm256_loadu_ps(cp));                         \
-                    s1[r] = _mm256_add_ps(s1[r], _mm256_loadu_ps(cp + 8));                     \
-                }                                                                              \
                 _mm256_storeu_ps(cp, s0[r]);                                                   \
                 _mm256_storeu_ps(cp + 8, s1[r]);                                               \
             }                                                                                  \
@@ -111,58 +98,47 @@ TP_MICRO(5, 1)
 TP_MICRO(6, 1)
 #undef TP_MICRO
 
-typedef void (*tp_micro_fn)(const tp_pair *, int, int64_t, int64_t, int64_t, float *, int64_t,
-                            int);
+typedef void (*tp_micro_fn)(const tp_pair *, int64_t, int64_t, int64_t, float *, int64_t);
 static const tp_micro_fn tp_micros[2][6] = {
     {tp_micro_1_0, tp_micro_2_0, tp_micro_3_0, tp_micro_4_0, tp_micro_5_0, tp_micro_6_0},
     {tp_micro_1_1, tp_micro_2_1, tp_micro_3_1, tp_micro_4_1, tp_micro_5_1, tp_micro_6_1},
 };
 
 /* Rows i0 <= i < i0 + R (R <= 6) of C, columns j_lo <= j < N. */
-static inline void tp_row_block(const tp_pair *pairs, int npairs, int64_t i0, int64_t R,
-                                int64_t j_lo, int64_t N, float *c, int64_t ci, int acc) {
+static inline void tp_row_block(const tp_pair *pair, int64_t i0, int64_t R, int64_t j_lo,
+                                int64_t N, float *c, int64_t ci) {
     for (int64_t j0 = j_lo; j0 < N; j0 += 16) {
         const int64_t w = N - j0 < 16 ? N - j0 : 16;
-        tp_micros[w < 16][R - 1](pairs, npairs, i0, j0, w, c, ci, acc);
+        tp_micros[w < 16][R - 1](pair, i0, j0, w, c, ci);
     }
 }
 
-/* The largest number of operand pairs of one tile_products call. */
-#define TP_MAX_PAIRS 8
-
-/* out[i][p][j] = sum_q sum_k tiles_q[i][p][k] weights_q[p][k][j] for rows lo <= i < hi:
-   tiles_q (rows, P, K), weights_q (P, K, N), out (rows, P, N), all contiguous. */
-static int tp_tile_products(const float *const *tiles, const float *const *weights,
-                            int64_t npairs, int64_t P, int64_t K, int64_t N, int64_t lo,
-                            int64_t hi, float *out) {
-    if (npairs < 1 || npairs > TP_MAX_PAIRS)
-        return 2;
-    tp_pair pairs[TP_MAX_PAIRS];
+/* out[i][p][j] = sum_k tiles[i][p][k] weights[p][k][j] for rows lo <= i < hi: tiles
+   (rows, P, K), weights (P, K, N), out (rows, P, N), all contiguous. */
+static void tp_tile_products(const float *tiles, const float *weights, int64_t P, int64_t K,
+                             int64_t N, int64_t lo, int64_t hi, float *out) {
     for (int64_t i0 = lo; i0 < hi; i0 += 6) {
         const int64_t R = hi - i0 < 6 ? hi - i0 : 6;
         for (int64_t p = 0; p < P; ++p) {
-            for (int64_t q = 0; q < npairs; ++q)
-                pairs[q] = (tp_pair){tiles[q] + p * K, P * K, 1, weights[q] + p * K * N, N, K};
-            tp_row_block(pairs, (int)npairs, i0, R, 0, N, out + p * N, P * N, 0);
+            const tp_pair pair = {tiles + p * K, P * K, 1, weights + p * K * N, N, K};
+            tp_row_block(&pair, i0, R, 0, N, out + p * N, P * N);
         }
     }
-    return 0;
 }
 
 /* Q_n[t][u] = sum_c x_n[c][t] x_n[c][u] for records lo <= n < hi, x (N, C, T) and Q
    (N, T, T), on and above the diagonal blocks of image rows (rows of W positions): row t's
    columns from the first of its image row's block of 16 on; the rest of Q is not written. */
-static int tp_gram_upper(const float *x, int64_t C, int64_t T, int64_t W, int64_t lo,
-                         int64_t hi, float *q) {
+static void tp_gram_upper(const float *x, int64_t C, int64_t T, int64_t W, int64_t lo,
+                          int64_t hi, float *q) {
     for (int64_t n = lo; n < hi; ++n) {
         const float *xn = x + n * C * T;
         const tp_pair pair = {xn, 1, T, xn, T, C};
         for (int64_t i0 = 0; i0 < T; i0 += 6) {
             const int64_t j_lo = (i0 / W) * W / 16 * 16;
-            tp_row_block(&pair, 1, i0, T - i0 < 6 ? T - i0 : 6, j_lo, T, q + n * T * T, T, 0);
+            tp_row_block(&pair, i0, T - i0 < 6 ? T - i0 : 6, j_lo, T, q + n * T * T, T);
         }
     }
-    return 0;
 }
 #endif
 #endif
@@ -176,24 +152,26 @@ int FN(tile_products_native)(void) {
 #endif
 }
 
-int FN(tile_products)(const scalar_t *const *tiles, const scalar_t *const *weights,
-                      int64_t npairs, int64_t P, int64_t K, int64_t N, int64_t lo, int64_t hi,
-                      scalar_t *out) {
+int FN(tile_products)(const scalar_t *tiles, const scalar_t *weights, int64_t P, int64_t K,
+                      int64_t N, int64_t lo, int64_t hi, scalar_t *out) {
 #ifdef TP_NATIVE
-    if (sizeof(scalar_t) == sizeof(float))
-        return tp_tile_products((const float *const *)tiles, (const float *const *)weights,
-                                npairs, P, K, N, lo, hi, (float *)out);
+    if (sizeof(scalar_t) == sizeof(float)) {
+        tp_tile_products((const float *)tiles, (const float *)weights, P, K, N, lo, hi,
+                         (float *)out);
+        return 0;
+    }
 #endif
-    (void)tiles, (void)weights, (void)npairs, (void)P, (void)K, (void)N, (void)lo, (void)hi;
-    (void)out;
+    (void)tiles, (void)weights, (void)P, (void)K, (void)N, (void)lo, (void)hi, (void)out;
     return 2;
 }
 
 int FN(gram_upper)(const scalar_t *x, int64_t C, int64_t T, int64_t W, int64_t lo, int64_t hi,
                    scalar_t *q) {
 #ifdef TP_NATIVE
-    if (sizeof(scalar_t) == sizeof(float))
-        return tp_gram_upper((const float *)x, C, T, W, lo, hi, (float *)q);
+    if (sizeof(scalar_t) == sizeof(float)) {
+        tp_gram_upper((const float *)x, C, T, W, lo, hi, (float *)q);
+        return 0;
+    }
 #endif
     (void)x, (void)C, (void)T, (void)W, (void)lo, (void)hi, (void)q;
     return 2;

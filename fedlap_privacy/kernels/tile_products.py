@@ -20,9 +20,7 @@ It runs for float32 where the kernels were compiled for a processor with AVX2 an
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -31,10 +29,7 @@ from fedlap_privacy import fast_paths
 from fedlap_privacy.kernels.block import fusable, run_split
 from fedlap_privacy.kernels.build import KernelLibrary, load_kernels
 
-__all__ = ["MAX_PAIRS", "gram_upper", "native", "products"]
-
-#: the most operand pairs one :func:`products` call sums (``TP_MAX_PAIRS`` in the C source)
-MAX_PAIRS = 8
+__all__ = ["gram_upper", "native", "products"]
 
 
 @functools.cache
@@ -53,24 +48,16 @@ def native(*tensors: Tensor) -> bool:
     return library is not None and _native_in(library, tensors[0].dtype)
 
 
-def products(pairs: Sequence[tuple[Tensor, Tensor]], out: Tensor) -> None:
-    """``out[i, p] = sum_q tiles_q[i, p] @ weights_q[p]``: contiguous tiles ``(R, P, K)``,
-    weights ``(P, K, N)`` and ``out`` ``(R, P, N)``; callers check :func:`native` first."""
-    tiles = [t.contiguous() for t, _ in pairs]
-    weights = [w.contiguous() for _, w in pairs]
-    if not 1 <= len(pairs) <= MAX_PAIRS:
-        raise ValueError(f"products takes 1 to {MAX_PAIRS} operand pairs, got {len(pairs)}")
-    rows, points, k = tiles[0].shape
-    n = weights[0].shape[2]
-    shapes = {tuple(t.shape) for t in tiles}, {tuple(w.shape) for w in weights}
-    if shapes != ({(rows, points, k)}, {(points, k, n)}) or tuple(out.shape) != (rows, points, n):
+def products(tiles: Tensor, weights: Tensor, out: Tensor) -> None:
+    """``out[i, p] = tiles[i, p] @ weights[p]``: contiguous tiles ``(R, P, K)``, weights
+    ``(P, K, N)`` and ``out`` ``(R, P, N)``; callers check :func:`native` first."""
+    tiles, weights = tiles.contiguous(), weights.contiguous()
+    rows, points, k = tiles.shape
+    n = weights.shape[2]
+    if tuple(weights.shape) != (points, k, n) or tuple(out.shape) != (rows, points, n):
         raise ValueError("products: the tiles, weights and output do not fit together")
-    addresses = (ctypes.c_void_p * len(pairs))
-    tile_ptrs = addresses(*(t.data_ptr() for t in tiles))
-    weight_ptrs = addresses(*(w.data_ptr() for w in weights))
-    run_split("tile_products", out.dtype, rows, out.numel() * len(pairs),
-              (ctypes.addressof(tile_ptrs), ctypes.addressof(weight_ptrs), len(pairs), points,
-               k, n), (out.data_ptr(),))
+    run_split("tile_products", out.dtype, rows, out.numel(),
+              (tiles.data_ptr(), weights.data_ptr(), points, k, n), (out.data_ptr(),))
 
 
 def gram_upper(x: Tensor, width: int) -> Tensor:

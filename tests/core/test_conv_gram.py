@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import conv_gram
+from fedlap_privacy.kernels import conv_gram, tile_products
 from fedlap_privacy.kernels.conv_gram import PixelGeometry, conv_weight_grad_sq
 
 # (records, input channels, output channels, height, width, kernel, padding, dilation)
@@ -82,3 +82,26 @@ def test_geometries_the_identity_does_not_cover_are_refused():
                  nn.Conv2d(4, 4, 3, padding="same")):
         with torch.no_grad():
             assert PixelGeometry.of(conv, x, conv(x)) is None
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_c_pass_reads_only_the_gram_blocks_the_tile_products_form(shape, monkeypatch):
+    """In float32 the Gram matrices come from the tile products, which form only the blocks
+    on and above the diagonal of image rows: with NaN written below them, every geometry's
+    norms stay those of the gradients."""
+    if not tile_products.native(torch.zeros(1)):
+        pytest.skip("the tile products need float32 kernels compiled with AVX2 and FMA")
+    real = tile_products.gram_upper
+
+    def poisoned(x: torch.Tensor, width: int) -> torch.Tensor:
+        q = real(x, width)
+        rows = torch.arange(q.shape[1]) // width
+        q[:, rows[:, None] > rows[None, :]] = float("nan")
+        return q
+
+    monkeypatch.setattr(tile_products, "gram_upper", poisoned)
+    torch.manual_seed(3)
+    conv, x, gy, geometry = _case(shape, torch.float32)
+    got = conv_weight_grad_sq(x, gy, geometry)
+    want = _direct_sq(conv.double(), x.double(), gy.double())
+    torch.testing.assert_close(got.double(), want, atol=0, rtol=1e-4)

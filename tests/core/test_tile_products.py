@@ -3,8 +3,8 @@
 
 The oracle is the same product in float64 through torch: float32 results must agree to
 float32 rounding on the shapes of a round and on odd ones (rows not a multiple of the
-kernel's 6, columns not a multiple of its 16, one to three operand pairs), on one thread and
-on two, and a Winograd convolution must give what it gives through torch's product.
+kernel's 6, columns not a multiple of its 16), on one thread and on two, and a Winograd
+convolution must give what it gives through torch's product.
 """
 
 from __future__ import annotations
@@ -20,30 +20,26 @@ pytestmark = pytest.mark.skipif(
     reason="the tile products need float32 kernels compiled with AVX2 and FMA")
 
 
-def _exact_products(pairs):
-    return sum(torch.einsum("rpk,pkn->rpn", t.double(), w.double()) for t, w in pairs)
-
-
-@pytest.mark.parametrize(("rows", "points", "k", "n", "npairs"), [
-    (320, 36, 128, 128, 1),  # a matching step's 16x16 convolution
-    (2048, 36, 128, 128, 2),  # a DP chunk's, two pairs summed
-    (13, 36, 128, 128, 3),  # rows not a multiple of 6
-    (7, 4, 5, 20, 1),  # columns not a multiple of 16
-    (1, 2, 3, 8, 2),  # fewer columns than a register
+@pytest.mark.parametrize(("rows", "points", "k", "n"), [
+    (320, 36, 128, 128),  # a matching step's 16x16 convolution
+    (2048, 36, 128, 128),  # a DP chunk's
+    (13, 36, 128, 128),  # rows not a multiple of 6
+    (7, 4, 5, 20),  # columns not a multiple of 16
+    (1, 2, 3, 8),  # fewer columns than a register
 ])
-def test_products_equal_the_exact_sum(rows, points, k, n, npairs):
+def test_products_equal_the_exact_product(rows, points, k, n):
     torch.manual_seed(rows)
-    pairs = [(torch.randn(rows, points, k), torch.randn(points, k, n)) for _ in range(npairs)]
+    tiles, weights = torch.randn(rows, points, k), torch.randn(points, k, n)
     out = torch.full((rows, points, n), float("nan"))
-    tile_products.products(pairs, out)
-    want = _exact_products(pairs)
-    torch.testing.assert_close(out.double(), want, atol=1e-4 * want.abs().max().item(),
+    tile_products.products(tiles, weights, out)
+    want = torch.einsum("rpk,pkn->rpn", tiles.double(), weights.double())
+    torch.testing.assert_close(out.double(), want, atol=1e-5 * want.abs().max().item(),
                                rtol=1e-5)
 
 
 def test_two_threads_compute_what_one_does():
     torch.manual_seed(1)
-    pairs = [(torch.randn(640, 36, 128), torch.randn(36, 128, 128))]
+    tiles, weights = torch.randn(640, 36, 128), torch.randn(36, 128, 128)
     x = torch.randn(64, 128, 256)
     threads = torch.get_num_threads()
     results = []
@@ -51,7 +47,7 @@ def test_two_threads_compute_what_one_does():
         for count in (1, 2):
             torch.set_num_threads(count)
             out = torch.empty(640, 36, 128)
-            tile_products.products(pairs, out)
+            tile_products.products(tiles, weights, out)
             results.append((out, tile_products.gram_upper(x, 16)))
     finally:
         torch.set_num_threads(threads)
