@@ -6,13 +6,14 @@ torch's batched product (MKL's ``sgemm`` on the CPU) copies each operand into pa
 before it multiplies, and zeroes the result before it adds into it. The transforms already
 write each tile's channels contiguously, so the kernel here reads them as they lie: for
 each block of 6 tiles it runs all 36 points of F(4x4, 3x3), 6 x 16 results in registers at
-a time. On one core of the 2-core AMD EPYC (AVX2) machine of the measurements it ran the
-products of a round's shapes (128 channels, 320 to 2,048 tiles a point) at 65 to 73
-GFLOP/s against MKL's 45 to 64, and a record's 256 x 256 pixel Gram matrix 1.5 to 1.6
-times faster, computing only the blocks that :mod:`fedlap_privacy.kernels.conv_gram` reads
-of the symmetric matrix (``benchmarks/tile_products.py``). The same products in the same
-order of summation over one pair: the results equal torch's to rounding (to the last bit
-where MKL sums in the same order; ``tests/core/test_tile_products.py``).
+a time. On one core of the 2-core AMD EPYC (AVX2) machine of the measurements a DP chunk's
+products (2,048 tiles a point, 128 channels) ran at 65 to 73 GFLOP/s on a quiet hour against
+MKL's 44 to 55, and the round's shapes 1.00 to 1.37 times MKL's speed on a busy one; a DP
+chunk's pixel Gram matrices 1.4 to 1.6 times faster, computing only the blocks that
+:mod:`fedlap_privacy.kernels.conv_gram` reads of the symmetric matrix
+(``benchmarks/tile_products.py``). The results equal a float64 product to float32 rounding
+(``tests/core/test_tile_products.py``). Sums of two products stay with torch's
+(:mod:`fedlap_privacy.kernels.winograd` says why).
 
 It runs for float32 where the kernels were compiled for a processor with AVX2 and FMA
 (:func:`native`); elsewhere, and with the path off, the callers take ``torch.bmm``.
