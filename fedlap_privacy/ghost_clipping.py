@@ -22,8 +22,10 @@ by layer:
   large model at small cost", Algorithm 1): with the factors ``c_i`` known, the clipped sum
   of a layer whose gradients were not formed is the batch's weight gradient of the
   reweighted output gradients, ``sum_i c_i g_i^T a_i = (c . g)^T a`` (for a convolution:
-  torch's weight-gradient convolution of ``c . g``), from the stored ``a`` and ``g``
-  without a second backward; a formed gradient is summed as ``c @ grads``.
+  torch's weight-gradient convolution of ``c . g``, or, where it ran through Winograd's
+  F(4x4, 3x3), the products of the capture's input tiles with its output-gradient tiles
+  scaled record by record), from the stored ``a`` and ``g`` without a second backward; a
+  formed gradient is summed as ``c @ grads``.
 
 The result equals :func:`fedlap_privacy.per_sample.per_sample_grads` followed by clipping
 and summing, up to floating-point rounding (tests/core/test_ghost_clipping.py, with Opacus'
@@ -148,18 +150,21 @@ def _layer_sum(module: nn.Module, inp: Tensor, gy: Tensor, factors: Tensor,
                formed: dict[str, Tensor], transformed: TransformedInputs) -> dict[str, Tensor]:
     """A layer's clipped sum ``sum_i c_i grad_i`` per parameter: ``c @ grads`` where the
     gradients were formed, else the batch's weight gradient of ``c . g`` (book-keeping;
-    from the forward pass's input tiles where the convolution ran through Winograd's
-    F(4x4, 3x3))."""
+    from the capture's tiles where the convolution ran through Winograd's F(4x4, 3x3))."""
     out = {name: (factors @ g.reshape(g.shape[0], -1)).view(g.shape[1:])
            for name, g in formed.items()}
     if "weight" in out or getattr(module, "weight", None) is None:
         return out
     if isinstance(module, nn.Conv2d):
-        scaled = gy * factors.view(-1, 1, 1, 1)
         if module in transformed:
-            out["weight"] = winograd.weight_grad(winograd.grad_tiles(scaled),
-                                                 transformed[module][0])
+            # the capture's output-gradient tiles, each record's scaled by its factor in
+            # place (the transform is linear; they have no other use after the capture)
+            tiles = transformed[module]
+            grad = tiles.grad if tiles.grad is not None else winograd.grad_tiles(gy)
+            grad.data.mul_(factors.view(-1, 1, 1, 1))
+            out["weight"] = winograd.weight_grad(grad, tiles.inputs)
         else:
+            scaled = gy * factors.view(-1, 1, 1, 1)
             out["weight"] = conv2d_backward(module, scaled, inp, module.weight,
                                             (False, True))[1]
     else:  # Linear

@@ -203,8 +203,9 @@ def _hook_grads(model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
     return result
 
 
-#: a convolution's input tiles and kernel tiles where it ran through Winograd's F(4x4, 3x3)
-TransformedInputs = dict[nn.Module, tuple[winograd.Tiles, winograd.KernelTiles]]
+#: a convolution's input, kernel and output-gradient tiles where it ran through Winograd's
+#: F(4x4, 3x3)
+TransformedInputs = dict[nn.Module, winograd.ConvTiles]
 
 
 def _fused_capture(
@@ -212,9 +213,9 @@ def _fused_capture(
 ) -> tuple[list[tuple[nn.Module, Tensor, Tensor]], dict[str, Tensor], TransformedInputs]:
     """The fused forward and written-out backward of one chunk (module docstring): the
     classifier's and every convolution's (module, input, output gradient), every record's
-    GroupNorm gradients by parameter name (the fused backward returns them), and the input
-    and kernel tiles of the convolutions that ran through Winograd's F(4x4, 3x3), which a
-    batch weight gradient can reuse."""
+    GroupNorm gradients by parameter name (the fused backward returns them), and the input,
+    kernel and (but for the first block's) output-gradient tiles of the convolutions that
+    ran through Winograd's F(4x4, 3x3), which a batch weight gradient can reuse."""
     saved: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []  # block input, conv output, stats
     names = {module: name for name, module in model.named_modules()}
     transformed: TransformedInputs = {}
@@ -224,9 +225,10 @@ def _fused_capture(
             if has_hooks(conv):  # the module itself, so that its hooks still run
                 z = conv(h)
             elif winograd.applies(h, conv.weight, conv):
-                tiles = winograd.input_tiles(h), winograd.weight_tiles(conv.weight)
+                tiles = winograd.ConvTiles(winograd.input_tiles(h),
+                                           winograd.weight_tiles(conv.weight))
                 transformed[conv] = tiles
-                z = winograd.forward(*tiles, conv.bias)
+                z = winograd.forward(tiles.inputs, tiles.weight, conv.bias)
             else:
                 z = conv2d(conv, h, conv.weight, conv.bias)
             out, mean, rstd = block_forward(z, norm.weight, norm.bias, norm.eps)
@@ -246,7 +248,9 @@ def _fused_capture(
                 block_backward(z, gh, norm.weight, norm.bias, mean, rstd))
             layers.append((conv, h_in, gz))
             if i > 0 and conv in transformed:
-                gh = winograd.input_grad(winograd.grad_tiles(gz), transformed[conv][1])
+                tiles = transformed[conv]
+                tiles.grad = winograd.grad_tiles(gz)
+                gh = winograd.input_grad(tiles.grad, tiles.weight)
             elif i > 0:
                 gh, _ = conv2d_backward(conv, gz, h_in, conv.weight, (True, False))
     return layers, norm_grads, transformed

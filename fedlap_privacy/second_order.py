@@ -49,8 +49,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import block_backward, block_double_backward, block_forward, winograd
-from fedlap_privacy.kernels.winograd import KernelTiles, Tiles, conv2d, conv2d_backward
+from fedlap_privacy.kernels import (
+    block_backward,
+    block_double_backward,
+    block_forward,
+    few_channels,
+    fusable,
+    winograd,
+)
+from fedlap_privacy.kernels.winograd import ConvTiles, KernelTiles, conv2d, conv2d_backward
 from fedlap_privacy.models import ConvNet, has_hooks
 
 __all__ = ["Blocks", "supported_blocks", "weight_grad", "weight_grad_input_vjp"]
@@ -124,18 +131,6 @@ def _stacked(parts: list[Tensor | None], dim: int) -> Tensor | None:
 
 
 @dataclass
-class _Transformed:
-    """A block whose convolutions run through Winograd's F(4x4, 3x3)
-    (:mod:`fedlap_privacy.kernels.winograd`): the tiles of its input ``a_{l-1}``, of its
-    kernels and, after the backward pass, of ``gz_l``, each transformed once per step and
-    shared by the four convolutions of the block."""
-
-    inputs: Tiles
-    weight: KernelTiles
-    gz: Tiles | None = None
-
-
-@dataclass
 class _Tape:
     """What the forward and backward pass keep per block ``l`` (lists indexed by block) and
     for the classifier: input ``a_{l-1}``, pre-activation ``z_l``, the block's statistics,
@@ -155,7 +150,7 @@ class _Tape:
     share: Tensor
     go: Tensor
     grads: dict[int, Tensor]
-    transformed: list[_Transformed | None]
+    transformed: list[ConvTiles | None]
 
 
 def _out_shape(a: Tensor, conv: nn.Conv2d) -> torch.Size:
@@ -171,7 +166,7 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
     with ``weights``, ``sum_i w_i CE_i / sum_i w_i``."""
     classifier = model.classifier
     inputs, pre, stats = [], [], []
-    transformed: list[_Transformed | None] = []
+    transformed: list[ConvTiles | None] = []
     a = x
     columns = None
     for conv, norm in blocks:
@@ -180,7 +175,7 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
             columns = _columns(a, conv)
             z = _conv_columns(columns, conv.weight, _out_shape(a, conv), conv.bias)
         elif winograd.applies(a, conv.weight, conv):
-            tiles = _Transformed(winograd.input_tiles(a), winograd.weight_tiles(conv.weight))
+            tiles = ConvTiles(winograd.input_tiles(a), winograd.weight_tiles(conv.weight))
             z = winograd.forward(tiles.inputs, tiles.weight, conv.bias)
         else:
             z = conv2d(conv, a, conv.weight, conv.bias)
@@ -218,10 +213,10 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
             grads[id(conv.bias)] = gz.sum((0, 2, 3))
         tiles = transformed[i]
         if tiles is not None:
-            tiles.gz = winograd.grad_tiles(gz)
-            grads[id(conv.weight)] = winograd.weight_grad(tiles.gz, tiles.inputs)
+            tiles.grad = winograd.grad_tiles(gz)
+            grads[id(conv.weight)] = winograd.weight_grad(tiles.grad, tiles.inputs)
             if i > 0:
-                ga = winograd.input_grad(tiles.gz, tiles.weight)
+                ga = winograd.input_grad(tiles.grad, tiles.weight)
             continue
         dx, dw = conv2d_backward(conv, gz, inputs[i], conv.weight, (i > 0, True))
         assert dw is not None
@@ -314,11 +309,17 @@ def weight_grad_input_vjp(
             if tiles is not None:
                 pairs = [(winograd.grad_tiles(bar_z), tiles.weight)]
                 if u_hat_i is not None:
-                    assert tiles.gz is not None  # set by the backward pass
-                    pairs.append((tiles.gz, u_hat_i))
+                    assert tiles.grad is not None  # set by the backward pass
+                    pairs.append((tiles.grad, u_hat_i))
                 bar_a = winograd.input_grad_sum(pairs)
                 continue
             u_w = u[id(conv.weight)]
+            first = [(bar_z, conv.weight)] + ([] if u_w is None else [(t.gz[i], u_w)])
+            if few_channels.applies(t.inputs[i], conv.weight, conv) and all(
+                    fusable(g, w) for g, w in first):
+                bar_a = few_channels.input_grad_sum(
+                    first, (conv.padding[0], conv.padding[1]), t.inputs[i].shape[2:])
+                continue
             gz = _stacked([bar_z, None if u_w is None else t.gz[i]], 1)
             weight = _stacked([conv.weight, u_w], 0)
             assert gz is not None and weight is not None

@@ -132,6 +132,8 @@ SIGNATURES: dict[str, list[type]] = {
     "gram_upper": [_P, _I, _I, _I, _I, _I, _P],
     # x, w, b, C_in, C_out, H, W, ph, pw, lo, hi, y
     "conv3x3_few": [_P, _P, _P, *[_I] * 8, _P],
+    # gy, w, C_in, C_out, H, W, ph, pw, add, lo, hi, dx
+    "conv3x3_few_input_grad": [_P, _P, *[_I] * 9, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

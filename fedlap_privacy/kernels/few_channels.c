@@ -69,3 +69,70 @@ int FN(conv3x3_few)(const scalar_t *restrict x, const scalar_t *restrict w,
     free(pad);
     return 0;
 }
+
+/* The input gradient of that convolution,
+       dx[n][c][r][s] (+)= sum_o sum_(u,v) w[o][c][u][v] gy[n][o][r + ph - u][s + pw - v],
+   with gy zero outside its Ho x Wo = (H + 2 ph - 2) x (W + 2 pw - 2) map. Each
+   output-gradient plane is copied once into a scratch block with a zero border two wide (in
+   the first-level cache), and every input row gathers its 9 taps from the three rows around
+   it, a vector at a time, into the record's input-gradient planes (rows rounded up to whole
+   vectors), which stay in the cache across the Co output channels and are written once.
+   torch's native kernel for this (oneDNN's is slower still) unfolds every record's gradient
+   and makes one small matrix product per record. With add != 0 the result is added to dx
+   instead of written over it (a sum of two convolutions without concatenating them).
+   Records lo <= n < hi; returns 0 (1 where the scratch cannot be allocated). */
+int FN(conv3x3_few_input_grad)(const scalar_t *restrict gy, const scalar_t *restrict w,
+                               int64_t Ci, int64_t Co, int64_t H, int64_t W, int64_t ph,
+                               int64_t pw, int64_t add, int64_t lo, int64_t hi,
+                               scalar_t *restrict dx) {
+    typedef scalar_t vec __attribute__((vector_size(32)));
+    enum { VL = 32 / sizeof(scalar_t) };
+    const int64_t Ho = H + 2 * ph - 2, Wo = W + 2 * pw - 2;
+    const int64_t Wr = (W + VL - 1) / VL * VL;
+    /* gy's plane at offset (2, 2); rows and columns outside it stay zero */
+    const int64_t Hg = Ho + 4, Wg = Wo + 4 > Wr + pw + 2 ? Wo + 4 : Wr + pw + 2;
+    scalar_t *gpad = calloc((size_t)(Hg * Wg + Ci * H * Wr), sizeof(scalar_t));
+    if (!gpad)
+        return 1;
+    scalar_t *acc = gpad + Hg * Wg;
+    for (int64_t n = lo; n < hi; ++n) {
+        scalar_t *restrict dxn = dx + n * Ci * H * W;
+        for (int64_t c = 0; c < Ci; ++c)
+            for (int64_t r = 0; r < H; ++r) {
+                scalar_t *row = acc + (c * H + r) * Wr;
+                memset(row, 0, (size_t)Wr * sizeof(scalar_t));
+                if (add)
+                    memcpy(row, dxn + (c * H + r) * W, (size_t)W * sizeof(scalar_t));
+            }
+        for (int64_t o = 0; o < Co; ++o) {
+            const scalar_t *restrict plane = gy + (n * Co + o) * Ho * Wo;
+            for (int64_t i = 0; i < Ho; ++i)
+                memcpy(gpad + (i + 2) * Wg + 2, plane + i * Wo, (size_t)Wo * sizeof(scalar_t));
+            for (int64_t c = 0; c < Ci; ++c) {
+                const scalar_t *restrict k = w + (o * Ci + c) * 9;
+                for (int64_t r = 0; r < H; ++r) {
+                    scalar_t *restrict row = acc + (c * H + r) * Wr;
+                    for (int64_t x0 = 0; x0 < Wr; x0 += VL) {
+                        vec a;
+                        memcpy(&a, row + x0, sizeof a);
+                        for (int u = 0; u < 3; ++u) {
+                            const scalar_t *src = gpad + (r + ph - u + 2) * Wg + x0 + pw + 2;
+                            for (int v = 0; v < 3; ++v) {
+                                vec s;
+                                memcpy(&s, src - v, sizeof s);
+                                a += k[u * 3 + v] * s;
+                            }
+                        }
+                        memcpy(row + x0, &a, sizeof a);
+                    }
+                }
+            }
+        }
+        for (int64_t c = 0; c < Ci; ++c)
+            for (int64_t r = 0; r < H; ++r)
+                memcpy(dxn + (c * H + r) * W, acc + (c * H + r) * Wr,
+                       (size_t)W * sizeof(scalar_t));
+    }
+    free(gpad);
+    return 0;
+}

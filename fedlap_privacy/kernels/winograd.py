@@ -141,6 +141,17 @@ class KernelTiles:
     adjoint: Tensor
 
 
+@dataclass
+class ConvTiles:
+    """One convolution's operands in the transformed domain, each transformed once and
+    shared by the products that need them: the input's tiles, the kernel's and, once the
+    backward pass has formed it, the output gradient's (``grad``)."""
+
+    inputs: Tiles
+    weight: KernelTiles
+    grad: Tiles | None = None
+
+
 def weight_tiles(weight: Tensor) -> KernelTiles:
     """``G w G^T`` of every kernel of ``weight`` (C_out, C_in, 3, 3), in both layouts."""
     c_out, c_in = weight.shape[:2]
