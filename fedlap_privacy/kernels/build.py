@@ -91,6 +91,7 @@ _INCLUDES = "".join(f'#include "{source.name}"\n' for source in SOURCES)
 _WRAPPER = f"""#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #define scalar_t float
 #define FN(name) name##_f32
 {_INCLUDES}#undef scalar_t
@@ -130,6 +131,8 @@ SIGNATURES: dict[str, list[type]] = {
     "tile_products": [_P, _P, _I, _I, _I, _I, _I, _P],
     # x, C, T, W, lo, hi, q
     "gram_upper": [_P, _I, _I, _I, _I, _I, _P],
+    # x, C_in, H, W, g, C_out, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
+    "gram_norms": [_P, _I, _I, _I, _P, *[_I] * 11, _P],
     # x, w, b, C_in, C_out, H, W, ph, pw, lo, hi, y
     "conv3x3_few": [_P, _P, _P, *[_I] * 8, _P],
     # gy, w, C_in, C_out, H, W, ph, pw, add, lo, hi, dx

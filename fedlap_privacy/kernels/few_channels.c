@@ -13,11 +13,6 @@
    fedlap_privacy/kernels/build.py once per scalar type (scalar_t, FN(name)), like
    gn_relu_pool.c. */
 
-#ifndef FEW_CHANNELS_ONCE
-#define FEW_CHANNELS_ONCE
-#include <string.h>
-#endif
-
 int FN(conv3x3_few)(const scalar_t *restrict x, const scalar_t *restrict w,
                     const scalar_t *restrict b, int64_t Ci, int64_t Co, int64_t H, int64_t W,
                     int64_t ph, int64_t pw, int64_t lo, int64_t hi, scalar_t *restrict y) {

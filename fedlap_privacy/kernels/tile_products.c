@@ -176,3 +176,42 @@ int FN(gram_upper)(const scalar_t *x, int64_t C, int64_t T, int64_t W, int64_t l
     (void)x, (void)C, (void)T, (void)W, (void)lo, (void)hi, (void)q;
     return 2;
 }
+
+/* Each record's squared weight-gradient norm of a stride-1 convolution (conv_gram.c), its
+   two pixel Gram matrices formed by gram_upper one record at a time into scratch that stays
+   in the second-level cache, and read there by conv_gram_dot, instead of all records'
+   matrices written to memory and read back. x (N, Ci, H W) is the input, g (N, Co, Ho Wo)
+   the output gradient; the rest is conv_gram_dot's geometry. The scratch starts as NaN, so
+   that an entry read but not formed shows in the result. Returns 1 where the scratch
+   cannot be allocated, 2 where the products do not run here (as above). */
+int FN(gram_norms)(const scalar_t *x, int64_t Ci, int64_t H, int64_t W, const scalar_t *g,
+                   int64_t Co, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw, int64_t ph,
+                   int64_t pw, int64_t dh, int64_t dw, int64_t lo, int64_t hi,
+                   scalar_t *out) {
+#ifdef TP_NATIVE
+    if (sizeof(scalar_t) == sizeof(float)) {
+        const int64_t P = H * W, T = Ho * Wo;
+        float *q = malloc((size_t)(P * P + T * T) * sizeof(float));
+        if (q == NULL)
+            return 1;
+        float *gg = q + P * P;
+        for (int64_t e = 0; e < P * P + T * T; ++e)
+            q[e] = NAN;
+        for (int64_t n = lo; n < hi; ++n) {
+            tp_gram_upper((const float *)x + n * Ci * P, Ci, P, W, 0, 1, q);
+            tp_gram_upper((const float *)g + n * Co * T, Co, T, Wo, 0, 1, gg);
+            const int code = FN(conv_gram_dot)((const scalar_t *)q, (const scalar_t *)gg, H, W,
+                                               Ho, Wo, kh, kw, ph, pw, dh, dw, 0, 1, out + n);
+            if (code != 0) {
+                free(q);
+                return code;
+            }
+        }
+        free(q);
+        return 0;
+    }
+#endif
+    (void)x, (void)Ci, (void)H, (void)W, (void)g, (void)Co, (void)Ho, (void)Wo, (void)kh;
+    (void)kw, (void)ph, (void)pw, (void)dh, (void)dw, (void)lo, (void)hi, (void)out;
+    return 2;
+}
