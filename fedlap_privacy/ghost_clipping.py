@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import winograd
+from fedlap_privacy.kernels import few_channels, fusable, winograd
 from fedlap_privacy.kernels.conv_gram import (
     PixelGeometry,
     conv_weight_grad_sq,
@@ -122,9 +122,15 @@ def _layer_norms(module: nn.Module, inp: Tensor, gy: Tensor) -> tuple[Tensor, di
             sq = conv_weight_grad_sq(inp, gy, route)
         elif route == "columns":
             sq = _conv_gram_sq(module, inp, gy)
+        elif few_channels.applies(inp, module.weight, module) and fusable(gy):
+            # the first convolution of images: both gradients in one pass over gy
+            formed["weight"], bias = few_channels.per_record_grads(
+                inp, gy, (module.padding[0], module.padding[1]))
+            if module.bias is not None:
+                formed["bias"] = bias
         else:
             formed["weight"] = _conv_weight_grads(module, inp, gy)
-        if module.bias is not None:
+        if module.bias is not None and "bias" not in formed:
             formed["bias"] = gy.sum(dim=(2, 3))
     elif isinstance(module, nn.Linear):
         x2 = inp.reshape(batch, -1, module.in_features)

@@ -137,6 +137,8 @@ SIGNATURES: dict[str, list[type]] = {
     "conv3x3_few": [_P, _P, _P, *[_I] * 8, _P],
     # gy, w, C_in, C_out, H, W, ph, pw, add, lo, hi, dx
     "conv3x3_few_input_grad": [_P, _P, *[_I] * 9, _P],
+    # x, gy, C_in, C_out, H, W, ph, pw, lo, hi, dw, db
+    "conv3x3_few_weight_grads": [_P, _P, *[_I] * 8, _P, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

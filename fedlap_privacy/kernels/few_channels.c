@@ -131,3 +131,75 @@ int FN(conv3x3_few_input_grad)(const scalar_t *restrict gy, const scalar_t *rest
     free(gpad);
     return 0;
 }
+
+/* Every record's own weight and bias gradients of that convolution (the per-record
+   gradients DP-SGD clips),
+       dw[n][o][c][u][v] = sum_(r,x) gy[n][o][r][x] xpad[n][c][r + u][x + v],
+       db[n][o] = sum_(r,x) gy[n][o][r][x],
+   with xpad the zero-padded input. Each record's input planes are copied once, padded,
+   into scratch in the first-level cache; each output-gradient plane is then read once, a
+   vector at a time, into nine independent sums per input channel (and one for the bias).
+   Records lo <= n < hi; returns 0 (1 where the scratch cannot be allocated). */
+int FN(conv3x3_few_weight_grads)(const scalar_t *restrict x, const scalar_t *restrict gy,
+                                 int64_t Ci, int64_t Co, int64_t H, int64_t W, int64_t ph,
+                                 int64_t pw, int64_t lo, int64_t hi, scalar_t *restrict dw,
+                                 scalar_t *restrict db) {
+    typedef scalar_t vec __attribute__((vector_size(32)));
+    enum { VL = 32 / sizeof(scalar_t) };
+    const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ho = Hp - 2, Wo = Wp - 2;
+    const int64_t Wv = Wo / VL * VL; /* the columns taken a vector at a time */
+    scalar_t *pad = calloc((size_t)(Ci * Hp * Wp), sizeof(scalar_t));
+    if (!pad)
+        return 1;
+    for (int64_t n = lo; n < hi; ++n) {
+        for (int64_t c = 0; c < Ci; ++c)
+            for (int64_t r = 0; r < H; ++r)
+                memcpy(pad + (c * Hp + r + ph) * Wp + pw, x + ((n * Ci + c) * H + r) * W,
+                       (size_t)W * sizeof(scalar_t));
+        for (int64_t o = 0; o < Co; ++o) {
+            const scalar_t *restrict plane = gy + (n * Co + o) * Ho * Wo;
+            vec bias = {0};
+            scalar_t bias_tail = 0;
+            for (int64_t c = 0; c < Ci; ++c) {
+                vec s[9] = {{0}};
+                scalar_t tail[9] = {0};
+                for (int64_t r = 0; r < Ho; ++r) {
+                    const scalar_t *restrict grow = plane + r * Wo;
+                    const scalar_t *restrict prow = pad + (c * Hp + r) * Wp;
+                    for (int64_t x0 = 0; x0 < Wv; x0 += VL) {
+                        vec g;
+                        memcpy(&g, grow + x0, sizeof g);
+                        if (c == 0)
+                            bias += g;
+                        for (int u = 0; u < 3; ++u)
+                            for (int v = 0; v < 3; ++v) {
+                                vec p;
+                                memcpy(&p, prow + u * Wp + x0 + v, sizeof p);
+                                s[u * 3 + v] += g * p;
+                            }
+                    }
+                    for (int64_t x1 = Wv; x1 < Wo; ++x1) {
+                        if (c == 0)
+                            bias_tail += grow[x1];
+                        for (int u = 0; u < 3; ++u)
+                            for (int v = 0; v < 3; ++v)
+                                tail[u * 3 + v] += grow[x1] * prow[u * Wp + x1 + v];
+                    }
+                }
+                scalar_t *restrict out = dw + ((n * Co + o) * Ci + c) * 9;
+                for (int t = 0; t < 9; ++t) {
+                    scalar_t total = tail[t];
+                    for (int l = 0; l < VL; ++l)
+                        total += s[t][l];
+                    out[t] = total;
+                }
+            }
+            scalar_t total = bias_tail;
+            for (int l = 0; l < VL; ++l)
+                total += bias[l];
+            db[n * Co + o] = total;
+        }
+    }
+    free(pad);
+    return 0;
+}

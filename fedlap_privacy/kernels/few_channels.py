@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy.kernels.block import fusable, run_split
 
-__all__ = ["MAX_CHANNELS", "applies", "conv", "input_grad_sum"]
+__all__ = ["MAX_CHANNELS", "applies", "conv", "input_grad_sum", "per_record_grads"]
 
 #: the most input channels the kernel takes
 MAX_CHANNELS = 3
@@ -75,3 +75,18 @@ def input_grad_sum(pairs: Sequence[tuple[Tensor, Tensor]], padding: tuple[int, i
                   (src.data_ptr(), kernel.data_ptr(), c_in, kernel.shape[0], h, w, ph, pw,
                    int(k > 0)), (dx.data_ptr(),))
     return dx
+
+
+def per_record_grads(x: Tensor, gy: Tensor, padding: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Every record's own weight and bias gradients of the convolution of ``x`` (N, C, H, W)
+    with zero ``padding``, from its output gradient ``gy`` (N, C_out, Ho, Wo): ``(N, C_out,
+    C, 3, 3)`` and ``(N, C_out)``, in one pass over ``gy``. Where :func:`applies` holds."""
+    src, grad = x.detach().contiguous(), gy.detach().contiguous()
+    n, c_in, h, w = src.shape
+    c_out = grad.shape[1]
+    dw = src.new_empty(n, c_out, c_in, 3, 3)
+    db = src.new_empty(n, c_out)
+    run_split("conv3x3_few_weight_grads", src.dtype, n, grad.numel(),
+              (src.data_ptr(), grad.data_ptr(), c_in, c_out, h, w, *padding),
+              (dw.data_ptr(), db.data_ptr()))
+    return dw, db

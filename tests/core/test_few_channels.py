@@ -1,6 +1,7 @@
 """The first convolution of images through the C kernels (fedlap_privacy.kernels.few_channels).
 
-The oracle is torch's convolution and its input gradient: in float64 the kernels must give
+The oracle is torch's convolution, its input gradient and each record's weight gradient
+(one record at a time through torch's weight-gradient convolution): in float64 the kernels must give
 their results to 1e-12 of the output's scale, on the ConvNet's shapes (28x28 grey images
 with padding 3, 32x32 colour images with padding 1) and on odd ones (no padding, maps
 narrower and wider than a vector block, non-square), and the package's convolution and
@@ -104,3 +105,21 @@ def test_the_matching_step_takes_the_input_gradient_kernel(monkeypatch):
                                     create_graph=True)
         want = torch.autograd.grad(sum((g * g.detach()).sum() for g in grads), [leaf])[0]
     torch.testing.assert_close(got, want, atol=1e-10 * want.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_per_record_gradients_are_torchs_one_record_at_a_time(shape, dtype):
+    n, c, h, w, pad = shape
+    torch.manual_seed(n + h * w)
+    weight = torch.randn(16, c, 3, 3, dtype=dtype)
+    x = torch.randn(n, c, h, w, dtype=dtype)
+    gy = torch.randn(n, 16, h + 2 * pad - 2, w + 2 * pad - 2, dtype=dtype)
+    dw, db = few_channels.per_record_grads(x, gy, (pad, pad))
+    want_w = torch.stack([torch.ops.aten.convolution_backward(
+        gy[i:i + 1], x[i:i + 1], weight, None, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1,
+        [False, True, False])[1] for i in range(n)])
+    want_b = gy.sum(dim=(2, 3))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(dw, want_w, atol=tol * want_w.abs().max().item(), rtol=0)
+    torch.testing.assert_close(db, want_b, atol=tol * want_b.abs().max().item(), rtol=0)
