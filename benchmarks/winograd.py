@@ -8,8 +8,11 @@ synthetic set of 20 images; the 16x16 and 8x8 maps of the 28x28 ConvNet), the fo
 input gradient and the weight gradient, each way interleaved within one run so that they
 see the same machine load. Checks first that both agree (float64, 1e-12 of the output's
 scale), then prints the median times and the ratio torch / ours, with the load average.
-Last, the forward of the first convolution of FashionMNIST's 28x28 grey images (padding 3,
-128 output channels) for the same two batches.
+Last, the first convolution of FashionMNIST's 28x28 grey images (padding 3, 128 output
+channels) for the same two batches: its forward; the images' gradient of the matching step
+(the block's two convolutions summed; torch: its native kernel on the two concatenated, as
+the package ran it before); and every record's weight and bias gradients of a DP chunk
+(torch: a convolution with the records folded into the groups, and a sum over the map).
 
     python benchmarks/winograd.py [--repeats 7] [--threads 1]
 """
@@ -28,6 +31,7 @@ from torch import Tensor, nn
 from fedlap_privacy import fast_paths
 from fedlap_privacy.allocator import tune_allocator
 from fedlap_privacy.kernels import few_channels, winograd
+from fedlap_privacy.per_sample import _conv_weight_grads
 
 # (records, height and width) at 128 channels
 SHAPES = [(128, 16), (20, 16), (128, 8), (20, 8)]
@@ -103,6 +107,26 @@ def main() -> None:
                 x, first.weight, first.bias, [1, 1], [3, 3], [1, 1], False, [0, 0], 1),
             "ours": lambda x=x: few_channels.conv(x, first.weight, first.bias, (3, 3))},
             args.repeats)
+        gy, gz, u_w = (torch.randn(n, 128, 32, 32), torch.randn(n, 128, 32, 32),
+                       torch.randn(128, 1, 3, 3))
+        stacked, kernels = torch.cat([gy, gz], 1), torch.cat([first.weight, u_w], 0)
+        races = {
+            "1st input grad": {
+                "torch": lambda x=x, g=stacked, w=kernels: (
+                    torch.ops.aten._slow_conv2d_backward.output_mask(
+                        g, x, w, [3, 3], [1, 1], [3, 3], [True, False, False])[0]),
+                "ours": lambda gy=gy, gz=gz, u_w=u_w: few_channels.input_grad_sum(
+                    [(gy, first.weight), (gz, u_w)], (3, 3), (28, 28))},
+            "1st per-record": {
+                "torch": lambda x=x, gy=gy: (_conv_weight_grads(first, x, gy),
+                                             gy.sum(dim=(2, 3))),
+                "ours": lambda x=x, gy=gy: few_channels.per_record_grads(x, gy, (3, 3))}}
+        for pass_, runs in races.items():
+            want, got = runs["torch"](), runs["ours"]()
+            for a, b in zip(torch.utils._pytree.tree_leaves(want),
+                            torch.utils._pytree.tree_leaves(got), strict=True):
+                torch.testing.assert_close(b, a, atol=1e-4 * a.abs().max().item(), rtol=0)
+            _race(f"{n} x 28x28", pass_, runs, args.repeats)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -1,5 +1,5 @@
-"""The ConvNet's first convolution, 3x3 over images of one to three channels, as a C kernel
-(``few_channels.c``) on the CPU.
+"""The ConvNet's first convolution, 3x3 over images of one to three channels, and its
+gradients, as C kernels (``few_channels.c``) on the CPU.
 
 Its matrix product is only 9 or 27 deep, so torch's (oneDNN's) kernel runs it far below the
 rate of the 128-channel convolutions behind it while it writes 128 planes per image: on
@@ -7,9 +7,13 @@ FashionMNIST's 28x28 images (padding 3) the forward of a DP chunk of 128 records
 37 ms of a DP gradient's 830 (two chunks), and 13 to 14 ms here (2.4 to 2.65x on one thread;
 ``benchmarks/winograd.py`` times both ways). The kernel computes each output plane from the
 image's padded planes held in the first-level cache and writes it once; three-channel images
-gained little (1.06x at 32x32). Part of the ``kernels`` fast path
-(:mod:`fedlap_privacy.fast_paths`); the same sums as torch's in another order, so equal up to
-rounding (``tests/core/test_few_channels.py``).
+gained little (1.06x at 32x32). The same layout serves the two gradients a FedLAP-DP round
+asks of this layer: the images' gradient in the matching step
+(:func:`input_grad_sum`, the block's two convolutions summed without concatenating them)
+and every record's weight and bias gradients in a DP gradient (:func:`per_record_grads`,
+one pass over the output gradient where torch makes a grouped convolution and a separate
+sum). Part of the ``kernels`` fast path (:mod:`fedlap_privacy.fast_paths`); the same sums as
+torch's in another order, so equal up to rounding (``tests/core/test_few_channels.py``).
 """
 
 from __future__ import annotations
@@ -62,9 +66,7 @@ def input_grad_sum(pairs: Sequence[tuple[Tensor, Tensor]], padding: tuple[int, i
     """``sum_k dL/dx`` of the convolutions ``(gy_k, weight_k)`` (``gy_k`` (N, C_out_k, Ho, Wo),
     ``weight_k`` (C_out_k, C, 3, 3), the same zero ``padding``) for an input of height and
     width ``in_hw``: (N, C, H, W), without concatenating the pairs. Where :func:`applies`
-    holds for the input and every weight. In the matching step of a 20-image synthetic set
-    this took the 28x28 ConvNet's image gradient from 27 ms (torch's native kernel, one
-    small product per image) to about 2 (``benchmarks/winograd.py``)."""
+    holds for the input and every weight."""
     first_gy, first_w = pairs[0]
     n, c_in = first_gy.shape[0], first_w.shape[1]
     (h, w), (ph, pw) = in_hw, padding

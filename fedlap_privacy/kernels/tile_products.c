@@ -17,8 +17,9 @@
      stay with torch's: the kernel reads each pair's 36 kernel matrices again for every 6
      tiles, where MKL packs them once;
    - gram_upper (a record's pixel Gram matrix X^T X): only the blocks on and above the
-     diagonal of image rows, which is all that conv_gram.c reads of the symmetric matrix.
-   The two functions exist for float only and where the compiler targets AVX2 with FMA;
+     diagonal of image rows, which is all that conv_gram.c reads of the symmetric matrix;
+     gram_norms forms a record's two such matrices and reads them with conv_gram.c at once.
+   The functions exist for float only and where the compiler targets AVX2 with FMA;
    elsewhere (and for double) they return 2 and the caller takes torch's batched product.
    (The weight gradient, a product summed over the tiles, stays with torch's: a version of
    it here, which copied 128 tiles at a time into panels, ran at 0.6 to 0.95 times its
@@ -143,7 +144,7 @@ static void tp_gram_upper(const float *x, int64_t C, int64_t T, int64_t W, int64
 #endif
 #endif
 
-/* Whether the two functions below run here for this scalar type (1) or return 2. */
+/* Whether the functions below run here for this scalar type (1) or return 2. */
 int FN(tile_products_native)(void) {
 #ifdef TP_NATIVE
     return sizeof(scalar_t) == sizeof(float);

@@ -11,9 +11,10 @@ products (2,048 tiles a point, 128 channels) ran at 65 to 73 GFLOP/s on a quiet 
 MKL's 44 to 55, and the round's shapes 1.00 to 1.37 times MKL's speed on a busy one; a DP
 chunk's pixel Gram matrices 1.4 to 1.6 times faster, computing only the blocks that
 :mod:`fedlap_privacy.kernels.conv_gram` reads of the symmetric matrix
-(``benchmarks/tile_products.py``). The results equal a float64 product to float32 rounding
-(``tests/core/test_tile_products.py``). Sums of two products stay with torch's
-(:mod:`fedlap_privacy.kernels.winograd` says why).
+(``benchmarks/tile_products.py``); the ghost norms form them one record at a time and read
+them while they are in the second-level cache (``gram_norms``). The results equal a float64
+product to float32 rounding (``tests/core/test_tile_products.py``). Sums of two products
+stay with torch's (:mod:`fedlap_privacy.kernels.winograd` says why).
 
 It runs for float32 where the kernels were compiled for a processor with AVX2 and FMA
 (:func:`native`); elsewhere, and with the path off, the callers take ``torch.bmm``.

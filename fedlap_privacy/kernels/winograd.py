@@ -27,7 +27,9 @@ convolution elsewhere.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +40,7 @@ from fedlap_privacy.kernels import few_channels, tile_products
 from fedlap_privacy.kernels.block import fusable, run_split
 
 __all__ = [
+    "ConvTiles",
     "KernelTiles",
     "Tiles",
     "applies",
@@ -51,6 +54,7 @@ __all__ = [
     "input_grad",
     "input_grad_sum",
     "input_tiles",
+    "shared_kernel_tiles",
     "weight_grad",
     "weight_tiles",
 ]
@@ -152,15 +156,45 @@ class ConvTiles:
     grad: Tiles | None = None
 
 
+#: within :func:`shared_kernel_tiles`: by a parameter's id, the parameter (held, so that the
+#: id stays its own), its version counter when it was transformed, and its tiles
+_SHARED: ContextVar[dict[int, tuple[Tensor, int, KernelTiles]] | None] = ContextVar(
+    "shared_kernel_tiles", default=None)
+
+
+@contextlib.contextmanager
+def shared_kernel_tiles() -> Iterator[None]:
+    """Within this block :func:`weight_tiles` transforms each parameter (``nn.Parameter``)
+    once and hands the same tiles out again while the parameter's version counter stands
+    (an in-place change through torch's operations moves it; a write through ``.data``
+    does not, so the block must hold none). FedLAP-DP's client wraps one real batch in it:
+    the DP gradient's chunks and the R_s matching steps against it, during which the model
+    does not change."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
 def weight_tiles(weight: Tensor) -> KernelTiles:
-    """``G w G^T`` of every kernel of ``weight`` (C_out, C_in, 3, 3), in both layouts."""
+    """``G w G^T`` of every kernel of ``weight`` (C_out, C_in, 3, 3), in both layouts (shared
+    within :func:`shared_kernel_tiles` where ``weight`` is a parameter)."""
+    shared = _SHARED.get() if isinstance(weight, nn.Parameter) else None
+    if shared is not None:
+        held = shared.get(id(weight))
+        if held is not None and held[0] is weight and held[1] == weight._version:
+            return held[2]
     c_out, c_in = weight.shape[:2]
     src = weight.detach().contiguous()
     adjoint = src.new_empty(POINTS, c_out, c_in)
     forward = src.new_empty(POINTS, c_in, c_out)
     run_split("wino_weight", src.dtype, c_out, adjoint.numel(),
               (src.data_ptr(), c_out, c_in), (adjoint.data_ptr(), forward.data_ptr()))
-    return KernelTiles(forward, adjoint)
+    tiles = KernelTiles(forward, adjoint)
+    if shared is not None:
+        shared[id(weight)] = (weight, weight._version, tiles)
+    return tiles
 
 
 def _products(pairs: Sequence[tuple[Tiles, Tensor]], channels: int) -> Tiles:

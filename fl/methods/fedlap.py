@@ -38,6 +38,7 @@ from fedlap_privacy.fl.methods.dp import batch_rate, dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.methods.matching import MatchTarget
 from fedlap_privacy.fl.methods.trust_region import clone_params, distance, project_to_ball
+from fedlap_privacy.kernels import winograd
 from fedlap_privacy.second_order import (
     Blocks,
     supported_blocks,
@@ -229,16 +230,18 @@ def client_approximation(
             for _ in range(cfg.real_batches):
                 aug = augment(generator) if augment is not None else NO_AUGMENTATION
                 batch = poisson_sample(x.shape[0], rate, generator).to(x.device)
-                with phase("real gradients"):
-                    g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
-                accesses += 1
-                with phase("matching"):
-                    # the real side of L_dis once per real batch, reused by the R_s updates
-                    target = MatchTarget(g_real, cfg.mse_weight, include=include)
-                    for _ in range(cfg.syn_steps):
-                        images.grad = _matching_gradient(model, images, syn.labels, aug,
-                                                         target, include, blocks)
-                        opt.step()
+                # the model stands still for one real batch: its kernels transformed once
+                with winograd.shared_kernel_tiles():
+                    with phase("real gradients"):
+                        g_real = _real_gradient(model, aug(x[batch]), y[batch], cfg, generator)
+                    accesses += 1
+                    with phase("matching"):
+                        # the real side of L_dis once per real batch, reused by the R_s updates
+                        target = MatchTarget(g_real, cfg.mse_weight, include=include)
+                        for _ in range(cfg.syn_steps):
+                            images.grad = _matching_gradient(model, images, syn.labels, aug,
+                                                             target, include, blocks)
+                            opt.step()
                 report_step(accesses, total)  # at most T: a loop may stop at the radius
             current = SyntheticSet(images.detach(), syn.labels)
             with phase("local steps"):

@@ -179,3 +179,19 @@ def test_a_forward_without_autograd_takes_the_transform_and_keeps_the_hooks(monk
     finally:
         handle.remove()
     assert calls == [1] and used == [1]  # the hooked one is called, the other transformed
+
+
+def test_kernel_tiles_are_shared_within_the_block_while_the_parameter_stands():
+    conv = nn.Conv2d(128, 128, 3, padding=1)
+    plain = conv.weight.detach().clone()
+    assert winograd.weight_tiles(conv.weight) is not winograd.weight_tiles(conv.weight)
+    with winograd.shared_kernel_tiles():
+        first = winograd.weight_tiles(conv.weight)
+        assert winograd.weight_tiles(conv.weight) is first
+        assert winograd.weight_tiles(plain) is not winograd.weight_tiles(plain)  # no parameter
+        with torch.no_grad():
+            conv.weight.mul_(2)  # the version counter moves: transformed again
+        moved = winograd.weight_tiles(conv.weight)
+        assert moved is not first
+        torch.testing.assert_close(moved.forward, 2 * first.forward)
+    assert winograd.weight_tiles(conv.weight) is not moved
