@@ -111,13 +111,13 @@ def main() -> None:
                        torch.randn(128, 1, 3, 3))
         stacked, kernels = torch.cat([gy, gz], 1), torch.cat([first.weight, u_w], 0)
         races = {
-            "1st input grad": {
+            "1st in grad": {
                 "torch": lambda x=x, g=stacked, w=kernels: (
                     torch.ops.aten._slow_conv2d_backward.output_mask(
                         g, x, w, [3, 3], [1, 1], [3, 3], [True, False, False])[0]),
                 "ours": lambda gy=gy, gz=gz, u_w=u_w: few_channels.input_grad_sum(
                     [(gy, first.weight), (gz, u_w)], (3, 3), (28, 28))},
-            "1st per-record": {
+            "1st per-rec": {
                 "torch": lambda x=x, gy=gy: (_conv_weight_grads(first, x, gy),
                                              gy.sum(dim=(2, 3))),
                 "ours": lambda x=x, gy=gy: few_channels.per_record_grads(x, gy, (3, 3))}}

@@ -24,12 +24,15 @@ autograd:
 That is 4 convolutions per block where autograd's graph makes 6 (and computes a weight
 gradient of the double backward that nobody asked for), and none of autograd's per-node
 bookkeeping. The first block (at most 3 input channels: the images) convolves through its
-input's columns (im2col, one batched matrix product), which the forward and step 3 share,
-and takes torch's native input-gradient kernel (both several times faster than oneDNN's
-there). Where a block's convolutions run through Winograd's F(4x4, 3x3)
-(:mod:`fedlap_privacy.kernels.winograd`), its input ``a_{l-1}``, its kernels and ``gz_l``
-are transformed once per step and shared by the block's four convolutions, and each pair
-of stacked operands becomes two sets of products summed before one inverse transform
+input's columns (im2col, one batched matrix product), which the forward and step 3 share
+(several times faster than oneDNN's there), and its input gradient, the images' own, sums
+its two convolutions in a C kernel
+(:func:`fedlap_privacy.kernels.few_channels.input_grad_sum`; torch's native kernel on the
+two stacked where the kernels are off). Where a block's convolutions run through
+Winograd's F(4x4, 3x3) (:mod:`fedlap_privacy.kernels.winograd`), its input ``a_{l-1}``,
+its kernels and ``gz_l`` are transformed once per step and shared by the block's four
+convolutions, and each pair of stacked operands becomes two sets of products summed before
+one inverse transform
 (:func:`~fedlap_privacy.kernels.winograd.forward_sum`,
 :func:`~fedlap_privacy.kernels.winograd.input_grad_sum`) instead of a concatenation.
 :func:`weight_grad` is step 1 alone: the first-order gradient of the (optionally
@@ -314,11 +317,11 @@ def weight_grad_input_vjp(
                 bar_a = winograd.input_grad_sum(pairs)
                 continue
             u_w = u[id(conv.weight)]
-            first = [(bar_z, conv.weight)] + ([] if u_w is None else [(t.gz[i], u_w)])
+            summed = [(bar_z, conv.weight)] + ([] if u_w is None else [(t.gz[i], u_w)])
             if few_channels.applies(t.inputs[i], conv.weight, conv) and all(
-                    fusable(g, w) for g, w in first):
+                    fusable(g, w) for g, w in summed):
                 bar_a = few_channels.input_grad_sum(
-                    first, (conv.padding[0], conv.padding[1]), t.inputs[i].shape[2:])
+                    summed, (conv.padding[0], conv.padding[1]), t.inputs[i].shape[2:])
                 continue
             gz = _stacked([bar_z, None if u_w is None else t.gz[i]], 1)
             weight = _stacked([conv.weight, u_w], 0)

@@ -13,6 +13,17 @@
    fedlap_privacy/kernels/build.py once per scalar type (scalar_t, FN(name)), like
    gn_relu_pool.c. */
 
+/* Record's Ci planes of H x W into the interior of pad's zero-bordered (H + 2 ph) x
+   (W + 2 pw) planes (the border is written once, by calloc, and stays zero). */
+static inline void FN(pad_record)(const scalar_t *restrict x, int64_t Ci, int64_t H,
+                                  int64_t W, int64_t ph, int64_t pw, scalar_t *restrict pad) {
+    const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw;
+    for (int64_t c = 0; c < Ci; ++c)
+        for (int64_t r = 0; r < H; ++r)
+            memcpy(pad + (c * Hp + r + ph) * Wp + pw, x + (c * H + r) * W,
+                   (size_t)W * sizeof(scalar_t));
+}
+
 int FN(conv3x3_few)(const scalar_t *restrict x, const scalar_t *restrict w,
                     const scalar_t *restrict b, int64_t Ci, int64_t Co, int64_t H, int64_t W,
                     int64_t ph, int64_t pw, int64_t lo, int64_t hi, scalar_t *restrict y) {
@@ -23,10 +34,7 @@ int FN(conv3x3_few)(const scalar_t *restrict x, const scalar_t *restrict w,
     if (!pad)
         return 1;
     for (int64_t n = lo; n < hi; ++n) {
-        for (int64_t c = 0; c < Ci; ++c)
-            for (int64_t r = 0; r < H; ++r)
-                memcpy(pad + (c * Hp + r + ph) * Wp + pw, x + ((n * Ci + c) * H + r) * W,
-                       (size_t)W * sizeof(scalar_t));
+        FN(pad_record)(x + n * Ci * H * W, Ci, H, W, ph, pw, pad);
         for (int64_t o = 0; o < Co; ++o) {
             const scalar_t *restrict wo = w + o * Ci * 9;
             for (int64_t r = 0; r < Ho; ++r) {
@@ -152,10 +160,7 @@ int FN(conv3x3_few_weight_grads)(const scalar_t *restrict x, const scalar_t *res
     if (!pad)
         return 1;
     for (int64_t n = lo; n < hi; ++n) {
-        for (int64_t c = 0; c < Ci; ++c)
-            for (int64_t r = 0; r < H; ++r)
-                memcpy(pad + (c * Hp + r + ph) * Wp + pw, x + ((n * Ci + c) * H + r) * W,
-                       (size_t)W * sizeof(scalar_t));
+        FN(pad_record)(x + n * Ci * H * W, Ci, H, W, ph, pw, pad);
         for (int64_t o = 0; o < Co; ++o) {
             const scalar_t *restrict plane = gy + (n * Co + o) * Ho * Wo;
             vec bias = {0};
