@@ -26,7 +26,7 @@ run: install
 
 test: install-dev
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 bench: install-dev
 	$(PY) benchmarks/accountant.py

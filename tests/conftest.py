@@ -16,6 +16,23 @@ import pytest
 os.environ["FEDLAP_FOLLOW_LOAD"] = "0"
 
 
+def pytest_configure() -> None:
+    """``make test`` runs one pytest-xdist worker per core (``-n auto``, a test file per
+    worker): each worker is one of that many processes sharing the cores, so it runs torch on
+    one thread, and the commands it starts take their share of the cores (``FEDLAP_WORKERS``,
+    :mod:`fedlap_privacy.threads`) instead of spinning threads on cores another worker holds.
+    xdist hands its terminal's width to the workers as ``COLUMNS``, which the CLI's console
+    (made at import) would keep: the tests see no terminal, as without xdist."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is None:
+        return
+    os.environ.setdefault("FEDLAP_WORKERS", workers)
+    os.environ.pop("COLUMNS", None)
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _fast_paths_from_the_environment() -> Iterator[None]:
     """The fast-path switches are read once and again at a command's start-up: a test that

@@ -128,7 +128,7 @@ def test_load_following_is_off_where_the_count_was_chosen(monkeypatch):
     monkeypatch.setattr("fedlap_privacy.kernels.build.load_kernels", lambda: None)
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(threads, "usable_cpus", lambda *a: 2)
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", threads.FOLLOW_ENV):
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", threads.FOLLOW_ENV, threads.WORKERS_ENV):
         monkeypatch.delenv(name, raising=False)
     before = torch.get_num_threads()
     try:
