@@ -23,12 +23,13 @@ autograd:
 
 That is 4 convolutions per block where autograd's graph makes 6 (and computes a weight
 gradient of the double backward that nobody asked for), and none of autograd's per-node
-bookkeeping. The first block (at most 3 input channels: the images) convolves through its
-input's columns (im2col, one batched matrix product), which the forward and step 3 share
-(several times faster than oneDNN's there), and its input gradient, the images' own, sums
-its two convolutions in a C kernel
-(:func:`fedlap_privacy.kernels.few_channels.input_grad_sum`; torch's native kernel on the
-two stacked where the kernels are off). Where a block's convolutions run through
+bookkeeping. The first block (at most 3 input channels: the images) runs its convolutions
+in :mod:`fedlap_privacy.kernels.few_channels`: the forward and step 3's through
+:func:`~fedlap_privacy.kernels.winograd.conv2d`, the weight and bias gradients in one pass
+over ``gz_1`` (:func:`~fedlap_privacy.kernels.few_channels.per_record_grads`, summed), and
+the images' own gradient as the sum of its two convolutions
+(:func:`~fedlap_privacy.kernels.few_channels.input_grad_sum`); torch's kernels where those
+do not apply. Where a block's convolutions run through
 Winograd's F(4x4, 3x3) (:mod:`fedlap_privacy.kernels.winograd`), its input ``a_{l-1}``,
 its kernels and ``gz_l`` are transformed once per step and shared by the block's four
 convolutions, and each pair of stacked operands becomes two sets of products summed before
@@ -48,7 +49,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
@@ -90,6 +90,20 @@ def supported_blocks(model: nn.Module, x: Tensor) -> Blocks | None:
     return blocks
 
 
+def _first_block_grads(conv: nn.Conv2d, gz: Tensor, a: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The weight gradient (and the bias's, None without one) of the first block's
+    convolution, summed over the batch: each record's in one pass over ``gz``
+    (:func:`~fedlap_privacy.kernels.few_channels.per_record_grads`; 20 images of the 28x28
+    ConvNet took about 2 ms where torch's convolution backward and the bias's sum over the
+    32x32 maps took 4), where the kernel applies; torch's otherwise."""
+    if few_channels.applies(a, conv.weight, conv) and fusable(gz):
+        dw, db = few_channels.per_record_grads(a, gz, (conv.padding[0], conv.padding[1]))
+        return dw.sum(0), None if conv.bias is None else db.sum(0)
+    dw = conv2d_backward(conv, gz, a, conv.weight, (False, True))[1]
+    assert dw is not None
+    return dw, None if conv.bias is None else gz.sum((0, 2, 3))
+
+
 def _input_grad(gz: Tensor, a: Tensor, weight: Tensor, conv: nn.Conv2d) -> Tensor:
     """The input gradient of a convolution. For at most 3 input channels (the first block) it
     runs torch's native kernel: oneDNN's is 3-7x slower there (measured at 8x8 and 32x32)."""
@@ -105,24 +119,6 @@ def _input_grad(gz: Tensor, a: Tensor, weight: Tensor, conv: nn.Conv2d) -> Tenso
 def _few_channels(a: Tensor) -> bool:
     """Whether a convolution input has at most 3 channels (the first block's images)."""
     return a.shape[1] <= 3
-
-
-def _columns(a: Tensor, conv: nn.Conv2d) -> Tensor:
-    """im2col of ``a`` for ``conv``: ``(N, C_in * kh * kw, H_out * W_out)``."""
-    return F.unfold(a, conv.kernel_size, conv.dilation, conv.padding, conv.stride)
-
-
-def _conv_columns(columns: Tensor, weight: Tensor, out_shape: torch.Size,
-                  bias: Tensor | None = None) -> Tensor:
-    """A convolution as one batched matrix product over the input's columns. For the first
-    block (at most 3 input channels) this is several times faster than oneDNN's kernel
-    where that pads by more than 1 (the 28x28 ConvNet: 1.3 against 11 ms for 20 images)
-    and no slower at 8x8, and the columns serve the forward and the second-order pass."""
-    n = columns.shape[0]
-    w = weight.reshape(1, weight.shape[0], -1).expand(n, -1, -1)
-    out = torch.bmm(w, columns) if bias is None else torch.baddbmm(
-        bias.view(1, -1, 1), w, columns)
-    return out.view(out_shape)
 
 
 def _stacked(parts: list[Tensor | None], dim: int) -> Tensor | None:
@@ -143,7 +139,6 @@ class _Tape:
     weight gradient by parameter id."""
 
     inputs: list[Tensor]
-    columns: Tensor | None  # im2col of the images where the first block uses it
     pre: list[Tensor]
     stats: list[tuple[Tensor, Tensor]]
     incoming: list[Tensor]
@@ -156,13 +151,6 @@ class _Tape:
     transformed: list[ConvTiles | None]
 
 
-def _out_shape(a: Tensor, conv: nn.Conv2d) -> torch.Size:
-    """The output shape of ``conv`` on ``a``."""
-    size = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in zip(
-        a.shape[2:], conv.padding, conv.dilation, conv.kernel_size, conv.stride, strict=True)]
-    return torch.Size([a.shape[0], conv.out_channels, *size])
-
-
 def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
                       y: Tensor, weights: Tensor | None = None) -> _Tape:
     """Step 1: the forward pass and the backward pass of the cross-entropy, the batch mean or,
@@ -171,13 +159,9 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
     inputs, pre, stats = [], [], []
     transformed: list[ConvTiles | None] = []
     a = x
-    columns = None
     for conv, norm in blocks:
         tiles = None
-        if not inputs and _few_channels(a):
-            columns = _columns(a, conv)
-            z = _conv_columns(columns, conv.weight, _out_shape(a, conv), conv.bias)
-        elif winograd.applies(a, conv.weight, conv):
+        if winograd.applies(a, conv.weight, conv):
             tiles = ConvTiles(winograd.input_tiles(a), winograd.weight_tiles(conv.weight))
             z = winograd.forward(tiles.inputs, tiles.weight, conv.bias)
         else:
@@ -212,6 +196,11 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
         incoming.append(ga)
         gzs.append(gz)
         grads[id(norm.weight)], grads[id(norm.bias)] = sgx.sum(0), sgy.sum(0)
+        if i == 0 and _few_channels(inputs[0]):  # the images: no input gradient
+            grads[id(conv.weight)], bias_grad = _first_block_grads(conv, gz, inputs[0])
+            if bias_grad is not None:
+                grads[id(conv.bias)] = bias_grad
+            continue
         if conv.bias is not None:
             grads[id(conv.bias)] = gz.sum((0, 2, 3))
         tiles = transformed[i]
@@ -226,7 +215,7 @@ def _forward_backward(model: ConvNet, blocks: Blocks, x: Tensor,
         grads[id(conv.weight)] = dw
         if dx is not None:
             ga = dx
-    return _Tape(inputs, columns, pre, stats, incoming[::-1], gzs[::-1], f, p, share, go,
+    return _Tape(inputs, pre, stats, incoming[::-1], gzs[::-1], f, p, share, go,
                  grads, transformed)
 
 
@@ -276,8 +265,6 @@ def weight_grad_input_vjp(
                 stack_w = _stacked([u_w, None if bar_ga is None else conv.weight], 1)
                 if stack_in is None or stack_w is None:
                     bar_gz = torch.zeros_like(t.gz[i])
-                elif i == 0 and t.columns is not None:  # stack_in is the images alone
-                    bar_gz = _conv_columns(t.columns, stack_w, t.gz[i].shape)
                 else:
                     bar_gz = conv2d(conv, stack_in, stack_w)
             if conv.bias is not None and u[id(conv.bias)] is not None:
