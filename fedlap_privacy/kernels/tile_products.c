@@ -13,9 +13,12 @@
      the tiles are read once, as 6 sequential streams (looping over a few points at a time
      instead, so that their kernel matrices stay in the second-level cache, or over 12 to
      48 tiles per kernel matrix, so that it is read fewer times, was slower: more streams
-     than the processor's prefetcher follows). Sums of two products (the matching step's)
-     stay with torch's: the kernel reads each pair's 36 kernel matrices again for every 6
-     tiles, where MKL packs them once;
+     than the processor's prefetcher follows). The kernel matrices, read again for every 6
+     tiles, come packed in panels of 16 columns (tile_products.py's pack), so that each
+     panel is one contiguous run rather than 16 values every N. Sums of two products (the
+     matching step's) stay with torch's: run through here, both pairs into the same
+     registers, they were faster alone but slower with five clients side by side on the
+     2 cores, where MKL's packed copies stay in the second-level cache;
    - gram_upper (a record's pixel Gram matrix X^T X): only the blocks on and above the
      diagonal of image rows, which is all that conv_gram.c reads of the symmetric matrix;
      gram_norms forms a record's two such matrices and reads them with conv_gram.c at once.
@@ -115,15 +118,20 @@ static inline void tp_row_block(const tp_pair *pair, int64_t i0, int64_t R, int6
 }
 
 /* out[i][p][j] = sum_k tiles[i][p][k] weights[p][k][j] for rows lo <= i < hi: tiles
-   (rows, P, K), weights (P, K, N), out (rows, P, N), all contiguous. */
+   (rows, P, K) and out (rows, P, N) contiguous, weights packed (P, J, K, 16): J = ceil(N /
+   16) panels of 16 columns, each K rows of 16 contiguous, the last zero-padded. */
 static void tp_tile_products(const float *tiles, const float *weights, int64_t P, int64_t K,
                              int64_t N, int64_t lo, int64_t hi, float *out) {
+    const int64_t J = (N + 15) / 16;
     for (int64_t i0 = lo; i0 < hi; i0 += 6) {
         const int64_t R = hi - i0 < 6 ? hi - i0 : 6;
-        for (int64_t p = 0; p < P; ++p) {
-            const tp_pair pair = {tiles + p * K, P * K, 1, weights + p * K * N, N, K};
-            tp_row_block(&pair, i0, R, 0, N, out + p * N, P * N);
-        }
+        for (int64_t p = 0; p < P; ++p)
+            for (int64_t j = 0; j < J; ++j) {
+                const tp_pair panel = {tiles + p * K, P * K, 1, weights + (p * J + j) * K * 16,
+                                       16, K};
+                const int64_t w = N - 16 * j < 16 ? N - 16 * j : 16;
+                tp_micros[w < 16][R - 1](&panel, i0, 0, w, out + p * N + 16 * j, P * N);
+            }
     }
 }
 

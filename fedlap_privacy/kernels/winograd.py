@@ -139,10 +139,13 @@ def grad_tiles(gy: Tensor) -> Tiles:
 class KernelTiles:
     """``G w G^T`` of every (output, input) kernel in the two layouts the products take:
     ``forward`` ``(36, C_in, C_out)`` and ``adjoint`` ``(36, C_out, C_in)`` (the input
-    gradient's), both contiguous."""
+    gradient's), both contiguous, and each packed for the package's products
+    (:func:`~fedlap_privacy.kernels.tile_products.pack`) where those run (None elsewhere)."""
 
     forward: Tensor
     adjoint: Tensor
+    packed_forward: Tensor | None = None
+    packed_adjoint: Tensor | None = None
 
 
 @dataclass
@@ -191,32 +194,35 @@ def weight_tiles(weight: Tensor) -> KernelTiles:
     forward = src.new_empty(POINTS, c_in, c_out)
     run_split("wino_weight", src.dtype, c_out, adjoint.numel(),
               (src.data_ptr(), c_out, c_in), (adjoint.data_ptr(), forward.data_ptr()))
-    tiles = KernelTiles(forward, adjoint)
+    tiles = (KernelTiles(forward, adjoint, tile_products.pack(forward),
+                         tile_products.pack(adjoint))
+             if tile_products.native(forward) else KernelTiles(forward, adjoint))
     if shared is not None:
         shared[id(weight)] = (weight, weight._version, tiles)
     return tiles
 
 
-def _products(pairs: Sequence[tuple[Tiles, Tensor]], channels: int) -> Tiles:
-    """``sum_k rows(t_k) @ w_k`` per point (``w_k`` (36, K, channels) contiguous), as the
-    tiles of a map of ``channels`` channels: one pair through the package's kernel where
-    :func:`~fedlap_privacy.kernels.tile_products.native`, else torch's batched product (two
-    pairs summed too: five clients side by side ran their 1/20 ``paper-dp`` rounds 4 to 8%
-    faster so, since the kernel reads each pair's kernel matrices again for every 6 tiles
-    where MKL packs them once)."""
-    first = pairs[0][0]
-    out = _tiles_of(pairs[0][1], torch.Size([*first.shape[:1], channels, *first.shape[2:]]))
-    if len(pairs) == 1 and tile_products.native(out.data, first.data, pairs[0][1]):
+def _products(pairs: Sequence[tuple[Tiles, Tensor, Tensor | None]], channels: int) -> Tiles:
+    """``sum_k rows(t_k) @ w_k`` per point (``w_k`` (36, K, channels) contiguous, ``packed_k``
+    the same packed or None), as the tiles of a map of ``channels`` channels: one pair
+    through the package's kernel where it comes packed, else torch's batched product (two
+    pairs summed too: through the package's kernel, both pairs into the same registers,
+    they ran faster alone but made a real batch of five clients side by side about 2.5%
+    slower, since the kernel reads each pair's kernel matrices again for every 6 tiles where
+    MKL packs them once)."""
+    first, weights, packed = pairs[0]
+    out = _tiles_of(weights, torch.Size([*first.shape[:1], channels, *first.shape[2:]]))
+    if len(pairs) == 1 and packed is not None and tile_products.native(out.data, first.data):
         n, t, p, _ = out.data.shape
-        tile_products.products(first.data.view(n * t, p, -1), pairs[0][1],
+        tile_products.products(first.data.view(n * t, p, -1), packed,
                                out.data.view(n * t, p, channels))
         return out
     rows = out.rows()
-    for k, (t, w) in enumerate(pairs):
+    for k, (tiles, w, _) in enumerate(pairs):
         if k == 0:
-            torch.bmm(t.rows(), w, out=rows)
+            torch.bmm(tiles.rows(), w, out=rows)
         else:
-            rows.baddbmm_(t.rows(), w)
+            rows.baddbmm_(tiles.rows(), w)
     return out
 
 
@@ -227,7 +233,7 @@ def forward_sum(pairs: Sequence[tuple[Tiles, KernelTiles]],
     output transform for the sum, (N, C_out, H, W)."""
     n, _, h, w = pairs[0][0].shape
     c_out = pairs[0][1].forward.shape[2]
-    m = _products([(x, w_hat.forward) for x, w_hat in pairs], c_out)
+    m = _products([(x, w_hat.forward, w_hat.packed_forward) for x, w_hat in pairs], c_out)
     y = m.data.new_empty(n, c_out, h, w)
     b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
     run_split("wino_output", y.dtype, n, m.data.numel(),
@@ -247,7 +253,7 @@ def input_grad_sum(pairs: Sequence[tuple[Tiles, KernelTiles]]) -> Tensor:
     number of input channels): one transform for the sum, (N, C_in, H, W)."""
     n, _, h, w = pairs[0][0].shape
     c_in = pairs[0][1].adjoint.shape[2]
-    d = _products([(g, w_hat.adjoint) for g, w_hat in pairs], c_in)
+    d = _products([(g, w_hat.adjoint, w_hat.packed_adjoint) for g, w_hat in pairs], c_in)
     dx = d.data.new_empty(n, c_in, h, w)
     run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
               (d.data.data_ptr(), n, c_in, h, w), (dx.data_ptr(),))

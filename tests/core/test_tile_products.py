@@ -31,10 +31,25 @@ def test_products_equal_the_exact_product(rows, points, k, n):
     torch.manual_seed(rows)
     tiles, weights = torch.randn(rows, points, k), torch.randn(points, k, n)
     out = torch.full((rows, points, n), float("nan"))
-    tile_products.products(tiles, weights, out)
+    tile_products.products(tiles, tile_products.pack(weights), out)
     want = torch.einsum("rpk,pkn->rpn", tiles.double(), weights.double())
     torch.testing.assert_close(out.double(), want, atol=1e-5 * want.abs().max().item(),
                                rtol=1e-5)
+
+
+def test_packed_panels_hold_sixteen_columns_each_zero_padded():
+    weights = torch.arange(2 * 3 * 20, dtype=torch.float32).view(2, 3, 20)
+    packed = tile_products.pack(weights)
+    assert packed.shape == (2, 2, 3, 16) and packed.is_contiguous()
+    assert torch.equal(packed[1, 0, 2], weights[1, 2, :16])
+    assert torch.equal(packed[1, 1, 2, :4], weights[1, 2, 16:])
+    assert not packed[:, 1, :, 4:].any()
+
+
+def test_operands_that_do_not_fit_are_refused():
+    tiles, out = torch.randn(6, 36, 8), torch.empty(6, 36, 16)
+    with pytest.raises(ValueError, match="do not fit"):
+        tile_products.products(tiles, torch.randn(36, 8, 16), out)  # not packed
 
 
 def test_two_threads_compute_what_one_does():
@@ -47,7 +62,7 @@ def test_two_threads_compute_what_one_does():
         for count in (1, 2):
             torch.set_num_threads(count)
             out = torch.empty(640, 36, 128)
-            tile_products.products(tiles, weights, out)
+            tile_products.products(tiles, tile_products.pack(weights), out)
             results.append((out, tile_products.gram_upper(x, 16)))
     finally:
         torch.set_num_threads(threads)
