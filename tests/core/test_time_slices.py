@@ -1,7 +1,9 @@
 """Long scheduler slices for a worker sharing its cores (fedlap_privacy.time_slices): asked
 for only where the process runs fewer torch threads than its CPUs and the path is on, with
 the process's nice value kept; what the kernel then reports (``sched_getattr``) is the slice
-asked for. Each check runs in a fresh process, so that the test process keeps its own."""
+asked for. Each check runs in a fresh process, so that the test process keeps its own; a
+child inherits its parent's slice (a worker that ran a ClientApp test has asked), so each
+first goes back to the kernel's own (a request of 0)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,16 @@ _SCRIPT = """
 import ctypes, os, struct, sys
 import torch
 from fedlap_privacy import fast_paths, time_slices
+calls = {"x86_64": (314, 315), "aarch64": (274, 275)}[os.uname().machine]
+libc = ctypes.CDLL(None)
+own = struct.pack("IIQiIQQQII", 56, 0, 8, os.getpriority(os.PRIO_PROCESS, 0), 0, 0, 0, 0, 0, 0)
+assert libc.syscall(calls[0], 0, ctypes.create_string_buffer(own), 0) == 0
 torch.set_num_threads(int(sys.argv[1]))
 os.nice(3)
 with fast_paths.using(long_slices=sys.argv[2] == "on"):
     asked = time_slices.share_cores_in_long_slices()
 buf = ctypes.create_string_buffer(56)
-ctypes.CDLL(None).syscall({"x86_64": 315, "aarch64": 275}[os.uname().machine], 0, buf, 56, 0)
+libc.syscall(calls[1], 0, buf, 56, 0)
 attr = struct.unpack("IIQiIQQQII", buf.raw)
 print(asked, attr[3], attr[5])
 """
