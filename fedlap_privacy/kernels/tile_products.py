@@ -62,8 +62,9 @@ def pack(weights: Tensor) -> Tensor:
     panel ``j`` holding columns ``PANEL j`` to ``PANEL (j + 1) - 1`` (zeros past ``N``)."""
     points, k, n = weights.shape
     panels = -(-n // PANEL)
-    padded = torch.nn.functional.pad(weights, (0, panels * PANEL - n))
-    return padded.view(points, k, panels, PANEL).permute(0, 2, 1, 3).contiguous()
+    padded = weights if n == panels * PANEL else torch.nn.functional.pad(
+        weights, (0, panels * PANEL - n))
+    return padded.contiguous().view(points, k, panels, PANEL).permute(0, 2, 1, 3).contiguous()
 
 
 def products(tiles: Tensor, weights: Tensor, out: Tensor) -> None:
