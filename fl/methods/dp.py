@@ -195,17 +195,11 @@ def release(
         assert canaries is not None
         total = [*total, total[0].new_zeros(canaries.block)]
     extra = _canary_sum(canaries, clip, [t.shape for t in total]) if canaries else None
-    # Draw on the generator's device (a CPU generator with CUDA parameters works too, at the
-    # cost of a copy); with no generator, the default one of the parameters' device.
-    draw_on = total[0].device if generator is None else generator.device
     out: list[Tensor] = []
     for i, t in enumerate(total):
         if extra is not None:
             t = t + extra[i].to(t.device, t.dtype)
-        if sigma > 0:
-            noise = torch.randn(t.shape, generator=generator, device=draw_on, dtype=t.dtype)
-            t = t + noise.to(t.device) * (sigma * clip)
-        out.append(t / expected_batch_size)
+        out.append(add_gaussian_noise(t, sigma * clip, generator) / expected_batch_size)
     if canaries is not None:
         released = torch.cat([o.detach().flatten() for o in out]) * expected_batch_size
         at = canaries.coordinates.to(released.device)
@@ -213,6 +207,25 @@ def release(
             at = at + (released.numel() - canaries.block)
         canaries.observe(released[at].double().cpu() / clip)
     return out[:-1] if dedicated else out
+
+
+def add_gaussian_noise(t: Tensor, std: float, generator: torch.Generator | None) -> Tensor:
+    """``t + N(0, std^2 I)``: the one place where every Gaussian mechanism of the package draws
+    its noise (the record-level SGM of :func:`release`; the client-level sums of DP-FedAvg and
+    DP-NormFedAvg, McMahan et al. 2018, Algorithm 1).
+
+    The draw comes from ``generator`` on its own device (a CPU generator with CUDA tensors
+    works too, at the cost of a copy; the default generator of ``t``'s device when ``None``),
+    in ``t``'s dtype, and is added on ``t``'s device. ``std == 0`` draws nothing and returns
+    ``t``; a negative or non-finite ``std`` is refused.
+    """
+    if not (math.isfinite(std) and std >= 0):
+        raise ConfigError(f"the noise's standard deviation must be finite and >= 0, got {std}")
+    if std == 0:
+        return t
+    draw_on = t.device if generator is None else generator.device
+    noise = torch.randn(t.shape, generator=generator, device=draw_on, dtype=t.dtype)
+    return t + noise.to(t.device) * std
 
 
 def clip_and_noise(

@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from fedlap_privacy.accountant.client_level import update_sigma
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.engine.cohort import ClientBatches, cohort_local_sgd
+from fedlap_privacy.fl.methods.dp import add_gaussian_noise
 from fedlap_privacy.fl.methods.fedavg import local_training
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State
 from fedlap_privacy.ledger import PrivacyLedger
@@ -184,20 +185,15 @@ class DPFedAvgClient(Method):
                 total = torch.zeros_like(p)
                 for u in uploads:
                     total += u[name].to(p.device, p.dtype)
-                if sigma_u > 0:
-                    noise = torch.randn(
-                        p.shape, generator=generator, device=generator.device, dtype=p.dtype
-                    )
-                    total += noise.to(p.device) * (sigma_u * clip)
+                total = add_gaussian_noise(total, sigma_u * clip, generator)
                 p.add_(total, alpha=cfg.server_lr / expected)
         metrics: dict[str, Any] = {"expected_clients": expected, "clip": clip}
         if self.adaptive:
             assert cfg.clip_quantile is not None
             count = below - 0.5 * len(replies)  # sum of b_k - 1/2: sensitivity 1/2
             if cfg.sigma:
-                noise = torch.randn((), generator=generator, device=generator.device,
-                                    dtype=torch.float64)
-                count += float(noise) * cfg.clip_count_noise
+                count = float(add_gaussian_noise(
+                    torch.tensor(count, dtype=torch.float64), cfg.clip_count_noise, generator))
             fraction = count / expected + 0.5
             server_state["clip"] = clip * math.exp(-cfg.clip_lr * (fraction - cfg.clip_quantile))
             metrics["below_clip_fraction"] = fraction  # noisy: a DP release

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.fl.methods.dp import add_gaussian_noise
 from fedlap_privacy.fl.methods.fedavg import local_training
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State
 
@@ -110,10 +111,6 @@ class DPNormFedAvg(Method):
                 total = torch.zeros_like(p)
                 for r in replies:
                     total += r.payload[name].to(p.device, p.dtype)
-                if sigma > 0:
-                    noise = torch.randn(
-                        p.shape, generator=generator, device=generator.device, dtype=p.dtype
-                    )
-                    total += noise.to(p.device) * (sigma * cfg.clip)
+                total = add_gaussian_noise(total, sigma * cfg.clip, generator)
                 p.add_(total, alpha=cfg.server_lr / expected)
         return {"expected_clients": expected}

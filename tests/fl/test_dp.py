@@ -12,7 +12,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.methods.dp import clip_and_noise, dp_gradient, poisson_sample
+from fedlap_privacy.fl.methods.dp import (
+    add_gaussian_noise,
+    clip_and_noise,
+    dp_gradient,
+    poisson_sample,
+)
 from fedlap_privacy.models import ModelConfig, build_model
 from fedlap_privacy.per_sample import (
     hooks_supported,
@@ -243,3 +248,19 @@ def test_poisson_sample_edges() -> None:
     a = poisson_sample(1000, 0.1, torch.Generator().manual_seed(9))
     b = poisson_sample(1000, 0.1, torch.Generator().manual_seed(9))
     assert torch.equal(a, b)
+
+
+def test_add_gaussian_noise_is_the_one_draw_every_mechanism_makes():
+    """The shared noise function: std 0 draws nothing, a bad std is refused, and the draw has
+    the stated standard deviation (a halved or skipped noise would fail the band)."""
+    t = torch.zeros(200_000, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(3)
+    assert add_gaussian_noise(t, 0.0, gen) is t
+    assert gen.initial_seed() == 3 and torch.equal(
+        gen.get_state(), torch.Generator().manual_seed(3).get_state())
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError):
+            add_gaussian_noise(t, bad, gen)
+    noisy = add_gaussian_noise(t + 5.0, 2.5, gen)
+    assert abs(float(noisy.mean()) - 5.0) < 0.05
+    assert abs(float(noisy.std()) - 2.5) < 0.02
