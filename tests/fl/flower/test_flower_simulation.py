@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -51,8 +52,18 @@ def engine_runs(tmp_path_factory):
     seeded noise (Ray started for it on this machine, and stopped) and the same run
     in-process. One torch thread everywhere: a thread count reorders float sums."""
     root = tmp_path_factory.mktemp("flower-sim")
-    saved = os.environ.get("OMP_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "RAY_ADDRESS", "RAY_TMPDIR")}
     os.environ["OMP_NUM_THREADS"] = "1"
+    # another user's cluster, named by the environment and by Ray's session file: the run
+    # starts a Ray of its own and never connects to it
+    foreign = socket.socket()
+    foreign.bind(("127.0.0.1", 0))
+    foreign.listen(8)
+    foreign.setblocking(False)
+    planted = f"127.0.0.1:{foreign.getsockname()[1]}"
+    (root / "ray").mkdir()
+    (root / "ray" / "ray_current_cluster").write_text(planted)
+    os.environ.update(RAY_ADDRESS=planted, RAY_TMPDIR=str(root))
     try:
         allow = write_policy(root / "allow.toml", allow_reproducible_noise=True)
         ok = CliRunner().invoke(app, [
@@ -61,14 +72,18 @@ def engine_runs(tmp_path_factory):
             "--node-policy", str(allow), *_sets()])
         if ok.exit_code == 2 and "Ray on this machine did not start" in ok.output:
             pytest.skip(ok.output.strip().splitlines()[-1])  # Ray's 30 s start-up limit
+        with pytest.raises(BlockingIOError):
+            foreign.accept()  # no connection reached the foreign cluster
         local = train(helpers.tiny(**SIM), root / "local", "cpu")
         yield root, ok, local
     finally:
+        foreign.close()
         assert not ray.is_initialized()  # each run stopped the Ray it started
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def test_simulation_engine_equals_in_process_bit_for_bit(engine_runs):
@@ -126,8 +141,8 @@ def test_resources_and_flags(tmp_path):
     assert config["client_resources"] == {"num_cpus": 2, "num_gpus": 0.25}
     assert config["init_args"]["address"] == "auto" and res.node_device == "auto"
     assert SimulationResources().node_device == "cpu"
-    assert "address" not in SimulationResources().backend_config()["init_args"]
-    with pytest.raises(Exception, match="cpus > 0"):
+    assert SimulationResources().backend_config()["init_args"]["address"] == "local"
+    with pytest.raises(Exception, match=r"needs at least 0\.1 CPU"):
         SimulationResources(cpus=0).validate()
     out = CliRunner().invoke(app, ["train", "--client-gpus", "1", "--out", str(tmp_path / "r"),
                                    "--rounds", "1"])
