@@ -76,7 +76,7 @@ __all__ = ["NODE_THREAT_MODELS", "PRICING", "NodePolicy", "PolicyRefusal", "Pric
 NODE_THREAT_MODELS = (ThreatModel.SERVER, ThreatModel.TRUSTED_SERVER)
 #: node config keys that are not policy keys
 NODE_KEYS = ("partition-id", "num-partitions", "device", "data-dir", "data-file", "state-dir",
-             "policy-file")
+             "state-token", "policy-file")
 
 
 class PolicyRefusal(FedlapError):

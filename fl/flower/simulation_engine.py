@@ -8,8 +8,10 @@ with :class:`.grid_clients.FlowerClients` asking the clients) and the same Clien
 flower``, but the SuperNodes are virtual: one per client (partition-id k of N), run by
 Flower 1.41's Simulation Engine on a pool of Ray actors, each actor holding
 :class:`SimulationResources` (CPUs and GPUs per client), on this machine or on the Ray
-cluster at ``address``. Each virtual node gets its own state folder (its ledger) under the
-run's working folder and the node policy file, exactly as a local SuperNode does, through
+cluster at ``address``. Each virtual node gets its own state folder (its ledger) in the run
+folder (``flower-nodes/node-k``, kept across launches, so a resumed run's nodes count every
+round they answered; on a cluster the run folder must be on a file system every Ray node
+shares, else the nodes refuse) and the node policy file, as a local SuperNode does, through
 a Flower mod before the ClientApp's handlers. The run folder is locked from before it is
 read until the run ends; the ServerApp works under that lock (its token). A failed run raises
 :class:`.grid_clients.FlowerError` with the server's one line. Needs ``flwr[simulation]``
@@ -42,7 +44,7 @@ from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.message_queue import one_pass_delivery
-from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
+from fedlap_privacy.fl.flower.node_ledger import NODE_STATE, mark_state_root
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.run_config import run_config_of
 from fedlap_privacy.fl.flower.runner import FlowerResult, prepare_run
@@ -113,12 +115,14 @@ class SimulationResources:
         return "auto" if self.gpus > 0 else "cpu"
 
 
-def node_config_mod(state_root: str, device: str, policy_file: str | None
+def node_config_mod(state_root: str, device: str, policy_file: str | None,
+                    state_token: str | None = None
                     ) -> Callable[[Message, Context, Callable[[Message, Context], Message]],
                                   Message]:
     """A Flower mod giving virtual node k what ``flower-supernode --node-config`` gives a
     local SuperNode: its state folder ``state_root/node-k`` (its ledger), its device and
-    the node policy file."""
+    the node policy file; with ``state_token``, the token the node checks ``state_root``
+    holds (:func:`~.node_ledger.check_state_root`) before it answers."""
 
     def mod(msg: Message, context: Context,
             call_next: Callable[[Message, Context], Message]) -> Message:
@@ -126,6 +130,8 @@ def node_config_mod(state_root: str, device: str, policy_file: str | None
         extra: dict[str, Any] = {"state-dir": f"{state_root}/node-{k}", "device": device}
         if policy_file:
             extra["policy-file"] = policy_file
+        if state_token:
+            extra["state-token"] = state_token
         context.node_config.update(extra)
         return call_next(msg, context)
 
@@ -264,12 +270,11 @@ def run_simulation_engine(
                     log_file.write(line + "\n")
                     log_file.flush()
 
-                # the nodes' ledgers: in the run folder on this machine (a resumed run's
-                # nodes find them); on a cluster, where the run folder may not exist, in a
-                # temporary folder of each machine
-                state_root = tmp if resources.address else str(out / NODE_STATE)
-                client = make_client_app(
-                    [node_config_mod(state_root, resources.node_device, policy)])
+                # the nodes' ledgers: in the run folder, wherever Ray runs a node (a
+                # resumed run's nodes find them); a node that does not see it refuses
+                token = mark_state_root(out / NODE_STATE)
+                client = make_client_app([node_config_mod(
+                    str(out / NODE_STATE), resources.node_device, policy, token)])
                 try:
                     with one_pass_delivery():
                         run_simulation(server_app=_server(run_config, log, callback),
@@ -286,13 +291,13 @@ def run_simulation_engine(
 
 def ray_init_args(resources: SimulationResources, temp_dir: str | None) -> dict[str, Any]:
     """The arguments of ``ray.init`` for a run: the cluster the user named with
-    ``--ray-address``, else a new Ray instance on this machine (``address="local"``: Ray
-    then reads neither ``RAY_ADDRESS`` nor the ``ray_current_cluster`` file of its
-    temporary folder, which any local user can write) whose sockets and session files live
-    in ``temp_dir``, a folder private to this user."""
+    ``--ray-address``, else (or with ``local``) a new Ray instance on this machine
+    (``address="local"``: Ray then reads neither ``RAY_ADDRESS`` nor the
+    ``ray_current_cluster`` file of its temporary folder, which any local user can write)
+    whose sockets and session files live in ``temp_dir``, a folder private to this user."""
     args = {**resources.backend_config()["init_args"], "include_dashboard": False,
             "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}}
-    if not resources.address and temp_dir is not None:
+    if resources.address in (None, "local") and temp_dir is not None:
         args["_temp_dir"] = temp_dir
     return args
 
@@ -316,10 +321,11 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
         warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips
         try:
             if started_here:  # the workers import as this process does
-                if resources.address:
-                    check_ray_address(resources.address)
-                else:  # short: Ray's socket paths must fit in 107 characters
+                if resources.address in (None, "local"):  # a short path: Ray's socket
+                    # paths must fit in 107 characters
                     temp_dir = tempfile.mkdtemp(prefix="fedlap-ray-")
+                else:
+                    check_ray_address(resources.address)
                 try:
                     with _own_sigterm():
                         ray.init(**ray_init_args(resources, temp_dir))

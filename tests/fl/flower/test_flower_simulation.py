@@ -9,6 +9,7 @@ and applies the node policy, as a SuperNode does. The 1,000-client equality is a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -165,6 +166,50 @@ def test_node_config_mod_gives_each_virtual_node_its_state_folder(tmp_path):
     mod("m", ctx, call_next)  # type: ignore[arg-type]
     assert seen == {"partition-id": 4, "num-partitions": 5, "state-dir": f"{tmp_path}/node-4",
                     "device": "cpu", "policy-file": "/p.toml"}
+
+
+def test_virtual_nodes_keep_their_ledgers_in_the_run_folder_whatever_the_ray_address(
+        tmp_path, monkeypatch):
+    """Node ledgers live where the nodes do: a virtual node has no machine of its own, so
+    its ledger is in the run folder (``flower-nodes/node-k``), for every ``--ray-address``
+    (``local`` included), and survives the launch; a node that does not see this launch's
+    run folder (a Ray node without the shared file system) refuses at discovery."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    import fedlap_privacy.fl.flower.simulation_engine as engine
+    from fedlap_privacy.fl.flower.client_app import make_client_app
+    from fedlap_privacy.fl.flower.grid_clients import FlowerError
+    from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
+    from fedlap_privacy.fl.flower.run_config import config_values
+
+    cfg = helpers.tiny(clients=3, split_seed=0)
+    query = Message(RecordDict({"config": ConfigRecord(config_values(cfg))}), 11, "query")
+    seen: list[tuple[str, dict]] = []
+
+    def run_simulation(server_app, client_app, num_supernodes, backend_config):
+        ctx = Context(run_id=3, node_id=11, node_config={"partition-id": 1,
+                                                          "num-partitions": 3},
+                      state=RecordDict(), run_config={})
+        reply = client_app(query, ctx)
+        seen.append((reply.metadata.message_type, dict(ctx.node_config)))
+
+    monkeypatch.setattr(engine, "_ray", lambda resources: contextlib.nullcontext())
+    monkeypatch.setattr("flwr.simulation.run_simulation", run_simulation)
+    for address in (None, "local", "10.0.0.5:6379"):
+        out = tmp_path / f"run-{address}"
+        with pytest.raises(FlowerError, match="ended without a result"):
+            engine.run_simulation_engine(cfg, out, "cpu", resources=SimulationResources(
+                address=address))
+        _, node_config = seen[-1]
+        assert node_config["state-dir"] == str(out / NODE_STATE / "node-1")
+        assert (out / NODE_STATE).is_dir()  # kept after the launch
+    # the same node in a folder of the same name that is not this launch's: refused
+    app_ = make_client_app([node_config_mod(str(tmp_path / "elsewhere"), "cpu", None,
+                                            node_config["state-token"])])
+    ctx = Context(run_id=3, node_id=11, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config={})
+    refusal = app_(query, ctx).content.config_records["refusal"]
+    assert "does not see the run's node ledgers" in str(refusal["reason"])
 
 
 @pytest.mark.slow

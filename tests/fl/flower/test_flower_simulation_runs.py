@@ -272,3 +272,34 @@ def test_ray_address_auto_joins_a_running_cluster(tmp_path, one_thread, monkeypa
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_resumed_simulation_keeps_each_virtual_nodes_budget(tmp_path, one_thread):
+    """Issue's replay: two launches of the same run with ``--ray-address local``, a node
+    budget that fits one round but not two. The virtual nodes' ledgers stay in the run
+    folder between launches, so the resumed launch's nodes still count round 1 and refuse
+    round 2 (with the ledgers in a temporary folder of each launch, they admitted it)."""
+    from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
+
+    out = tmp_path / "run"
+    local = SimulationResources(address="local")
+    allow = write_policy(tmp_path / "allow.toml", allow_reproducible_noise=True)
+    try:
+        first = run_simulation_engine(helpers.tiny(method="dp-fedavg", clients=3, rounds=1,
+                                                   reproducible_noise=True), out, "cpu",
+                                      resources=local, node_policy=allow)
+        one_round = first.summary.privacy.epsilon
+        assert first.summary.rounds_run == 1 and one_round > 0
+        strict = write_policy(tmp_path / "strict.toml", allow_reproducible_noise=True,
+                              epsilon=1.1 * one_round)
+        with pytest.raises(FlowerError, match="refused"):
+            run_simulation_engine(None, out, "cpu", resources=local, resume_run=True,
+                                  rounds=2, node_policy=strict)
+    except FlowerError as exc:
+        _skip_if_ray_did_not_start(exc)
+        raise
+    for k in range(3):
+        entries = [e for path in (out / NODE_STATE / f"node-{k}").glob("run-*.json")
+                   for e in json.loads(path.read_text())["entries"]]
+        assert [e["round"] for e in entries] == [1]  # round 2 never entered
