@@ -62,7 +62,6 @@ from fedlap_privacy.fl.flower.run_config import parse_config
 from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
 from fedlap_privacy.threads import apply_cpu_policy
-from fedlap_privacy.time_slices import share_cores_in_long_slices
 
 __all__ = ["client_app", "make_client_app"]
 
@@ -200,12 +199,10 @@ def _train(msg: Message, context: Context) -> Message:
 
     torch's threads follow :func:`fedlap_privacy.threads.apply_cpu_policy`: the node's
     ``OMP_NUM_THREADS`` if set, else its CPUs shared by ``FEDLAP_WORKERS`` co-located nodes
-    (fixed: a node does not follow the load); a node that shares its cores asks for long
-    scheduler slices (:mod:`fedlap_privacy.time_slices`)."""
+    (fixed: a node does not follow the load)."""
     device = _device(context)
     try:
         apply_cpu_policy(follow=False)
-        share_cores_in_long_slices()
         cfg, info, data, model, steps = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
