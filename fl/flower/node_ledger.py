@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,10 @@ __all__ = ["FORMAT", "NODE_STATE", "NodeLedger", "check_state_root", "default_st
            "mark_state_root"]
 
 FORMAT = "fedlap-node-ledger/1"
-#: the folder of a run folder where the nodes this package starts on one machine (``--engine
-#: flower``, ``flower-simulation`` on this machine) keep their state folders ``node-K``: a
-#: resumed run's nodes find their ledgers, so a node's budget spans the whole run
+#: the folder of a run folder where the nodes this package starts (``--engine flower`` on
+#: this machine, ``flower-simulation``'s virtual nodes wherever Ray runs them) keep their
+#: state folders ``node-K``: a resumed run's nodes find their ledgers, so a node's budget
+#: spans the whole run
 NODE_STATE = "flower-nodes"
 #: the file of :data:`NODE_STATE` naming the launch that uses it (:func:`mark_state_root`)
 LAUNCH_MARK = ".launch"
@@ -61,8 +63,6 @@ def mark_state_root(root: Path) -> str:
     Engine) have no machine of their own (Ray runs node k wherever an actor is free), so
     their ledgers live in the run folder, and the token proves that a node sees the run
     folder itself (not a same-named folder of another machine)."""
-    import secrets
-
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_hex(16)
     write_text_atomic(root / LAUNCH_MARK, token)

@@ -331,8 +331,8 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
                         ray.init(**ray_init_args(resources, temp_dir))
                 except Exception as exc:  # e.g. no cluster at the address, a node too slow
                     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                    where = (f"the Ray cluster at {resources.address}" if resources.address
-                             else "Ray on this machine")
+                    where = ("Ray on this machine" if temp_dir is not None
+                             else f"the Ray cluster at {resources.address}")
                     raise FlowerError(f"{where} did not start: {first[:200]}") from None
             try:
                 pool_size_from_resources(config["client_resources"])
