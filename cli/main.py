@@ -1,8 +1,8 @@
 """The ``fedlap-privacy`` command. Sub-commands parse, call one function, print; no logic.
 
-Sub-command modules import torch only inside their functions, so ``plan`` starts fast.
-Importing the package first sets torch's environment defaults
-(:mod:`fedlap_privacy.runtime_env`) before torch loads.
+Sub-command modules import torch only inside their functions, so ``plan`` starts fast, and
+:func:`main` sets torch's environment defaults (:mod:`fedlap_privacy.runtime_env`) before
+any of them loads torch.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from fedlap_privacy.cli.audit import audit
 from fedlap_privacy.cli.compare import compare
 from fedlap_privacy.cli.plan import plan
 from fedlap_privacy.cli.train import train
+from fedlap_privacy.runtime_env import apply_runtime_defaults
 
 app = typer.Typer(
     name="fedlap-privacy",
@@ -26,6 +27,7 @@ app = typer.Typer(
 @app.callback()
 def main() -> None:
     """Differentially private federated learning: plan privacy, train, audit, compare."""
+    apply_runtime_defaults()
 
 
 app.command("plan")(plan)

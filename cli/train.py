@@ -141,6 +141,11 @@ def train(
     from fedlap_privacy.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
+    if engine is Engine.flower_simulation:  # resources checked before anything else
+        _require_flower(engine)
+        from fedlap_privacy.fl.flower.simulation_engine import SimulationResources
+
+        guarded(lambda: SimulationResources(client_cpus, client_gpus, ray_address).validate())
     from fedlap_privacy.fl.config_resolve import resolve_config, resumed_config
     from fedlap_privacy.fl.engine.simulation import resume as resume_training
     from fedlap_privacy.fl.engine.simulation import train as start_training

@@ -38,9 +38,6 @@ rounding, in less time or memory; switched off, the reference twin runs:
 * ``huge_pages``: torch's CPU allocator backs large tensors with transparent huge pages
   (:mod:`fedlap_privacy.runtime_env`). Off: torch's default. Read by torch when it loads,
   so only the environment switches it.
-* ``long_slices``: a worker that shares its cores with other workers (a Flower node, a
-  Simulation Engine actor) asks Linux for 100 ms scheduler slices
-  (:mod:`fedlap_privacy.time_slices`). Off: the kernel's own slice.
 
 The environment is read once, on first use: ``FEDLAP_FAST_PATHS=off`` switches every path
 off; ``FEDLAP_FAST_PATHS=-second-order,-per-sample`` (say) switches off the paths named;
@@ -109,7 +106,6 @@ class FastPaths:
     allocator: bool = True
     follow_load: bool = True
     huge_pages: bool = True
-    long_slices: bool = True
     require_kernels: bool = False
 
     @classmethod

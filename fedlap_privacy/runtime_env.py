@@ -6,10 +6,13 @@ faults (1.5-2x on the DP step, ``benchmarks/dp_step.py``). It is the ``huge_page
 (:mod:`fedlap_privacy.fast_paths`): ``FEDLAP_FAST_PATHS=off`` (or ``-huge-pages``) leaves
 torch's default.
 
-Every entry point gets it through the package's ``__init__`` (the CLI, Flower's ClientApp and
-ServerApp modules, the Python API), as long as ``fedlap_privacy`` is imported before torch
-allocates: a program that uses torch first keeps torch's default. Child processes inherit the
-variable, as with any environment setting.
+Importing the package changes no environment (an Opacus program that imports the
+accountant keeps its own): the package's entry points set it as they start, before torch
+loads: the ``fedlap-privacy`` command (its ``main`` callback, before any sub-command
+imports torch) and the local deployment's node zygote (:mod:`fedlap_privacy.fl.flower.
+node_zygote`); the processes they start (Flower nodes, the Simulation Engine's Ray workers)
+inherit it. A program of the user's (the Python API, a SuperNode run with Flower's own
+commands) keeps torch's default unless it sets ``THP_MEM_ALLOC_ENABLE=1`` itself.
 
 OpenMP's wait policy is deliberately left to torch: passive waiting (``OMP_WAIT_POLICY=
 PASSIVE``) keeps idle threads from spinning on a busy machine, but made a default two-round

@@ -19,7 +19,10 @@ to choose it (issue 33):
   the descriptor of the directory that was checked; an unsafe one is refused with one
   warning naming the component, and the kernels are built in a fresh private directory under
   the temporary directory instead (checked the same way; removed once loaded);
-* each build runs in a fresh private directory (mode 0700) inside the cache; the library's
+* each build runs in a fresh private directory (mode 0700) inside the cache, on copies of
+  the very source bytes the cache key hashes, written there and compiled by their path from
+  there: a quoted ``#include`` is looked up beside the file that includes it first, so no
+  ``cosine_rows.c`` of the working folder (or any other folder) is ever compiled in; the library's
   SHA-256 is recorded in a manifest (``kernels-<key>.sha256``, as ``sha256sum`` writes it),
   and both are renamed into place atomically, so processes that start together (Flower
   nodes) never load a partly written file;
@@ -86,6 +89,8 @@ _LIBRARY_LIMIT = 64 << 20
 _MANIFEST_LIMIT = 256
 #: a manifest: the library's SHA-256 and name, as ``sha256sum`` writes them
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (kernels-[0-9a-f]{20}-[0-9a-f]{16}\.so)\n")
+#: the translation unit the compiler is given, beside copies of the sources
+_WRAPPER_NAME = "kernels.c"
 # the sources once per scalar type: FN(name) is the exported name for that type
 _INCLUDES = "".join(f'#include "{source.name}"\n' for source in SOURCES)
 _WRAPPER = f"""#include <math.h>
@@ -276,19 +281,29 @@ def _warn_mismatch(path: Path, reason: str) -> None:
                   f"building them again", RuntimeWarning, stacklevel=2)
 
 
-def _compile(compiler: str, flags: tuple[str, ...], cache: _Folder, key: str
-             ) -> tuple[bytes, str]:
+def _compile(compiler: str, flags: tuple[str, ...], sources: dict[str, bytes],
+             cache: _Folder, key: str) -> tuple[bytes, str]:
     """Build the library in a fresh private directory (mode 0700) inside the cache, record
     its SHA-256 in a manifest and rename both into place (atomically, through the cache's
-    descriptor): the library's bytes and its name. Raises OSError with the reason."""
+    descriptor): the library's bytes and its name. Raises OSError with the reason.
+
+    The compiler reads only what this process wrote into that directory: ``sources`` (the
+    very bytes the cache key hashes) and the wrapper, compiled by its path there and run
+    from there, with no ``-I``. GCC and Clang look for a quoted ``#include`` in the folder
+    of the file that includes it before anywhere else (for standard input: the working
+    folder), and for ``<...>`` only in the system's folders, so no file of the working
+    folder, the package folder or anyone else's folder can be compiled in."""
     sub_fd, sub = make_private_subdir(cache.fd, ".build-")
     try:
-        out = cache.path / sub / "lib.so"
-        cmd = [compiler, *flags, "-I", str(SOURCES[0].parent), "-x", "c", "-", "-o", str(out),
+        folder = cache.path / sub
+        for name, data in {**sources, _WRAPPER_NAME: _WRAPPER.encode()}.items():
+            _write_private_file(sub_fd, name, data)
+        cmd = [compiler, *flags, str(folder / _WRAPPER_NAME), "-o", str(folder / "lib.so"),
                "-lm"]
         try:
-            done = subprocess.run(cmd, input=_WRAPPER, capture_output=True, text=True,
-                                  timeout=_COMPILE_TIMEOUT_S, check=False)
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=folder,
+                                  stdin=subprocess.DEVNULL, timeout=_COMPILE_TIMEOUT_S,
+                                  check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise OSError(f"{compiler}: {exc}") from None
         if done.returncode != 0:
@@ -336,7 +351,9 @@ def _typed(library: ctypes.CDLL) -> ctypes.CDLL:
 def _build_in(cache: _Folder, compiler: str, persistent: bool) -> KernelLibrary:
     """Load the verified cached build for this source/compiler/processor (where
     ``persistent``), else build it; each flag set in turn."""
-    source = b"\0".join(path.read_bytes() for path in SOURCES)
+    sources = {path.name: path.read_bytes() for path in SOURCES}  # read once: what is
+    # hashed is what is compiled
+    source = b"\0".join(sources.values())
     reasons = []
     for flags in ((*_BASE_FLAGS, _NATIVE_FLAG), _BASE_FLAGS):
         key = hashlib.sha256(b"\0".join(
@@ -350,7 +367,7 @@ def _build_in(cache: _Folder, compiler: str, persistent: bool) -> KernelLibrary:
             except (OSError, AttributeError):
                 pass  # verified, yet not loadable here: built again below
         try:
-            data, name = _compile(compiler, flags, cache, key)
+            data, name = _compile(compiler, flags, sources, cache, key)
             return KernelLibrary(_typed(_load_bytes(cache, data)), cache.path / name)
         except (OSError, AttributeError) as exc:
             reasons.append(str(exc) or type(exc).__name__)

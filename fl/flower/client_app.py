@@ -44,7 +44,11 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import typed_value
 from fedlap_privacy.fl.engine.simulation import resolve_device
 from fedlap_privacy.fl.flower.codec import CodecError, pack, pack_into, unpack
-from fedlap_privacy.fl.flower.node_ledger import NodeLedger, default_state_dir
+from fedlap_privacy.fl.flower.node_ledger import (
+    NodeLedger,
+    check_state_root,
+    default_state_dir,
+)
 from fedlap_privacy.fl.flower.node_model import (
     MODEL_RECORD,
     ModelShape,
@@ -58,7 +62,6 @@ from fedlap_privacy.fl.flower.run_config import parse_config
 from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
 from fedlap_privacy.threads import apply_cpu_policy
-from fedlap_privacy.time_slices import share_cores_in_long_slices
 
 __all__ = ["client_app", "make_client_app"]
 
@@ -95,12 +98,22 @@ def _partition_hint(context: Context) -> int | None:
         return None
 
 
+def _check_state(node_config: dict[str, Any]) -> Path:
+    """The node's state folder (its ledger); a virtual node's (node config ``state-token``)
+    checked to be the run folder's (:func:`~.node_ledger.check_state_root`)."""
+    state_dir = Path(str(node_config.get("state-dir", "")) or default_state_dir()).expanduser()
+    if node_config.get("state-token"):
+        check_state_root(state_dir.parent, str(node_config["state-token"]))
+    return state_dir
+
+
 def _describe(msg: Message, context: Context) -> Message:
     """Discovery: the partition this node holds, N_k and its content hash (public metadata)."""
     try:
         cfg = _instruction_config(msg.content)
         policy = NodePolicy.from_node_config(dict(context.node_config))
         policy.check_config(cfg, discovery=True)
+        _check_state(dict(context.node_config))
         data = load_partition(cfg, dict(context.node_config), torch.device("cpu"))
         if MODEL_RECORD in msg.content.config_records:
             shape = ModelShape.from_content(msg.content)
@@ -147,7 +160,7 @@ def _admit(msg: Message, context: Context, device: torch.device
     check_records(shape, data.input_shape, data.y, data.declared_classes, _where(context))
     model = build_node_model(cfg, shape, policy).to(device)
     load_weights(model, weights, device)
-    state_dir = Path(str(node_config.get("state-dir", "")) or default_state_dir()).expanduser()
+    state_dir = _check_state(node_config)
     ledger = NodeLedger.open(state_dir, int(context.run_id), data.index, data.content_hash,
                              data.size, cfg, policy)
     ledger.admit(info.round, cfg, data.index, data.content_hash, steps, policy)
@@ -186,12 +199,10 @@ def _train(msg: Message, context: Context) -> Message:
 
     torch's threads follow :func:`fedlap_privacy.threads.apply_cpu_policy`: the node's
     ``OMP_NUM_THREADS`` if set, else its CPUs shared by ``FEDLAP_WORKERS`` co-located nodes
-    (fixed: a node does not follow the load); a node that shares its cores asks for long
-    scheduler slices (:mod:`fedlap_privacy.time_slices`)."""
+    (fixed: a node does not follow the load)."""
     device = _device(context)
     try:
         apply_cpu_policy(follow=False)
-        share_cores_in_long_slices()
         cfg, info, data, model, steps = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))

@@ -32,7 +32,14 @@ from typing import IO, Any
 
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.node_zygote import ForkedProcess, Zygote, ZygoteError
-from fedlap_privacy.fl.flower.processes import Process, free_port, kill_family, stop, stop_all
+from fedlap_privacy.fl.flower.processes import (
+    Process,
+    free_port,
+    kill_family,
+    signals_held,
+    stop,
+    stop_all,
+)
 from fedlap_privacy.fl.flower.run_config import toml_table
 from fedlap_privacy.fl.flower.timings import LauncherMarks
 from fedlap_privacy.threads import WORKERS_ENV
@@ -277,19 +284,24 @@ class LocalDeployment:
     def close(self) -> None:
         """Stop every process this deployment started, all at once (:func:`.processes.stop_all`:
         TERM, SuperNodes first, then KILL what is left after :data:`CLOSE_GRACE_S`)."""
-        stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
-                  *([self.serverapp] if self.serverapp else []),
-                  *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
-        if self.zygote is not None:
-            self.zygote.close()
-            stop(self.zygote.proc, grace=CLOSE_GRACE_S)
+        with signals_held():  # a second Ctrl-C or SIGTERM waits until all are stopped
+            stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
+                      *([self.serverapp] if self.serverapp else []),
+                      *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
+            if self.zygote is not None:
+                self.zygote.close()
+                stop(self.zygote.proc, grace=CLOSE_GRACE_S)
         for log in self._logs:
             log.close()
         self._logs.clear()
         self.marks.closed = time.time()
 
     def __enter__(self) -> LocalDeployment:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a failed or interrupted start stops what it started
+            self.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()

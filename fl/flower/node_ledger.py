@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,13 +44,42 @@ from fedlap_privacy.fl.flower.policy import PRICING, NodePolicy, PolicyRefusal
 from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.vocabulary import Notion, ThreatModel
 
-__all__ = ["FORMAT", "NODE_STATE", "NodeLedger", "default_state_dir"]
+__all__ = ["FORMAT", "NODE_STATE", "NodeLedger", "check_state_root", "default_state_dir",
+           "mark_state_root"]
 
 FORMAT = "fedlap-node-ledger/1"
-#: the folder of a run folder where the nodes this package starts on one machine (``--engine
-#: flower``, ``flower-simulation`` on this machine) keep their state folders ``node-K``: a
-#: resumed run's nodes find their ledgers, so a node's budget spans the whole run
+#: the folder of a run folder where the nodes this package starts (``--engine flower`` on
+#: this machine, ``flower-simulation``'s virtual nodes wherever Ray runs them) keep their
+#: state folders ``node-K``: a resumed run's nodes find their ledgers, so a node's budget
+#: spans the whole run
 NODE_STATE = "flower-nodes"
+#: the file of :data:`NODE_STATE` naming the launch that uses it (:func:`mark_state_root`)
+LAUNCH_MARK = ".launch"
+
+
+def mark_state_root(root: Path) -> str:
+    """Create the state root ``root`` (mode 0700) and write a new token for this launch into
+    it: the token :func:`check_state_root` expects. Virtual nodes (Flower's Simulation
+    Engine) have no machine of their own (Ray runs node k wherever an actor is free), so
+    their ledgers live in the run folder, and the token proves that a node sees the run
+    folder itself (not a same-named folder of another machine)."""
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_hex(16)
+    write_text_atomic(root / LAUNCH_MARK, token)
+    return token
+
+
+def check_state_root(root: Path, token: str) -> None:
+    """Refuse (one line) a state root that does not hold this launch's token: the node runs
+    where the run folder is not (a Ray node of a cluster without a file system shared with
+    this machine), and a ledger kept anywhere else would forget its rounds."""
+    try:
+        seen = (root / LAUNCH_MARK).read_text()
+    except OSError:
+        seen = ""
+    if seen != token:
+        raise ConfigError(f"this node does not see the run's node ledgers in {root}: the run "
+                          "folder must be on a file system every Ray node shares")
 
 
 def default_state_dir() -> Path:

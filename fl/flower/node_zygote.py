@@ -156,6 +156,9 @@ def main() -> None:
     """The zygote (module docstring)."""
     import importlib
 
+    from fedlap_privacy.runtime_env import apply_runtime_defaults
+
+    apply_runtime_defaults()  # before torch loads (the launcher's environment may lack it)
     for name in (*ENTRY_POINTS, *_PRELOAD):
         importlib.import_module(name)
     buffer = b""

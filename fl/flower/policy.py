@@ -65,6 +65,7 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods.interface import RoundInfo
 from fedlap_privacy.fl.methods.ldpfl import layer_ranges
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE
+from fedlap_privacy.fl.methods.schedule import CROSS_DEVICE
 from fedlap_privacy.model_factory import DEFAULT_TABULAR
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, Notion, ThreatModel
 
@@ -74,9 +75,19 @@ __all__ = ["NODE_THREAT_MODELS", "PRICING", "NodePolicy", "PolicyRefusal", "Pric
 #: the threat models a node ledger can hold for (see the module docstring): a node sees only
 #: the rounds it answered, so it cannot check that the selection stayed hidden
 NODE_THREAT_MODELS = (ThreatModel.SERVER, ThreatModel.TRUSTED_SERVER)
+#: the default ``min-batch-size``: the cross-device defaults' B (McMahan et al. 2017's B = 10),
+#: so that a node that admits a method whose epsilon does not price B (client-level DP,
+#: LDP-FL, none; only a policy that names it and trusts the server admits one) admits
+#: ``train``'s cross-device runs. The floor is defence in depth, never a guarantee: an
+#: upload without noise against the server is one step's or a few steps' gradients of B
+#: records, and a one-record gradient gives that record away (a fully connected layer's
+#: input exactly, Phong et al. 2017), while reconstruction from an averaged batch grows
+#: harder with B (Zhu et al. 2019; Geiping et al. 2020) yet is never ruled out. A node
+#: that needs a guarantee against the server admits record-level methods only (the default).
+_MIN_BATCH_SIZE: int = CROSS_DEVICE["batch_size"]
 #: node config keys that are not policy keys
 NODE_KEYS = ("partition-id", "num-partitions", "device", "data-dir", "data-file", "state-dir",
-             "policy-file")
+             "state-token", "policy-file")
 
 
 class PolicyRefusal(FedlapError):
@@ -114,7 +125,8 @@ class NodePolicy:
     max_clip: float = math.inf  # privacy does not depend on it (sigma is a multiplier)
     max_accesses: int = 200
     max_lr: float = 10.0  # the round's learning rate, broadcast by the server
-    min_batch_size: int = 16  # methods whose epsilon does not price B (not record-level)
+    # methods whose epsilon does not price B (not record-level): _MIN_BATCH_SIZE
+    min_batch_size: int = _MIN_BATCH_SIZE
     delta: float = 1e-5  # the node's delta: the largest a run may use; its ledger's delta
     epsilon: float = 10.0  # the node's record-level budget over every run on its records
     local_epsilon: float = 10.0  # its local-DP budget (per weight), if it admits ldp-fl

@@ -3,6 +3,11 @@
 Contract: :func:`stop` ends a process this package started and every process it started in
 turn (TERM, then KILL after a grace period), signalling a pid only while it is the process
 seen at the start (same start time: a reused pid is left alone). Linux ``/proc`` only.
+:func:`stopped_by_signals` turns SIGTERM and SIGHUP into an exception, so that the clean-up
+of every ``with`` and ``finally`` on the way out runs (a process killed by the default
+action runs none, and its children, each in a session of its own, live on);
+:func:`signals_held` keeps SIGINT, SIGTERM and SIGHUP waiting while the processes are
+stopped, so that a second Ctrl-C cannot cut the clean-up short.
 """
 
 from __future__ import annotations
@@ -12,11 +17,21 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Protocol
 
-__all__ = ["Process", "family", "free_port", "kill_family", "stop", "stop_all"]
+from fedlap_privacy.fl.engine.stop import StopRequested
+
+__all__ = ["Process", "family", "free_port", "kill_family", "signals_held", "stop", "stop_all",
+           "stopped_by_signals"]
+
+#: the signals that end a run: a job scheduler's or ``kill``'s SIGTERM, a closed terminal's
+#: SIGHUP (Ctrl-C's SIGINT already raises KeyboardInterrupt)
+_ENDING = (signal.SIGTERM, signal.SIGHUP)
 
 
 class Process(Protocol):
@@ -107,3 +122,41 @@ def stop_all(procs: list[Process], grace: float = 5.0) -> None:
     for proc in running:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def stopped_by_signals(what: str) -> Iterator[None]:
+    """Within the block (entered from the main thread; elsewhere it changes nothing),
+    SIGTERM and SIGHUP raise :class:`~fedlap_privacy.fl.engine.stop.StopRequested` (once;
+    the same signal again while the block unwinds is ignored), naming ``what`` was
+    stopped; the previous handlers are restored on exit."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    raised = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise StopRequested(f"{what} stopped by {signal.Signals(signum).name}; every "
+                                "process it started was stopped; resume to continue")
+
+    previous = {sig: signal.signal(sig, handler) for sig in _ENDING}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back (delivered on exit) within the block, in the
+    calling thread."""
+    held = {signal.SIGINT, *_ENDING}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)

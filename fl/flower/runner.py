@@ -30,7 +30,7 @@ from fedlap_privacy.fl.flower.deployment import LocalDeployment
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
 from fedlap_privacy.fl.flower.policy import NodePolicy
-from fedlap_privacy.fl.flower.processes import stop
+from fedlap_privacy.fl.flower.processes import stop, stopped_by_signals
 from fedlap_privacy.fl.flower.run_config import run_config_of, write_app
 from fedlap_privacy.fl.flower.server_app import STATUS
 from fedlap_privacy.fl.flower.timings import SERVER_MARKS, FlowerTimings
@@ -191,7 +191,10 @@ def run_flower(
     :mod:`.policy`), reports progress to ``callback`` from metrics.jsonl (the
     simulator's events ``start`` and ``round_end``) and tears everything down, also on
     errors and Ctrl-C. Raises :class:`FlowerError` with the server's one-line message when
-    the run fails; the checkpoint in ``out_dir`` has the simulator's format. ``threads``
+    the run fails; the checkpoint in ``out_dir`` has the simulator's format. SIGTERM and
+    SIGHUP (from the main thread) stop the run at once, every process of the deployment
+    with it, and raise :class:`~fedlap_privacy.fl.engine.stop.StopRequested`; the round
+    under way stays charged, as the ledger entered it before training. ``threads``
     (``--threads``) sets every SuperNode's torch threads; by default each takes its share
     of the machine's CPUs (:mod:`fedlap_privacy.threads`). ``model``: on resume, the
     model factory the caller names, which must be the run's (``train --resume --model``).
@@ -202,7 +205,7 @@ def run_flower(
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:
         cfg.validate()  # a bad configuration is refused before the folder is made
-    with lock_run(out, new=not resume_run) as lock:
+    with stopped_by_signals("the Flower run"), lock_run(out, new=not resume_run) as lock:
         cfg = prepare_run(cfg, out, resume_run, model)
         if node_policy is not None:  # refuse a bad file now
             NodePolicy.from_node_config({"policy-file": str(node_policy)})

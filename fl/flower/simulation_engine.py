@@ -8,8 +8,10 @@ with :class:`.grid_clients.FlowerClients` asking the clients) and the same Clien
 flower``, but the SuperNodes are virtual: one per client (partition-id k of N), run by
 Flower 1.41's Simulation Engine on a pool of Ray actors, each actor holding
 :class:`SimulationResources` (CPUs and GPUs per client), on this machine or on the Ray
-cluster at ``address``. Each virtual node gets its own state folder (its ledger) under the
-run's working folder and the node policy file, exactly as a local SuperNode does, through
+cluster at ``address``. Each virtual node gets its own state folder (its ledger) in the run
+folder (``flower-nodes/node-k``, kept across launches, so a resumed run's nodes count every
+round they answered; on a cluster the run folder must be on a file system every Ray node
+shares, else the nodes refuse) and the node policy file, as a local SuperNode does, through
 a Flower mod before the ClientApp's handlers. The run folder is locked from before it is
 read until the run ends; the ServerApp works under that lock (its token). A failed run raises
 :class:`.grid_clients.FlowerError` with the server's one line. Needs ``flwr[simulation]``
@@ -21,9 +23,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
+import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,7 +44,7 @@ from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.message_queue import one_pass_delivery
-from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
+from fedlap_privacy.fl.flower.node_ledger import NODE_STATE, mark_state_root
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.run_config import run_config_of
 from fedlap_privacy.fl.flower.runner import FlowerResult, prepare_run
@@ -48,11 +53,18 @@ from fedlap_privacy.fl.run.run_files import load_history, lock_run
 from fedlap_privacy.fl.run.run_records import RunSummary
 
 __all__ = ["SimulationResources", "check_ray_address", "discovery_wait", "node_config_mod",
-           "run_simulation_engine"]
+           "ray_init_args", "run_simulation_engine"]
 
 #: seconds to wait for a TCP answer at ``--ray-address`` before Ray is asked (Ray itself
 #: retries an address where nothing answers for minutes, printing a warning every 30 s)
 ADDRESS_TIMEOUT = 10.0
+#: the fewest CPUs and the smallest GPU share a virtual SuperNode may hold
+MIN_CLIENT_CPUS = 0.1
+MIN_CLIENT_GPUS = 0.01
+#: the start of every HTTP/2 connection (RFC 9113, 3.4) and an empty SETTINGS frame: a Ray
+#: GCS or Ray Client server (gRPC) answers with a SETTINGS frame of its own
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4
 
 
 @dataclass(frozen=True)
@@ -69,16 +81,31 @@ class SimulationResources:
     address: str | None = None
 
     def validate(self) -> SimulationResources:
-        if not self.cpus > 0 or self.gpus < 0:
-            raise ConfigError(f"a virtual SuperNode needs cpus > 0 and gpus >= 0, got cpus "
-                              f"{self.cpus:g}, gpus {self.gpus:g}")
+        """Refuse, in one line, resources Ray or Flower would take badly: a value that is not
+        a finite number (``nan`` passes every comparison), fewer than :data:`MIN_CLIENT_CPUS`
+        CPUs (Flower starts total CPUs / ``cpus`` Ray actors, each a Python process holding
+        torch: ``1e-9`` would ask for billions), or a GPU share below
+        :data:`MIN_CLIENT_GPUS` other than 0."""
+        for flag, value in (("--client-cpus", self.cpus), ("--client-gpus", self.gpus)):
+            if not math.isfinite(value):
+                raise ConfigError(f"{flag} {value}: expected a finite number")
+        if self.cpus < MIN_CLIENT_CPUS:
+            raise ConfigError(
+                f"--client-cpus {self.cpus:g}: each virtual SuperNode needs at least "
+                f"{MIN_CLIENT_CPUS:g} CPU (Ray runs CPUs / --client-cpus client processes "
+                "side by side, each holding torch)")
+        if self.gpus < 0 or 0 < self.gpus < MIN_CLIENT_GPUS:
+            raise ConfigError(f"--client-gpus {self.gpus:g}: expected 0 (the CPU) or a GPU "
+                              f"share of at least {MIN_CLIENT_GPUS:g}")
         return self
 
     def backend_config(self) -> dict[str, Any]:
-        """Flower's ``backend_config`` for the Ray backend."""
-        init: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
-        if self.address:
-            init["address"] = self.address
+        """Flower's ``backend_config`` for the Ray backend. Without ``address`` Ray is asked
+        for a new instance (``local``): never the cluster that ``RAY_ADDRESS`` or a
+        ``ray_current_cluster`` file in the temporary folder names, which someone else
+        may have written."""
+        init: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False,
+                                "address": self.address or "local"}
         return {"client_resources": {"num_cpus": self.cpus, "num_gpus": self.gpus},
                 "init_args": init}
 
@@ -88,12 +115,14 @@ class SimulationResources:
         return "auto" if self.gpus > 0 else "cpu"
 
 
-def node_config_mod(state_root: str, device: str, policy_file: str | None
+def node_config_mod(state_root: str, device: str, policy_file: str | None,
+                    state_token: str | None = None
                     ) -> Callable[[Message, Context, Callable[[Message, Context], Message]],
                                   Message]:
     """A Flower mod giving virtual node k what ``flower-supernode --node-config`` gives a
     local SuperNode: its state folder ``state_root/node-k`` (its ledger), its device and
-    the node policy file."""
+    the node policy file; with ``state_token``, the token the node checks ``state_root``
+    holds (:func:`~.node_ledger.check_state_root`) before it answers."""
 
     def mod(msg: Message, context: Context,
             call_next: Callable[[Message, Context], Message]) -> Message:
@@ -101,6 +130,8 @@ def node_config_mod(state_root: str, device: str, policy_file: str | None
         extra: dict[str, Any] = {"state-dir": f"{state_root}/node-{k}", "device": device}
         if policy_file:
             extra["policy-file"] = policy_file
+        if state_token:
+            extra["state-token"] = state_token
         context.node_config.update(extra)
         return call_next(msg, context)
 
@@ -109,10 +140,13 @@ def node_config_mod(state_root: str, device: str, policy_file: str | None
 
 def check_ray_address(address: str, timeout: float = ADDRESS_TIMEOUT) -> None:
     """Refuse, in one line, an ``--ray-address`` that is not ``auto``/``local``,
-    ``HOST:PORT`` or ``ray://HOST:PORT``, or where nothing accepts a TCP connection within
-    ``timeout`` seconds (a typo, a cluster that is down): Ray would retry it for minutes.
-    ``auto`` is left to Ray (it reads the address of a Ray started on this machine and
-    refuses at once when there is none)."""
+    ``HOST:PORT`` or ``ray://HOST:PORT``, or where nothing answers as a Ray cluster within
+    about ``timeout`` seconds: no TCP connection (a typo, a cluster that is down), or no
+    gRPC answer (a service that is not Ray; Ray's GCS and its client server speak gRPC, so
+    they answer the HTTP/2 connection preface, RFC 9113 3.4, with a SETTINGS frame). Ray
+    itself retries such an address for minutes. With ``RAY_USE_TLS`` set only the TCP
+    connection is checked. ``auto`` is left to Ray (it reads the address of a Ray started
+    on this machine and refuses at once when there is none)."""
     import socket
 
     if address in ("auto", "local"):
@@ -122,11 +156,27 @@ def check_ray_address(address: str, timeout: float = ADDRESS_TIMEOUT) -> None:
     if not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in hostport:
         raise ConfigError(f"--ray-address {address}: expected auto, HOST:PORT or "
                           "ray://HOST:PORT (e.g. 10.0.0.5:6379 or ray://10.0.0.5:10001)")
+    tls = os.environ.get("RAY_USE_TLS", "0").lower() not in ("", "0", "false")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except OSError as exc:
         raise FlowerError(f"the Ray cluster at {address} did not answer: {exc}") from None
+    header = b""
+    with conn:
+        if tls:
+            return
+        with contextlib.suppress(OSError):  # a reset or a timeout: no answer
+            conn.sendall(_H2_PREFACE)
+            end = time.monotonic() + timeout
+            while len(header) < 9 and time.monotonic() < end:
+                conn.settimeout(max(end - time.monotonic(), 0.01))
+                chunk = conn.recv(9 - len(header))
+                if not chunk:
+                    break
+                header += chunk
+    if len(header) < 9 or header[3] != _H2_SETTINGS:
+        raise FlowerError(f"the service at {address} is not a Ray cluster (no gRPC answer "
+                          f"within {timeout:g} s)")
 
 
 def discovery_wait(clients: int) -> float:
@@ -220,12 +270,11 @@ def run_simulation_engine(
                     log_file.write(line + "\n")
                     log_file.flush()
 
-                # the nodes' ledgers: in the run folder on this machine (a resumed run's
-                # nodes find them); on a cluster, where the run folder may not exist, in a
-                # temporary folder of each machine
-                state_root = tmp if resources.address else str(out / NODE_STATE)
-                client = make_client_app(
-                    [node_config_mod(state_root, resources.node_device, policy)])
+                # the nodes' ledgers: in the run folder, wherever Ray runs a node (a
+                # resumed run's nodes find them); a node that does not see it refuses
+                token = mark_state_root(out / NODE_STATE)
+                client = make_client_app([node_config_mod(
+                    str(out / NODE_STATE), resources.node_device, policy, token)])
                 try:
                     with one_pass_delivery():
                         run_simulation(server_app=_server(run_config, log, callback),
@@ -240,12 +289,26 @@ def run_simulation_engine(
             return _result(out, log_path)
 
 
+def ray_init_args(resources: SimulationResources, temp_dir: str | None) -> dict[str, Any]:
+    """The arguments of ``ray.init`` for a run: the cluster the user named with
+    ``--ray-address``, else (or with ``local``) a new Ray instance on this machine
+    (``address="local"``: Ray then reads neither ``RAY_ADDRESS`` nor the
+    ``ray_current_cluster`` file of its temporary folder, which any local user can write)
+    whose sockets and session files live in ``temp_dir``, a folder private to this user."""
+    args = {**resources.backend_config()["init_args"], "include_dashboard": False,
+            "runtime_env": {"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}}}
+    if resources.address in (None, "local") and temp_dir is not None:
+        args["_temp_dir"] = temp_dir
+    return args
+
+
 @contextlib.contextmanager
 def _ray(resources: SimulationResources) -> Iterator[None]:
-    """Ray for one run: started on this machine (or the cluster at ``address`` joined) as
-    Flower's backend starts it, the cluster checked to hold at least one client of
-    ``resources`` (one line otherwise, before the run folder is touched), and shut down (left)
-    after the run, which ends the run's actors: Flower 1.41 asks its actors to exit but they
+    """Ray for one run: a new instance started on this machine in a private temporary
+    folder (:func:`ray_init_args`), or the cluster at ``address`` joined, the cluster checked
+    to hold at least one client of ``resources`` (one line otherwise, before the run folder
+    is touched), and shut down (left) after the run, which stops the processes of a Ray
+    started here and ends the run's actors: Flower 1.41 asks its actors to exit but they
     keep their CPUs until the job ends, so a second run on the same Ray job would find none
     free. A Ray that the caller started is left running."""
     import ray
@@ -253,21 +316,24 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
 
     config = resources.backend_config()
     started_here = not ray.is_initialized()
+    temp_dir = None
     with _quiet_flower(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips
-        if started_here:  # the workers import as this process does
-            if resources.address:
-                check_ray_address(resources.address)
-            try:
-                with _own_sigterm():
-                    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-                        sys.path)}}, include_dashboard=False, **config["init_args"])
-            except Exception as exc:  # e.g. no cluster at the address, a node too slow
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                where = f"the Ray cluster at {resources.address}" if resources.address else (
-                    "Ray on this machine")
-                raise FlowerError(f"{where} did not start: {first[:200]}") from None
         try:
+            if started_here:  # the workers import as this process does
+                if resources.address in (None, "local"):  # a short path: Ray's socket
+                    # paths must fit in 107 characters
+                    temp_dir = tempfile.mkdtemp(prefix="fedlap-ray-")
+                else:
+                    check_ray_address(resources.address)
+                try:
+                    with _own_sigterm():
+                        ray.init(**ray_init_args(resources, temp_dir))
+                except Exception as exc:  # e.g. no cluster at the address, a node too slow
+                    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                    where = ("Ray on this machine" if temp_dir is not None
+                             else f"the Ray cluster at {resources.address}")
+                    raise FlowerError(f"{where} did not start: {first[:200]}") from None
             try:
                 pool_size_from_resources(config["client_resources"])
             except ValueError:
@@ -281,6 +347,8 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
             if started_here and ray.is_initialized():
                 with _own_sigterm():
                     ray.shutdown()
+            if temp_dir is not None:
+                shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager

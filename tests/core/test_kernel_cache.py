@@ -268,3 +268,43 @@ def test_the_manifest_records_the_librarys_sha256_and_nothing_is_left_behind(
     assert [m.read_text() for m in manifests] == [f"{digest}  {library.path.name}\n"]
     assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == sorted(
         [library.path.name, manifests[0].name])
+
+
+def test_sources_planted_in_the_working_folder_are_never_compiled_in(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Another user leaves ``cosine_rows.c`` (and every other source's name) in a shared
+    folder the victim runs ``train`` from: each plant is the genuine source plus a
+    constructor that writes a marker, so a build that compiled it in would work and cache
+    it under the genuine key. The build reads only the package's sources, copied into its
+    private directory and compiled by path there, and the copies are the bytes the key
+    hashes."""
+    shared, marker = tmp_path / "shared", tmp_path / "pwned"
+    shared.mkdir()
+    for source in kbuild.SOURCES:
+        (shared / source.name).write_text(
+            source.read_text() + '#ifndef PLANTED\n#define PLANTED\n#include <stdio.h>\n'
+            + _EVIL.split("\n", 1)[1].replace("MARKER", f'"{marker}"') + "#endif\n")
+    for header in ("math.h", "stdint.h", "stdlib.h", "string.h", "immintrin.h",
+                   kbuild._WRAPPER_NAME):
+        (shared / header).write_text("#error planted\n")
+    monkeypatch.chdir(shared)
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path / "cache"))
+    compiled: list[dict[str, bytes]] = []
+    real_run = subprocess.run
+
+    def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        if kbuild._WRAPPER_NAME not in str(cmd):  # not the kernels' build
+            return real_run(cmd, **kwargs)  # type: ignore[call-overload,no-any-return]
+        folder = Path(str(kwargs["cwd"]))
+        assert "-" not in cmd and not any(arg.startswith("-I") for arg in cmd)
+        assert Path(cmd[-4]) == folder / kbuild._WRAPPER_NAME
+        compiled.append({p.name: p.read_bytes() for p in folder.iterdir()})
+        return real_run(cmd, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(kbuild.subprocess, "run", run)
+    library = load_kernels()
+    _works(library)
+    assert not marker.exists()
+    assert len(compiled) == 1
+    assert compiled[0] == {**{p.name: p.read_bytes() for p in kbuild.SOURCES},
+                           kbuild._WRAPPER_NAME: kbuild._WRAPPER.encode()}

@@ -198,3 +198,43 @@ def test_a_fresh_look_forgets_the_load_of_the_wait(tmp_path, monkeypatch):
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+_ENVIRON_AFTER = """
+import json, os, sys
+before = dict(os.environ)
+for name in sys.argv[1:]:
+    __import__(name)
+print(json.dumps([before, dict(os.environ)]))
+"""
+
+
+@pytest.mark.parametrize("module", ["fedlap_privacy.accountant", "fedlap_privacy",
+                                    "fedlap_privacy.cli.main"])
+def test_importing_the_package_leaves_the_environment_alone(module):
+    """An Opacus program that imports the accountant (or the package, or its command's
+    module) keeps its environment as it was: only an entry point that starts sets torch's
+    defaults (the command's ``main`` callback below)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    done = subprocess.run([sys.executable, "-c", _ENVIRON_AFTER, module], env=env,
+                          capture_output=True, text=True, check=True)
+    before, after = json.loads(done.stdout)
+    assert after == before and "THP_MEM_ALLOC_ENABLE" not in after
+
+
+def test_the_command_sets_the_defaults_before_torch_loads():
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, os, sys\nfrom fedlap_privacy.cli.main import main\nmain()\n"
+            "print(json.dumps([os.environ.get('THP_MEM_ALLOC_ENABLE'), 'torch' in sys.modules]))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("THP_MEM_ALLOC_ENABLE", "FEDLAP_FAST_PATHS")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True)
+    assert json.loads(done.stdout) == ["1", False]

@@ -29,6 +29,7 @@ from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     FlowerClients,
     FlowerError,
     NodePolicy,
+    PolicyRefusal,
     client_app,
     expected_partitions,
 )
@@ -326,7 +327,7 @@ def test_a_policy_naming_ldpfl_still_bounds_lr_batch_steps_and_ranges(tmp_path):
     ranges = _server_ranges(cfg_of(**ATTACK))
     honest = dict(ATTACK, batch_size=32, local_steps=2)
     for change, lr, reason in (
-            ({}, ATTACK_LR, r"batch size 1 below the node's minimum 16 for ldp-fl"),
+            ({}, ATTACK_LR, r"batch size 1 below the node's minimum 10 for ldp-fl"),
             ({"batch_size": 32}, ATTACK_LR,
              r"learning rate 10000 outside the node's bounds \(0, 10\] \(max-lr\)"),
             ({"batch_size": 32, "local_steps": 500}, 0.1,
@@ -462,3 +463,24 @@ def test_a_node_refuses_a_sigma_or_a_round_clip_outside_its_policy(tmp_path):
                    clients_per_round=1)
     assert "sigma 0.5 below the node's minimum 0.8" in answer(
         node(tmp_path / "b", **policy), fixed, 1, extras={"clip": 1.0})
+
+
+@pytest.mark.parametrize("method", ["dp-fedavg-client", "dp-normfedavg", "fedavg"])
+def test_the_cross_device_defaults_pass_the_default_node_policy(method):
+    """``train``'s cross-device defaults (the README's command: 3,000 FashionMNIST clients,
+    B 10) and the node policy's default ``min-batch-size`` agree: a node whose policy
+    admits the method (it names it and trusts the server; nothing else changed) admits the
+    run, and a node that raises the floor above train's B refuses it, naming the rule."""
+    from fedlap_privacy.fl.config_resolve import resolve_config
+
+    cfg = resolve_config(None, {"method": method, "dataset": "fashion-mnist",
+                                "clients": 3000, "split": "dirichlet",
+                                "client_fraction": 1 / 30, "target_eps": 2, "rounds": 30},
+                         [], schedule="auto")
+    assert cfg.batch_size == NodePolicy().min_batch_size == 10
+    admits = NodePolicy(allowed_methods=(method,), threat_model="trusted-server")
+    admits.check_config(cfg, discovery=True)
+    stricter = NodePolicy(allowed_methods=(method,), threat_model="trusted-server",
+                          min_batch_size=16)
+    with pytest.raises(PolicyRefusal, match="batch size 10 below the node's minimum 16"):
+        stricter.check_config(cfg, discovery=True)

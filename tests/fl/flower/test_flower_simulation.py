@@ -9,8 +9,10 @@ and applies the node policy, as a SuperNode does. The 1,000-client equality is a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -51,8 +53,18 @@ def engine_runs(tmp_path_factory):
     seeded noise (Ray started for it on this machine, and stopped) and the same run
     in-process. One torch thread everywhere: a thread count reorders float sums."""
     root = tmp_path_factory.mktemp("flower-sim")
-    saved = os.environ.get("OMP_NUM_THREADS")
+    saved = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "RAY_ADDRESS", "RAY_TMPDIR")}
     os.environ["OMP_NUM_THREADS"] = "1"
+    # another user's cluster, named by the environment and by Ray's session file: the run
+    # starts a Ray of its own and never connects to it
+    foreign = socket.socket()
+    foreign.bind(("127.0.0.1", 0))
+    foreign.listen(8)
+    foreign.setblocking(False)
+    planted = f"127.0.0.1:{foreign.getsockname()[1]}"
+    (root / "ray").mkdir()
+    (root / "ray" / "ray_current_cluster").write_text(planted)
+    os.environ.update(RAY_ADDRESS=planted, RAY_TMPDIR=str(root))
     try:
         allow = write_policy(root / "allow.toml", allow_reproducible_noise=True)
         ok = CliRunner().invoke(app, [
@@ -61,14 +73,18 @@ def engine_runs(tmp_path_factory):
             "--node-policy", str(allow), *_sets()])
         if ok.exit_code == 2 and "Ray on this machine did not start" in ok.output:
             pytest.skip(ok.output.strip().splitlines()[-1])  # Ray's 30 s start-up limit
+        with pytest.raises(BlockingIOError):
+            foreign.accept()  # no connection reached the foreign cluster
         local = train(helpers.tiny(**SIM), root / "local", "cpu")
         yield root, ok, local
     finally:
+        foreign.close()
         assert not ray.is_initialized()  # each run stopped the Ray it started
-        if saved is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def test_simulation_engine_equals_in_process_bit_for_bit(engine_runs):
@@ -126,8 +142,8 @@ def test_resources_and_flags(tmp_path):
     assert config["client_resources"] == {"num_cpus": 2, "num_gpus": 0.25}
     assert config["init_args"]["address"] == "auto" and res.node_device == "auto"
     assert SimulationResources().node_device == "cpu"
-    assert "address" not in SimulationResources().backend_config()["init_args"]
-    with pytest.raises(Exception, match="cpus > 0"):
+    assert SimulationResources().backend_config()["init_args"]["address"] == "local"
+    with pytest.raises(Exception, match=r"needs at least 0\.1 CPU"):
         SimulationResources(cpus=0).validate()
     out = CliRunner().invoke(app, ["train", "--client-gpus", "1", "--out", str(tmp_path / "r"),
                                    "--rounds", "1"])
@@ -150,6 +166,50 @@ def test_node_config_mod_gives_each_virtual_node_its_state_folder(tmp_path):
     mod("m", ctx, call_next)  # type: ignore[arg-type]
     assert seen == {"partition-id": 4, "num-partitions": 5, "state-dir": f"{tmp_path}/node-4",
                     "device": "cpu", "policy-file": "/p.toml"}
+
+
+def test_virtual_nodes_keep_their_ledgers_in_the_run_folder_whatever_the_ray_address(
+        tmp_path, monkeypatch):
+    """Node ledgers live where the nodes do: a virtual node has no machine of its own, so
+    its ledger is in the run folder (``flower-nodes/node-k``), for every ``--ray-address``
+    (``local`` included), and survives the launch; a node that does not see this launch's
+    run folder (a Ray node without the shared file system) refuses at discovery."""
+    from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+    import fedlap_privacy.fl.flower.simulation_engine as engine
+    from fedlap_privacy.fl.flower.client_app import make_client_app
+    from fedlap_privacy.fl.flower.grid_clients import FlowerError
+    from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
+    from fedlap_privacy.fl.flower.run_config import config_values
+
+    cfg = helpers.tiny(clients=3, split_seed=0)
+    query = Message(RecordDict({"config": ConfigRecord(config_values(cfg))}), 11, "query")
+    seen: list[tuple[str, dict]] = []
+
+    def run_simulation(server_app, client_app, num_supernodes, backend_config):
+        ctx = Context(run_id=3, node_id=11, node_config={"partition-id": 1,
+                                                          "num-partitions": 3},
+                      state=RecordDict(), run_config={})
+        reply = client_app(query, ctx)
+        seen.append((reply.metadata.message_type, dict(ctx.node_config)))
+
+    monkeypatch.setattr(engine, "_ray", lambda resources: contextlib.nullcontext())
+    monkeypatch.setattr("flwr.simulation.run_simulation", run_simulation)
+    for address in (None, "local", "10.0.0.5:6379"):
+        out = tmp_path / f"run-{address}"
+        with pytest.raises(FlowerError, match="ended without a result"):
+            engine.run_simulation_engine(cfg, out, "cpu", resources=SimulationResources(
+                address=address))
+        _, node_config = seen[-1]
+        assert node_config["state-dir"] == str(out / NODE_STATE / "node-1")
+        assert (out / NODE_STATE).is_dir()  # kept after the launch
+    # the same node in a folder of the same name that is not this launch's: refused
+    app_ = make_client_app([node_config_mod(str(tmp_path / "elsewhere"), "cpu", None,
+                                            node_config["state-token"])])
+    ctx = Context(run_id=3, node_id=11, node_config={"partition-id": 1, "num-partitions": 3},
+                  state=RecordDict(), run_config={})
+    refusal = app_(query, ctx).content.config_records["refusal"]
+    assert "does not see the run's node ledgers" in str(refusal["reason"])
 
 
 @pytest.mark.slow

@@ -45,7 +45,9 @@ from fedlap_privacy.fl.engine.stop import (  # noqa: E402
 )
 from fedlap_privacy.fl.flower.grid_clients import FlowerError  # noqa: E402
 from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
+    SimulationResources,
     check_ray_address,
+    ray_init_args,
     run_simulation_engine,
 )
 
@@ -127,6 +129,93 @@ def test_a_ray_address_where_nothing_answers_is_one_line_and_exit_2(tmp_path):
             check_ray_address(bad)
 
 
+def _listener() -> socket.socket:
+    """A loopback TCP listener that accepts and says nothing (not Ray)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.setblocking(False)
+    return server
+
+
+def _connections(server: socket.socket) -> int:
+    """How many connections reached ``server`` (each accepted and closed)."""
+    count = 0
+    while True:
+        try:
+            conn, _ = server.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
+def test_a_ray_cluster_named_by_a_file_or_the_environment_is_never_joined(tmp_path,
+                                                                          monkeypatch):
+    """Another local user writes ``<tmp>/ray/ray_current_cluster`` (Ray makes that folder
+    world-writable) or the environment names a cluster: without ``--ray-address`` the run
+    asks Ray for a new instance in a private folder, so Ray reads neither; only an address
+    the user typed is joined."""
+    from ray._private import services
+
+    server = _listener()
+    planted = f"127.0.0.1:{server.getsockname()[1]}"
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(planted)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    port = server.getsockname()[1]  # the plant works (Ray names this machine by its IP)
+    assert services.canonicalize_bootstrap_address(None, None).endswith(f":{port}")
+    monkeypatch.setenv("RAY_ADDRESS", planted)
+    args = ray_init_args(SimulationResources(), str(tmp_path / "private"))
+    assert args["address"] == "local" and args["_temp_dir"] == str(tmp_path / "private")
+    assert services.canonicalize_bootstrap_address(args["address"], args["_temp_dir"]) is None
+    named = ray_init_args(SimulationResources(address=planted), None)
+    assert named["address"] == planted and "_temp_dir" not in named
+    assert _connections(server) == 0
+    server.close()
+
+
+def test_a_listener_that_is_not_ray_is_refused_in_one_line_within_seconds(tmp_path):
+    """A TCP service that accepts and never answers (Ray would retry it for minutes): the
+    run is refused in one line, exit 2, within the probe's time, no run folder, no Ray."""
+    server = _listener()
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    start = time.monotonic()
+    with pytest.raises(FlowerError, match=f"the service at {address} is not a Ray cluster"):
+        check_ray_address(address, timeout=1)
+    assert time.monotonic() - start < 5 and _connections(server) == 1
+    out = CliRunner().invoke(app, [
+        "train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "1",
+        "--ray-address", address, "--out", str(tmp_path / "run")])
+    assert out.exit_code == 2, out.output
+    assert "is not a Ray cluster" in out.output and "Traceback" not in out.output
+    assert time.monotonic() - start < 30 and not ray.is_initialized()
+    assert not (tmp_path / "run").exists()
+    server.close()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--client-gpus", "nan"], "--client-gpus nan: expected a finite number"),
+    (["--client-cpus", "nan"], "--client-cpus nan: expected a finite number"),
+    (["--client-cpus", "inf"], "--client-cpus inf: expected a finite number"),
+    (["--client-cpus", "1e-9"], "--client-cpus 1e-09: each virtual SuperNode needs at least"),
+    (["--client-cpus", "-1"], "--client-cpus -1: each virtual SuperNode needs at least"),
+    (["--client-gpus", "-0.5"], "--client-gpus -0.5: expected 0"),
+    (["--client-gpus", "1e-6"], "--client-gpus 1e-06: expected 0"),
+    (["--client-gpus", "-inf"], "--client-gpus -inf: expected a finite number"),
+])
+def test_resource_values_are_refused_before_flower_sees_them(tmp_path, flags, message):
+    out = CliRunner().invoke(app, [
+        "train", "--engine", "flower-simulation", "--clients", "3", "--rounds", "1",
+        "--out", str(tmp_path / "run"), *flags])
+    assert out.exit_code == 2, out.output
+    assert message in out.output and "Traceback" not in out.output
+    assert len(out.output.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists() and not ray.is_initialized()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -183,3 +272,34 @@ def test_ray_address_auto_joins_a_running_cluster(tmp_path, one_thread, monkeypa
             os.killpg(head.pid, signal.SIGKILL)
             head.wait()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_resumed_simulation_keeps_each_virtual_nodes_budget(tmp_path, one_thread):
+    """Issue's replay: two launches of the same run with ``--ray-address local``, a node
+    budget that fits one round but not two. The virtual nodes' ledgers stay in the run
+    folder between launches, so the resumed launch's nodes still count round 1 and refuse
+    round 2 (with the ledgers in a temporary folder of each launch, they admitted it)."""
+    from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
+
+    out = tmp_path / "run"
+    local = SimulationResources(address="local")
+    allow = write_policy(tmp_path / "allow.toml", allow_reproducible_noise=True)
+    try:
+        first = run_simulation_engine(helpers.tiny(method="dp-fedavg", clients=3, rounds=1,
+                                                   reproducible_noise=True), out, "cpu",
+                                      resources=local, node_policy=allow)
+        one_round = first.summary.privacy.epsilon
+        assert first.summary.rounds_run == 1 and one_round > 0
+        strict = write_policy(tmp_path / "strict.toml", allow_reproducible_noise=True,
+                              epsilon=1.1 * one_round)
+        with pytest.raises(FlowerError, match="refused"):
+            run_simulation_engine(None, out, "cpu", resources=local, resume_run=True,
+                                  rounds=2, node_policy=strict)
+    except FlowerError as exc:
+        _skip_if_ray_did_not_start(exc)
+        raise
+    for k in range(3):
+        entries = [e for path in (out / NODE_STATE / f"node-{k}").glob("run-*.json")
+                   for e in json.loads(path.read_text())["entries"]]
+        assert [e["round"] for e in entries] == [1]  # round 2 never entered
