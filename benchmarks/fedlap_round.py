@@ -192,7 +192,8 @@ def variants(without: list[str]) -> dict[str, dict[str, str]]:
     found = {BEFORE: {fast_paths.FAST_PATHS_ENV: "off"},
              AFTER: {fast_paths.FAST_PATHS_ENV: "on", fast_paths.KERNELS_ENV: "require"}}
     for path in without:
-        found[f"after without {path}"] = {fast_paths.FAST_PATHS_ENV: f"-{path}"}
+        off = ",".join(f"-{p}" for p in path.split("+"))
+        found[f"after without {path}"] = {fast_paths.FAST_PATHS_ENV: off}
     return found
 
 
@@ -289,13 +290,14 @@ def main() -> None:
                         help="cpu: process CPU time (default), wall: elapsed time")
     parser.add_argument("--without", default="kernels,second-order,allocator",
                         help="fast paths to switch off one at a time, besides before (all "
-                             "off) and after (all on); comma-separated, '' for none")
+                             "off) and after (all on); comma-separated, '' for none; "
+                             "'a+b' switches a and b off together")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--save", help=argparse.SUPPRESS)
     args = parser.parse_args()
     names = [n.strip().replace("_", "-") for n in args.without.split(",") if n.strip()]
     known = [p.replace("_", "-") for p in fast_paths.PATHS]
-    if any(n not in known for n in names):
+    if any(p not in known for n in names for p in n.split("+")):
         parser.error(f"--without takes names among {', '.join(known)}")
     args.without = names
     _CLOCK[0] = args.clock

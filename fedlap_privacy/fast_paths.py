@@ -27,10 +27,6 @@ rounding, in less time or memory; switched off, the reference twin runs:
   the fused per-record pass, the ghost-clipping sum's weight gradient, the written-out
   matching step and the local and server steps. Off: torch's convolutions. It runs on the
   kernels too.
-* ``tile_products``: the Winograd products and the ghost norms' pixel Gram matrices through
-  the package's AVX2 kernel, which reads the operands where they lie
-  (:mod:`fedlap_privacy.kernels.tile_products`; float32, processors with AVX2 and FMA).
-  Off: torch's batched matrix product. It runs on the kernels too.
 * ``allocator``: freed tensor memory kept in the process (:mod:`fedlap_privacy.allocator`).
   Off: glibc's defaults. Applied once, at a command's start-up.
 * ``follow_load``: torch's threads follow the machine's load (:mod:`fedlap_privacy.threads`).
@@ -102,7 +98,6 @@ class FastPaths:
     per_sample: bool = True
     ghost_clipping: bool = True
     winograd: bool = True
-    tile_products: bool = True
     allocator: bool = True
     follow_load: bool = True
     huge_pages: bool = True
@@ -119,12 +114,11 @@ class FastPaths:
             [_path_name(n) for n in names] if names else PATHS, False))
 
     def effective(self) -> FastPaths:
-        """The paths that can run: ``second_order``, ``per_sample``, ``winograd`` and
-        ``tile_products`` run on the kernels."""
+        """The paths that can run: ``second_order``, ``per_sample`` and ``winograd`` run on
+        the kernels."""
         return dataclasses.replace(self, second_order=self.second_order and self.kernels,
                                    per_sample=self.per_sample and self.kernels,
-                                   winograd=self.winograd and self.kernels,
-                                   tile_products=self.tile_products and self.kernels)
+                                   winograd=self.winograd and self.kernels)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> FastPaths:

@@ -78,7 +78,7 @@ CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = KERNEL_MODES
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c", "conv_gram.c",
-                              "tile_products.c", "few_channels.c"))
+                              "few_channels.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
@@ -131,13 +131,6 @@ SIGNATURES: dict[str, list[type]] = {
     "wino_weight_grad": [_P, _I, _I, _I, _I, _I, _P],
     # q, gg, H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
     "conv_gram_dot": [_P, _P, *[_I] * 12, _P],
-    "tile_products_native": [],
-    # tiles, weights, P, K, N, lo, hi, out
-    "tile_products": [_P, _P, _I, _I, _I, _I, _I, _P],
-    # x, C, T, W, lo, hi, q
-    "gram_upper": [_P, _I, _I, _I, _I, _I, _P],
-    # x, C_in, H, W, g, C_out, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
-    "gram_norms": [_P, _I, _I, _I, _P, *[_I] * 11, _P],
     # x, w, b, C_in, C_out, H, W, ph, pw, lo, hi, y
     "conv3x3_few": [_P, _P, _P, *[_I] * 8, _P],
     # gy, w, C_in, C_out, H, W, ph, pw, add, lo, hi, dx

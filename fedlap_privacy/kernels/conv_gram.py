@@ -14,12 +14,8 @@ the padding), so that
 :func:`conv_weight_grad_sq` forms ``Q`` and ``G G^T`` as batched matrix products and the
 shifted sum in one C pass per record (``conv_gram.c``), or, where the kernels are off,
 through torch's operations (the same sum, the oracle in the tests). The C pass reads only
-the pairs of image rows on and above the diagonal of the two symmetric matrices. Where
-:mod:`fedlap_privacy.kernels.tile_products` runs (float32 with AVX2) one C call forms only
-those blocks, one record at a time, and reads them while they are in the second-level cache
-(``gram_norms``); elsewhere torch's batched product forms the whole matrices of a block of
-records (its product of the three blocks of two halves was slower than of the whole
-matrix). On the ConvNet's
+the pairs of image rows on and above the diagonal of the two symmetric matrices; torch's
+batched product forms the whole matrices of a block of records. On the ConvNet's
 128-channel 16x16 convolution this is ``H W (C_in + C_out) + kh kw H W`` multiply-adds per
 position pair against ``C_out C_in kh kw`` per position for the gradient itself: about
 half the arithmetic, as larger matrix products.
@@ -32,7 +28,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from fedlap_privacy.kernels import tile_products
 from fedlap_privacy.kernels.block import fusable, run_split
 
 __all__ = ["PixelGeometry", "conv_weight_grad_sq", "pixel_gram_cost"]
@@ -96,12 +91,6 @@ def conv_weight_grad_sq(inp: Tensor, gy: Tensor, geometry: PixelGeometry) -> Ten
     x = inp.reshape(n, c_in, h * w).contiguous()
     g = gy.reshape(n, gy.shape[1], ho * wo).contiguous()
     out = inp.new_empty(n)
-    if tile_products.native(x, g):
-        # record by record: both Gram matrices formed and read in the second-level cache
-        run_split("gram_norms", x.dtype, n, n * ((h * w) ** 2 + (ho * wo) ** 2),
-                  (x.data_ptr(), c_in, h, w, g.data_ptr(), g.shape[1], ho, wo,
-                   *geometry.kernel, *geometry.padding, *geometry.dilation), (out.data_ptr(),))
-        return out
     block = max(1, _BLOCK_SCALARS // ((h * w) ** 2 + (ho * wo) ** 2))
     for start in range(0, n, block):
         xs, gs = x[start:start + block], g[start:start + block]

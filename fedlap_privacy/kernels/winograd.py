@@ -15,8 +15,7 @@ fast; through F(2x2, 3x3), 64 tiles, it was still no faster than torch's grouped
 convolution on this CPU.
 
 The transforms are C kernels (:mod:`fedlap_privacy.kernels.build`) on (N, C, H, W) maps;
-the products run through :mod:`fedlap_privacy.kernels.tile_products` (float32 with AVX2),
-else torch's batched matrix multiplication. Exact arithmetic gives the direct
+the products are torch's batched matrix multiplication. Exact arithmetic gives the direct
 convolution's result; in floating point the rounding differs: in float64 it agrees with
 torch's convolution to about 1e-14 relative, in float32 to about 1e-5 (F(4x4, 3x3)'s
 interpolation points 2 and -2 round more than a direct sum; ``tests/core/test_winograd.py``).
@@ -36,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import few_channels, tile_products
+from fedlap_privacy.kernels import few_channels
 from fedlap_privacy.kernels.block import fusable, run_split
 
 __all__ = [
@@ -139,13 +138,10 @@ def grad_tiles(gy: Tensor) -> Tiles:
 class KernelTiles:
     """``G w G^T`` of every (output, input) kernel in the two layouts the products take:
     ``forward`` ``(36, C_in, C_out)`` and ``adjoint`` ``(36, C_out, C_in)`` (the input
-    gradient's), both contiguous, and each packed for the package's products
-    (:func:`~fedlap_privacy.kernels.tile_products.pack`) where those run (None elsewhere)."""
+    gradient's), both contiguous."""
 
     forward: Tensor
     adjoint: Tensor
-    packed_forward: Tensor | None = None
-    packed_adjoint: Tensor | None = None
 
 
 @dataclass
@@ -194,31 +190,19 @@ def weight_tiles(weight: Tensor) -> KernelTiles:
     forward = src.new_empty(POINTS, c_in, c_out)
     run_split("wino_weight", src.dtype, c_out, adjoint.numel(),
               (src.data_ptr(), c_out, c_in), (adjoint.data_ptr(), forward.data_ptr()))
-    tiles = (KernelTiles(forward, adjoint, tile_products.pack(forward),
-                         tile_products.pack(adjoint))
-             if tile_products.native(forward) else KernelTiles(forward, adjoint))
+    tiles = KernelTiles(forward, adjoint)
     if shared is not None:
         shared[id(weight)] = (weight, weight._version, tiles)
     return tiles
 
 
-def _products(pairs: Sequence[tuple[Tiles, Tensor, Tensor | None]], channels: int) -> Tiles:
-    """``sum_k rows(t_k) @ w_k`` per point (``w_k`` (36, K, channels) contiguous, ``packed_k``
-    the same packed or None), as the tiles of a map of ``channels`` channels: one pair
-    through the package's kernel where it comes packed, else torch's batched product (two
-    pairs summed too: through the package's kernel, both pairs into the same registers,
-    they ran faster alone but made a real batch of five clients side by side about 2.5%
-    slower, since the kernel reads each pair's kernel matrices again for every 6 tiles where
-    MKL packs them once)."""
-    first, weights, packed = pairs[0]
+def _products(pairs: Sequence[tuple[Tiles, Tensor]], channels: int) -> Tiles:
+    """``sum_k rows(t_k) @ w_k`` per point (``w_k`` (36, K, channels) contiguous), as the
+    tiles of a map of ``channels`` channels, through torch's batched product."""
+    first, weights = pairs[0]
     out = _tiles_of(weights, torch.Size([*first.shape[:1], channels, *first.shape[2:]]))
-    if len(pairs) == 1 and packed is not None and tile_products.native(out.data, first.data):
-        n, t, p, _ = out.data.shape
-        tile_products.products(first.data.view(n * t, p, -1), packed,
-                               out.data.view(n * t, p, channels))
-        return out
     rows = out.rows()
-    for k, (tiles, w, _) in enumerate(pairs):
+    for k, (tiles, w) in enumerate(pairs):
         if k == 0:
             torch.bmm(tiles.rows(), w, out=rows)
         else:
@@ -233,7 +217,7 @@ def forward_sum(pairs: Sequence[tuple[Tiles, KernelTiles]],
     output transform for the sum, (N, C_out, H, W)."""
     n, _, h, w = pairs[0][0].shape
     c_out = pairs[0][1].forward.shape[2]
-    m = _products([(x, w_hat.forward, w_hat.packed_forward) for x, w_hat in pairs], c_out)
+    m = _products([(x, w_hat.forward) for x, w_hat in pairs], c_out)
     y = m.data.new_empty(n, c_out, h, w)
     b = y.new_zeros(c_out) if bias is None else bias.detach().contiguous()
     run_split("wino_output", y.dtype, n, m.data.numel(),
@@ -253,7 +237,7 @@ def input_grad_sum(pairs: Sequence[tuple[Tiles, KernelTiles]]) -> Tensor:
     number of input channels): one transform for the sum, (N, C_in, H, W)."""
     n, _, h, w = pairs[0][0].shape
     c_in = pairs[0][1].adjoint.shape[2]
-    d = _products([(g, w_hat.adjoint, w_hat.packed_adjoint) for g, w_hat in pairs], c_in)
+    d = _products([(g, w_hat.adjoint) for g, w_hat in pairs], c_in)
     dx = d.data.new_empty(n, c_in, h, w)
     run_split("wino_grad_input", dx.dtype, n, d.data.numel(),
               (d.data.data_ptr(), n, c_in, h, w), (dx.data_ptr(),))

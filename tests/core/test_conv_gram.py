@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import conv_gram, tile_products
+from fedlap_privacy.kernels import conv_gram
 from fedlap_privacy.kernels.conv_gram import PixelGeometry, conv_weight_grad_sq
 
 # (records, input channels, output channels, height, width, kernel, padding, dilation)
@@ -68,14 +68,11 @@ def test_float32_and_record_blocks(monkeypatch):
     torch.manual_seed(1)
     conv, x, gy, geometry = _case(SHAPES[0], torch.float32)
     want = _direct_sq(conv.double(), x.double(), gy.double())
-    fused = conv_weight_grad_sq(x, gy, geometry)
-    torch.testing.assert_close(fused.double(), want, atol=0, rtol=1e-5)
-    with fast_paths.using(tile_products=False):  # torch's products, blocks of records
-        whole = conv_weight_grad_sq(x, gy, geometry)
-        torch.testing.assert_close(whole.double(), want, atol=0, rtol=1e-5)
-        # two Gram matrices of 256 x 256 per record: blocks of 2 records, the last one short
-        monkeypatch.setattr(conv_gram, "_BLOCK_SCALARS", 2 * 2 * 256 * 256)
-        assert torch.equal(conv_weight_grad_sq(x, gy, geometry), whole)
+    whole = conv_weight_grad_sq(x, gy, geometry)
+    torch.testing.assert_close(whole.double(), want, atol=0, rtol=1e-5)
+    # two Gram matrices of 256 x 256 per record: blocks of 2 records, the last one short
+    monkeypatch.setattr(conv_gram, "_BLOCK_SCALARS", 2 * 2 * 256 * 256)
+    assert torch.equal(conv_weight_grad_sq(x, gy, geometry), whole)
 
 
 def test_geometries_the_identity_does_not_cover_are_refused():
@@ -85,24 +82,3 @@ def test_geometries_the_identity_does_not_cover_are_refused():
                  nn.Conv2d(4, 4, 3, padding="same")):
         with torch.no_grad():
             assert PixelGeometry.of(conv, x, conv(x)) is None
-
-
-@pytest.mark.parametrize("shape", SHAPES)
-def test_the_c_pass_reads_only_the_gram_blocks_the_tile_products_form(shape, monkeypatch):
-    """In float32 one C call forms each record's Gram matrices, only the blocks on and above
-    the diagonal of image rows, in scratch that starts as NaN: every geometry's norms stay
-    those of the gradients, so no unformed entry is read. The torch products are not
-    called on that path."""
-    if not tile_products.native(torch.zeros(1)):
-        pytest.skip("the tile products need float32 kernels compiled with AVX2 and FMA")
-
-    def refused(*args: object) -> None:
-        raise AssertionError("the fused path forms the Gram matrices itself")
-
-    monkeypatch.setattr(torch, "bmm", refused)
-    torch.manual_seed(3)
-    conv, x, gy, geometry = _case(shape, torch.float32)
-    got = conv_weight_grad_sq(x, gy, geometry)
-    monkeypatch.undo()
-    want = _direct_sq(conv.double(), x.double(), gy.double())
-    torch.testing.assert_close(got.double(), want, atol=0, rtol=1e-4)
