@@ -1,6 +1,6 @@
 """Canary audits of a trained run: one-run lower bounds and verdicts against the ledger.
 
-Reads the canaries a run inserted (:class:`fedlap_privacy.canary_state.CanaryState`, from its
+Reads the canaries a run inserted (:class:`fedlap_privacy.state.canary_state.CanaryState`, from its
 private state), scores each canary, and runs :func:`~fedlap_privacy.audit.one_run.one_run_audit`
 (Steinke, Nasr, Jagielski, NeurIPS 2023) on the scores and the secret coins:
 
@@ -37,9 +37,9 @@ from fedlap_privacy.audit.canary_clients import CanaryClientEstimate, canary_cli
 from fedlap_privacy.audit.canary_verdicts import CanaryAudit, audit_scores, fdp_covers_claim
 from fedlap_privacy.audit.claim_curve import ClaimCurve
 from fedlap_privacy.audit.gdp_estimate import gdp_estimate
-from fedlap_privacy.canary_state import CanaryState
+from fedlap_privacy.compute.per_sample import per_sample_losses
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.per_sample import per_sample_losses
+from fedlap_privacy.state.canary_state import CanaryState
 from fedlap_privacy.vocabulary import CanaryKind
 
 __all__ = ["CanaryAudit", "canary_scores", "fdp_covers_claim", "run_canary_audits"]

@@ -15,8 +15,8 @@ import math
 from typing import Any
 
 from fedlap_privacy.audit.results import PrivacyClaim
-from fedlap_privacy.ledger import PrivacyLedger
-from fedlap_privacy.run_state import PrivateRunState
+from fedlap_privacy.state.ledger import PrivacyLedger
+from fedlap_privacy.state.run_state import PrivateRunState
 from fedlap_privacy.vocabulary import Notion
 
 __all__ = ["config_delta", "privacy_claim"]
@@ -36,7 +36,7 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
     """The promise the audit tests, RECOMPUTED from the run's ledger (module docstring).
 
     ``epsilon`` / ``delta`` / ``notion`` / ``threat_model`` come from composing the ledger's
-    recorded rounds (:meth:`fedlap_privacy.ledger.PrivacyLedger.replay`, checked against the
+    recorded rounds (:meth:`fedlap_privacy.state.ledger.PrivacyLedger.replay`, checked against the
     private state's ``digest`` when given); the checkpoint's stored ``privacy.epsilon`` is
     only reported beside it (``stored_epsilon``, ``stored_matches``).
     """

@@ -140,7 +140,7 @@ def _inverse_table(eps: np.ndarray, deltas: np.ndarray, powers: np.ndarray) -> n
 
 def ledger_steps(ledger: Any) -> dict[tuple[float, float], int] | None:
     """The subsampled Gaussian steps of the composition a replayed
-    :class:`~fedlap_privacy.ledger.PrivacyLedger` reports (its largest-epsilon client under
+    :class:`~fedlap_privacy.state.ledger.PrivacyLedger` reports (its largest-epsilon client under
     the ``server`` threat model, every round at ``(q1, q2)`` otherwise); None for a ledger
     with no Gaussian steps."""
     from fedlap_privacy.accountant import composed_epsilon

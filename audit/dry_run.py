@@ -30,10 +30,10 @@ from fedlap_privacy.audit.claim import privacy_claim
 from fedlap_privacy.audit.features import compute_features
 from fedlap_privacy.audit.membership import make_membership_split
 from fedlap_privacy.audit.report import load_run_records, parse_attacks, rebuilt_model
-from fedlap_privacy.dataset_files import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
+from fedlap_privacy.data.dataset_files import IDX_IMAGE_MAGIC, IDX_LABEL_MAGIC
+from fedlap_privacy.data.user_data import record_headers
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.model_factory import BUILTIN_FACTORIES
-from fedlap_privacy.user_data import record_headers
 
 __all__ = ["AuditPlan", "RecordFile", "plan_audit", "plan_external_audit", "time_features"]
 
@@ -180,7 +180,7 @@ def record_file(spec: str) -> RecordFile:
 
 def _npz_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """The shape of every array of an ``.npz``, from the .npy headers, checked as reading
-    them would check them (no data read: :func:`fedlap_privacy.user_data.record_headers`)."""
+    them would check them (no data read: :func:`fedlap_privacy.data.user_data.record_headers`)."""
     return {name: tuple(int(v) for v in header.shape)
             for name, header in record_headers(path).items()}
 

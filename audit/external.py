@@ -18,7 +18,7 @@ RMIA / LiRA when reference models are given), on a model loaded by
   ``weights_only=True`` (no code runs) into the module a FACTORY builds, given as
   ``module:function`` or ``path/to/file.py:function``: your own code, which is imported.
 
-Members and non-members come as arrays (Python) or files (:func:`fedlap_privacy.user_data.
+Members and non-members come as arrays (Python) or files (:func:`fedlap_privacy.data.user_data.
 load_records`: ``.npz`` with ``x`` and ``y``, or a pair of IDX files). As in the paper's
 protocol, each set is cut into two halves: one trains the attacks, the other is audited.
 A claimed ``(epsilon, delta)`` is what the model's owner promises; the audit flags a
@@ -44,10 +44,10 @@ from fedlap_privacy.audit.features import FEATURES, compute_features
 from fedlap_privacy.audit.reference_audit import ReferenceModel
 from fedlap_privacy.audit.report import AuditTarget, audit_target, parse_attacks
 from fedlap_privacy.audit.results import AuditReport, PrivacyClaim
-from fedlap_privacy.checkpoint import load_checkpoint_data
-from fedlap_privacy.data import Dataset
+from fedlap_privacy.data.datasets import Dataset
+from fedlap_privacy.data.user_data import load_records
 from fedlap_privacy.errors import CheckpointError, ConfigError, FedlapError
-from fedlap_privacy.user_data import load_records
+from fedlap_privacy.state.checkpoint import load_checkpoint_data
 from fedlap_privacy.vocabulary import Notion
 
 __all__ = ["audit_model", "audit_model_files", "claimed_privacy", "load_external_model"]
@@ -242,7 +242,7 @@ def audit_model_files(
     **options: Any,
 ) -> AuditReport:
     """:func:`audit_model` on files: the model (:func:`load_external_model`) and the
-    records (:func:`fedlap_privacy.user_data.load_records`); ``options`` as for audit_model."""
+    records (:func:`fedlap_privacy.data.user_data.load_records`); ``options`` as for audit_model."""
     model = load_external_model(model_path, factory)
     inside, outside = load_records(members, normalise), load_records(nonmembers, normalise)
     return audit_model(model, (inside.x, inside.y), (outside.x, outside.y),

@@ -4,7 +4,7 @@
 Paper section 6.6: the black-box attacker sees each record's loss under the released model;
 the white-box attacker also has the weights and uses the L2 norm of the record's loss
 gradient with respect to all weights. Both come, batched and vectorised, from
-:mod:`fedlap_privacy.per_sample` (the same per-record gradients DP training clips).
+:mod:`fedlap_privacy.compute.per_sample` (the same per-record gradients DP training clips).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedlap_privacy.compute.per_sample import per_sample_grad_norms, per_sample_losses
 from fedlap_privacy.errors import ConfigError, FedlapError
-from fedlap_privacy.per_sample import per_sample_grad_norms, per_sample_losses
 
 __all__ = ["FEATURES", "compute_features"]
 

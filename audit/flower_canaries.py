@@ -62,14 +62,14 @@ import numpy as np
 import torch
 
 from fedlap_privacy.accountant.pld import pld_epsilons
-from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.canary_verdicts import CanaryAudit
 from fedlap_privacy.audit.claim_curve import ClaimCurve
 from fedlap_privacy.audit.score_audit import ClaimedMechanism, ScoreAuditResult
-from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.canary_state import CanaryState
+from fedlap_privacy.state.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import CanaryKind
 
 __all__ = [
@@ -217,7 +217,7 @@ class CanaryClientRounds:
         return len(self.included)
 
     def state(self) -> CanaryState:
-        """The canaries as the project's :class:`~fedlap_privacy.canary_state.CanaryState`
+        """The canaries as the project's :class:`~fedlap_privacy.state.canary_state.CanaryState`
         (kind ``clients``): their directions come from it."""
         return CanaryState(
             CanaryKind.CLIENTS.value, torch.from_numpy(self.included.copy()),

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
 from fedlap_privacy.audit.score_audit import (
     ClaimedMechanism,
@@ -37,7 +36,8 @@ from fedlap_privacy.audit.score_audit import (
     audit_canary_scores,
 )
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.jsonsafe import json_safe
 
 if TYPE_CHECKING:
     from fedlap_privacy.audit.gradient_canaries import GradientCanaries

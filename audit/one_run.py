@@ -45,8 +45,8 @@ from scipy.optimize import brentq
 from scipy.special import bdtrc, gammaln, log_expit
 
 from fedlap_privacy.audit.fdp import fdp_lower_bound
-from fedlap_privacy.canary_state import MIN_AUDIT_CANARIES
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.state.canary_state import MIN_AUDIT_CANARIES
 
 __all__ = [
     "METHODS",

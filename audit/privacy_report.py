@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 __all__ = ["Block", "canary_blocks", "figure_text", "fmt", "ledger_summary", "literal",
            "render_blocks", "to_html", "to_markdown", "write_privacy_report"]
 
-#: who each threat model's epsilon holds against (fedlap_privacy.ledger, module docstring)
+#: who each threat model's epsilon holds against (fedlap_privacy.state.ledger, module docstring)
 THREAT_MODEL_TEXT = {
     ThreatModel.SERVER:
         "the server that coordinates training, which sees every client's upload and knows "

@@ -43,14 +43,14 @@ from fedlap_privacy.audit.privacy_report import ledger_summary
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.report_files import write_report
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
-from fedlap_privacy.canary_state import CanaryState
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE, committed_file
-from fedlap_privacy.data import CUSTOM, DATASETS, Dataset
+from fedlap_privacy.data.datasets import CUSTOM, DATASETS, Dataset
+from fedlap_privacy.data.user_data import load_run_data
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
-from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.model_factory import FactorySpec
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
-from fedlap_privacy.user_data import load_run_data
+from fedlap_privacy.state.canary_state import CanaryState
+from fedlap_privacy.state.checkpoint import CHECKPOINT, PRIVATE, committed_file
+from fedlap_privacy.state.ledger import PrivacyLedger
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 from fedlap_privacy.vocabulary import CanaryKind, Notion
 
 __all__ = [
@@ -171,7 +171,7 @@ def load_run_records(checkpoint_path: str | Path, data_dir: str | Path | None,
     """Checkpoint, private state, dataset, member indices -- all checked, no model built
     and nothing the checkpoint names imported; first of all, a factory-built model that the
     user names no factory for (``factory``) is refused in one line showing the recorded
-    spec (:meth:`~fedlap_privacy.run_state.ModelRelease.factory_to_build`). A run on a
+    spec (:meth:`~fedlap_privacy.state.run_state.ModelRelease.factory_to_build`). A run on a
     user's records (dataset ``custom``) reads them again from the path its private state
     records (``data_dir`` replaces it)."""
     path = Path(checkpoint_path)
@@ -203,7 +203,7 @@ def load_run_records(checkpoint_path: str | Path, data_dir: str | Path | None,
 def rebuilt_model(release: ModelRelease, path: str | Path, factory: str | None) -> torch.nn.Module:
     """The model of ``release`` (read from ``path``): a factory-built one only by the factory
     the user names (``factory``) or a package factory it records
-    (:meth:`~fedlap_privacy.run_state.ModelRelease.build_model`)."""
+    (:meth:`~fedlap_privacy.state.run_state.ModelRelease.build_model`)."""
     try:
         return release.build_model(factory, where=str(path))
     except CheckpointError as exc:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.privacy_report import figure_text, write_privacy_report
 from fedlap_privacy.audit.results import AuditReport
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.state.atomic import write_figure, write_text_atomic
+from fedlap_privacy.state.jsonsafe import json_safe
 
 __all__ = ["plot_canary_scores", "plot_roc", "write_report"]
 

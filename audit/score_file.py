@@ -4,7 +4,7 @@ The file is an ``.npz`` archive (``np.savez(FILE, scores=..., included=...)``, c
 not) holding exactly what a one-run audit needs: ``scores`` (one real number per canary,
 higher = more likely included) and ``included`` (the secret bits: booleans, or integers 0 and
 1). It comes from someone else's training, so it is untrusted: it is read by the package's
-one ``.npz`` reader, :mod:`fedlap_privacy.npz_reader` (no pickle: an object array is refused
+one ``.npz`` reader, :mod:`fedlap_privacy.data.npz_reader` (no pickle: an object array is refused
 from its header; links, FIFOs, duplicate or other members refused; no member decompressed
 beyond the bytes its header declares, which must match what the zip entry holds, within
 :data:`MAX_CANARIES` values), and each array's header must then be 1-D, of the right kind
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from fedlap_privacy.audit.score_audit import check_bits, check_scores
+from fedlap_privacy.data.npz_reader import NpyHeader, NpzArchive, NpzLimits, open_npz
 from fedlap_privacy.errors import ConfigError, DataError
-from fedlap_privacy.npz_reader import NpyHeader, NpzArchive, NpzLimits, open_npz
 
 __all__ = ["MAX_CANARIES", "MAX_FILE_BYTES", "load_score_file"]
 

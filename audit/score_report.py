@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.atomic import write_figure, write_text_atomic
 from fedlap_privacy.audit.privacy_report import (
     VERDICT_TEXT,
     Block,
@@ -24,7 +23,8 @@ from fedlap_privacy.audit.privacy_report import (
 )
 from fedlap_privacy.audit.report_files import plot_canary_scores
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.state.atomic import write_figure, write_text_atomic
+from fedlap_privacy.state.jsonsafe import json_safe
 
 __all__ = ["render_score_blocks", "write_score_report"]
 

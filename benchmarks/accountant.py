@@ -394,7 +394,7 @@ def ali_report() -> None:
 
     from fedlap_privacy.accountant.pld_sgm import sgm_pld
     from fedlap_privacy.fl.methods.alidpfl import privacy_iterations
-    from fedlap_privacy.ledger import PrivacyLedger
+    from fedlap_privacy.state.ledger import PrivacyLedger
 
     print(f"\nALI-DPFL accounting (sigma {SIGMA:g}, target epsilon {TARGET_EPS:g}, delta "
           f"{DELTA:g}; 30 rounds, tau in 1..100)")

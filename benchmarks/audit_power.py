@@ -47,7 +47,7 @@ def deficit(factors: list[float]) -> None:
     from fedlap_privacy.audit.claim_curve import ClaimCurve
     from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
     from fedlap_privacy.fl.methods import dp
-    from fedlap_privacy.ledger import PrivacyLedger
+    from fedlap_privacy.state.ledger import PrivacyLedger
 
     n, b, t, m = 32, 8, 40, 1000
     schedule = FedLAPSchedule(batch_size=b, client_size=n, local_steps=t)

@@ -33,7 +33,7 @@ from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
 from fedlap_privacy.fl.methods import dp
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 N, B, T, M, DELTA = 32, 8, 40, 1000, 1e-5
 

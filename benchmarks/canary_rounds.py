@@ -28,15 +28,15 @@ import torch
 
 from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
-from fedlap_privacy.canary_state import CanaryState
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.fl.auditing.canaries import flat_weights
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
 from fedlap_privacy.fl.methods import dp
 from fedlap_privacy.fl.run.run_files import load_private, load_release
 from fedlap_privacy.fl.run.user_runs import run_model
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.canary_state import CanaryState
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 
 def _initial_weights(cfg: TrainConfig) -> torch.Tensor:

@@ -121,7 +121,7 @@ def collect(method: MethodRun, args: argparse.Namespace, seed: int, run_dir: Pat
             wall: float, cmd: list[str]) -> RunResult:
     """A run's record from its folder: the accuracy of every round (``metrics.jsonl``) and
     the privacy statement of its committed checkpoint (loaded as plain data only)."""
-    from fedlap_privacy.checkpoint import committed_file, load_checkpoint
+    from fedlap_privacy.state.checkpoint import committed_file, load_checkpoint
 
     privacy = load_checkpoint(committed_file(run_dir, "ckpt.pt"))["privacy"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
@@ -262,7 +262,7 @@ def _stopped_run(method: MethodRun, args: argparse.Namespace, seed: int) -> RunR
     """The record of a run folder left without a result (its run was stopped), or None.
     Its wall time is the sum of its rounds' times (startup not included), or, where the
     release withholds them, the span of its files' modification times."""
-    from fedlap_privacy.run_lock import RunBusyError, lock_run_folder
+    from fedlap_privacy.state.run_lock import RunBusyError, lock_run_folder
 
     run_dir = args.out / "runs" / f"{method.name}-seed{seed}"
     metrics = run_dir / "metrics.jsonl"

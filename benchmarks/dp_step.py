@@ -2,9 +2,9 @@
 (docs/accounting.md#sampled-gaussian-mechanism).
 
 (a) ours: :func:`fedlap_privacy.fl.methods.dp.dp_gradient` (per-record gradients from
-    :mod:`fedlap_privacy.per_sample`, clipped and summed ``DP_CHUNK`` records at a time; with
-    the ``ghost_clipping`` fast path on, as by default, the norm-based clipped sum of
-    :mod:`fedlap_privacy.ghost_clipping`, compared on its own by ``ghost_clipping.py``);
+    :mod:`fedlap_privacy.compute.per_sample`, clipped and summed ``DP_CHUNK`` records at a time;
+    with the ``ghost_clipping`` fast path on, as by default, the norm-based clipped sum of
+    :mod:`fedlap_privacy.compute.ghost_clipping`, compared on its own by ``ghost_clipping.py``);
     also the whole batch as one chunk, and its two per-sample methods, ``hooks`` and ``vmap``;
 (b) Opacus ``GradSampleModule`` (per-record gradients through its hooks), then the same
     :func:`~fedlap_privacy.fl.methods.dp.clip_and_noise`;
@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from opacus import GradSampleModule
 from torch import Tensor, nn
 
-from fedlap_privacy.allocator import tune_allocator
+from fedlap_privacy.compute.allocator import tune_allocator
+from fedlap_privacy.compute.per_sample import per_sample_grads
 from fedlap_privacy.fl.methods.dp import DP_CHUNK, clip_and_noise, dp_gradient
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.per_sample import per_sample_grads
 
 CLIP, SIGMA = 1.0, 1.0
 

@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     args = parser.parse_args()
-    from fedlap_privacy.threads import apply_cpu_policy
+    from fedlap_privacy.compute.threads import apply_cpu_policy
 
     apply_cpu_policy(None)  # as the CLI does
     for name in args.configs.split(","):

@@ -13,7 +13,7 @@ each also as a ratio to a plain forward+backward of a 64-record batch of the sam
 the client round (the first three) as a whole.
 
 The variants are the package itself, its fast paths switched on and off through their one
-door (:mod:`fedlap_privacy.fast_paths`), each in its own process (the C allocator and huge
+door (:mod:`fedlap_privacy.compute.fast_paths`), each in its own process (the C allocator and huge
 pages are process-wide, set at start-up), interleaved repeat by repeat so that they see the
 same machine load, with the same seeds:
 
@@ -70,9 +70,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlap_privacy import fast_paths
-from fedlap_privacy.allocator import AllocatorState, tune_allocator
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.allocator import AllocatorState, tune_allocator
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.engine.phase_timer import timing
 from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config

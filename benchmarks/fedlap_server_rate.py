@@ -28,15 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import evaluate
 from fedlap_privacy.fl.methods.augment import DSA
 from fedlap_privacy.fl.methods.fedlap import SyntheticSet, server_optimisation
 from fedlap_privacy.fl.methods.trust_region import clone_params, distance
 from fedlap_privacy.models import build_model
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.state.checkpoint import CHECKPOINT, PRIVATE
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
 
 def replay(run: Path, factors: list[float], data_dir: str, validation: int) -> list[dict]:

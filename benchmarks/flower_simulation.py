@@ -94,7 +94,7 @@ def same_run(a: Path, b: Path) -> bool:
     """The two run folders hold the same weights, ledger and metrics (timings aside)."""
     import torch
 
-    from fedlap_privacy.checkpoint import load_checkpoint
+    from fedlap_privacy.state.checkpoint import load_checkpoint
 
     x, y = load_checkpoint(a / "ckpt.pt"), load_checkpoint(b / "ckpt.pt")
     strip = [[{k: v for k, v in h.items() if k != "seconds"} for h in c["history"]]

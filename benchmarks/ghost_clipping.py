@@ -1,4 +1,4 @@
-"""Time one DP gradient with and without ghost clipping (fedlap_privacy.ghost_clipping).
+"""Time one DP gradient with and without ghost clipping (fedlap_privacy.compute.ghost_clipping).
 
 Three ways, on the FedLAP-DP ConvNet (width 128, depth 3, 1x28x28 by default), interleaved
 within one run at each batch size so that they see the same machine load:
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch import Tensor
 
-from fedlap_privacy import fast_paths
+from fedlap_privacy.compute import fast_paths
 from fedlap_privacy.fl.methods.dp import dp_gradient, release
 from fedlap_privacy.models import ModelConfig, TabularMLP, build_model
 

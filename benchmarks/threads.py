@@ -1,4 +1,4 @@
-"""The thread policy (``fedlap_privacy.threads``) against torch's default, under contention.
+"""The thread policy (``fedlap_privacy.compute.threads``) against torch's default, under contention.
 
 Times one default digits FedLAP-DP client round (paper Algorithm 3, Wang et al., PoPETs
 2024; the ``fedlap-privacy train`` default configuration, client 0) in four situations, in
@@ -11,8 +11,8 @@ or below 2 while oversubscribed OpenMP threads spin.
 Then times the whole default ``fedlap-privacy train --rounds 2`` (a fresh process each time,
 after one warm-up run) alone and beside one busy torch process (training-like small
 convolutions and matrix products on torch's default threads): with the package's default,
-threads that follow the load (``fedlap_privacy.threads.LoadFollower``); with the thread count
-fixed (torch's GNU OpenMP threads spin a few milliseconds before they sleep); fixed and
+threads that follow the load (``fedlap_privacy.compute.threads.LoadFollower``); with the thread
+count fixed (torch's GNU OpenMP threads spin a few milliseconds before they sleep); fixed and
 waiting passively (``OMP_WAIT_POLICY=PASSIVE``); and with one thread. A run slower than
 ``--cap`` seconds is stopped and reported as at least the cap.
 
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import torch
 
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.compute.threads import threads_for, usable_cpus
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
 from fedlap_privacy.fl.methods.augment import DSA
 from fedlap_privacy.fl.methods.fedlap import client_approximation, init_synthetic
 from fedlap_privacy.models import build_model
-from fedlap_privacy.threads import threads_for, usable_cpus
 
 SPIN = "while True:\n    pass\n"
 #: one busy torch process on torch's default threads: a training-like loop of small operations

@@ -1,6 +1,6 @@
 """Time the ConvNet's 3x3 convolutions through Winograd's F(4x4, 3x3)
-(fedlap_privacy.kernels.winograd) and its first convolution through the few-channel kernel
-(fedlap_privacy.kernels.few_channels) against torch's own (oneDNN's direct convolution), the
+(fedlap_privacy.compute.kernels.winograd) and its first convolution through the few-channel kernel
+(fedlap_privacy.compute.kernels.few_channels) against torch's own (oneDNN's direct convolution), the
 kernels a user of torch would otherwise run.
 
 For each shape a FedLAP-DP round makes (128 channels; a DP chunk of 128 records and a
@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from fedlap_privacy import fast_paths
-from fedlap_privacy.allocator import tune_allocator
-from fedlap_privacy.kernels import few_channels, winograd
-from fedlap_privacy.per_sample import _conv_weight_grads
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.allocator import tune_allocator
+from fedlap_privacy.compute.kernels import few_channels, winograd
+from fedlap_privacy.compute.per_sample import _conv_weight_grads
 
 # (records, height and width) at 128 channels
 SHAPES = [(128, 16), (20, 16), (128, 8), (20, 8)]

@@ -208,7 +208,7 @@ def audit(
     if model is None:
         fail("give --model (a checkpoint or a model trained elsewhere) or --canary-scores FILE")
 
-    from fedlap_privacy.threads import apply_cpu_policy
+    from fedlap_privacy.compute.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
     if out is not None:

@@ -18,7 +18,7 @@ from rich.markup import escape
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, StopRequested
 from fedlap_privacy.fl.methods.schedule import LARGE_MIN_RECORDS, SCHEDULE_CHOICES
-from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.state.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ MODEL_HELP = ("FILE.py:FUNC or module:FUNC: FUNC(input_shape, num_classes) retur
 
 def data_flags(dataset: str | None, data: Path | None, model: str | None) -> dict[str, Any]:
     """The configuration keys of --dataset, --data and --model (one of the first two)."""
-    from fedlap_privacy.data import CUSTOM
+    from fedlap_privacy.data.datasets import CUSTOM
     from fedlap_privacy.errors import ConfigError
 
     if data is not None and dataset is not None:

@@ -84,7 +84,7 @@ def compare(
 ) -> None:
     """Train each method at each target epsilon (and round count); writes comparison.json and
     plots into --out."""
-    from fedlap_privacy.threads import apply_cpu_policy
+    from fedlap_privacy.compute.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
     from fedlap_privacy.fl.config_rules import METHODS

@@ -1,7 +1,7 @@
 """The ``fedlap-privacy`` command. Sub-commands parse, call one function, print; no logic.
 
 Sub-command modules import torch only inside their functions, so ``plan`` starts fast, and
-:func:`main` sets torch's environment defaults (:mod:`fedlap_privacy.runtime_env`) before
+:func:`main` sets torch's environment defaults (:mod:`fedlap_privacy.compute.runtime_env`) before
 any of them loads torch.
 """
 
@@ -13,7 +13,7 @@ from fedlap_privacy.cli.audit import audit
 from fedlap_privacy.cli.compare import compare
 from fedlap_privacy.cli.plan import plan
 from fedlap_privacy.cli.train import train
-from fedlap_privacy.runtime_env import apply_runtime_defaults
+from fedlap_privacy.compute.runtime_env import apply_runtime_defaults
 
 app = typer.Typer(
     name="fedlap-privacy",

@@ -138,7 +138,7 @@ def train(
     dry_run: bool = typer.Option(False, "--dry-run", help=DRY_RUN_HELP),
 ) -> None:
     """Train federated; writes ckpt.pt, metrics.jsonl and plots into --out."""
-    from fedlap_privacy.threads import apply_cpu_policy
+    from fedlap_privacy.compute.threads import apply_cpu_policy
 
     guarded(lambda: apply_cpu_policy(threads))
     if engine is Engine.flower_simulation:  # resources checked before anything else
@@ -197,7 +197,7 @@ def train(
         return
 
     if download:
-        from fedlap_privacy.data import load_dataset
+        from fedlap_privacy.data.datasets import load_dataset
 
         guarded(lambda: load_dataset(cfg.dataset, cfg.data_dir, download=True))
 

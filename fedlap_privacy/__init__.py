@@ -4,7 +4,7 @@ The core package (data, models, checkpoints, ledger) plus four subpackages mappe
 top-level folders: ``fedlap_privacy.accountant``, ``.fl``, ``.audit`` and ``.cli``.
 This module imports nothing heavy (no torch), so ``fedlap_privacy.accountant`` stays light,
 and changes nothing of the process (its environment among it): the package's own entry
-points set torch's environment defaults (:mod:`fedlap_privacy.runtime_env`).
+points set torch's environment defaults (:mod:`fedlap_privacy.compute.runtime_env`).
 """
 
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError, FedlapError

@@ -7,11 +7,11 @@ feature maps are 32 -> 16 -> 8 -> 4 as for CIFAR-10 (317,706 parameters for 1x28
 320,010 for 3x32x32). 8x8 inputs (scikit-learn digits) end at 1x1.
 
 On the CPU the GroupNorm -> ReLU -> AvgPool of every block runs as one fused kernel
-(:func:`fedlap_privacy.kernels.gn_relu_pool`, the same function up to floating-point
+(:func:`fedlap_privacy.compute.kernels.gn_relu_pool`, the same function up to floating-point
 rounding), unless something must see those modules run: a hook on them (Opacus'
-``GradSampleModule``, the hook path of :mod:`fedlap_privacy.per_sample`), a global module
+``GradSampleModule``, the hook path of :mod:`fedlap_privacy.compute.per_sample`), a global module
 hook, TorchScript, tracing or export, or the ``kernels`` fast path switched off
-(:mod:`fedlap_privacy.fast_paths`). Then the modules run one by one, as they are written.
+(:mod:`fedlap_privacy.compute.fast_paths`). Then the modules run one by one, as they are written.
 Without autograd (evaluation, attack scores) the 128-channel convolutions of the fused
 forward run through Winograd's F(4x4, 3x3) (the ``winograd`` fast path).
 """
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-from fedlap_privacy.kernels import fusable, gn_relu_pool, winograd
+from fedlap_privacy.compute.kernels import fusable, gn_relu_pool, winograd
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class ConvNet(nn.Module):
 
 def _convolve(conv: nn.Conv2d, x: Tensor) -> Tensor:
     """``conv(x)``; without autograd (evaluation, attack scores) through Winograd's
-    F(4x4, 3x3) where it applies (:func:`fedlap_privacy.kernels.winograd.applies`: 128
+    F(4x4, 3x3) where it applies (:func:`fedlap_privacy.compute.kernels.winograd.applies`: 128
     channels and more) and nothing hooks the module: a quarter of the direct convolution's
     multiplications, the same result up to floating-point rounding."""
     if torch.is_grad_enabled() or has_hooks(conv):
@@ -137,7 +137,7 @@ def build_model(config: ModelConfig | dict[str, int]) -> ConvNet:
 class TabularMLP(nn.Module):
     """The default model of tabular data (``--data`` with feature rows, ``--model`` unset):
     ``depth`` hidden layers of [Linear -> ReLU] of ``width`` units, then a linear
-    classifier. Per-record gradients take the hook path of :mod:`fedlap_privacy.per_sample`
+    classifier. Per-record gradients take the hook path of :mod:`fedlap_privacy.compute.per_sample`
     (Linear layers only); nothing mixes records."""
 
     def __init__(self, features: int, num_classes: int, width: int = 64, depth: int = 2) -> None:

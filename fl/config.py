@@ -15,12 +15,12 @@ from typing import Any
 
 from fedlap_privacy.accountant import AccountantName
 from fedlap_privacy.accountant.client_level import ClientSampling
-from fedlap_privacy.canary_state import MIN_AUDIT_CANARIES
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config_rules import FIELD_RULES
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE, MethodSpec, method_spec
 from fedlap_privacy.fl.methods.schedule import AUTHORS_DP
-from fedlap_privacy.ledger import selection_withheld
+from fedlap_privacy.state.canary_state import MIN_AUDIT_CANARIES
+from fedlap_privacy.state.ledger import selection_withheld
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, CanaryKind, NoiseKind, Notion
 
 __all__ = [
@@ -75,7 +75,8 @@ class TrainConfig:
     method: str = "fedlap-dp"
     dataset: str = "digits"
     data_dir: str | None = None
-    data: str | None = None  # a user's .npz records (fedlap_privacy.user_data); dataset "custom"
+    # a user's .npz records (fedlap_privacy.data.user_data); dataset "custom"
+    data: str | None = None
     model: str | None = None  # FILE.py:FUNC or module:FUNC (fedlap_privacy.model_factory)
     split: str = "noniid"
     dirichlet_alpha: float = 0.5
@@ -193,7 +194,7 @@ class TrainConfig:
 
     @property
     def resolved_threat_model(self) -> str | None:
-        """Who the epsilon holds against (``fedlap_privacy.ledger``): the configured one, else
+        """Who the epsilon holds against (``fedlap_privacy.state.ledger``): the configured one, else
         the server where the notion allows it (client-level: observers of the models)."""
         allowed = NOTION_THREAT_MODELS[self.notion]
         return self.threat_model or (allowed[0].value if allowed else None)
@@ -261,7 +262,7 @@ class TrainConfig:
         is read: first every key against its rule
         (:data:`~fedlap_privacy.fl.config_rules.FIELD_RULES`: type, finite, range),
         then the rules that tie keys together (the method's own, canaries, threat model)."""
-        from fedlap_privacy.data import CUSTOM
+        from fedlap_privacy.data.datasets import CUSTOM
 
         for f in dataclasses.fields(self):
             FIELD_RULES[f.name].check(f.name, getattr(self, f.name), optional_field(f.name))
@@ -319,7 +320,7 @@ class TrainConfig:
     def _validate_client_count(self) -> None:
         """A built-in dataset's records must go round the clients (each holds one or more;
         the shards split two shards of one or more): refused before the data is read."""
-        from fedlap_privacy.data import TRAIN_RECORDS
+        from fedlap_privacy.data.datasets import TRAIN_RECORDS
 
         if self.dataset not in TRAIN_RECORDS or self.split == "noniid":
             return  # noniid: split_clients refuses more clients than classes

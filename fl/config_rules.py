@@ -107,13 +107,13 @@ def _words(choices: Callable[[], Sequence[str]]) -> FieldRule:
 
 
 def _datasets() -> Sequence[str]:
-    from fedlap_privacy.data import CUSTOM, DATASETS
+    from fedlap_privacy.data.datasets import CUSTOM, DATASETS
 
     return (*DATASETS, CUSTOM)
 
 
 def _splits() -> Sequence[str]:
-    from fedlap_privacy.data import SPLITS
+    from fedlap_privacy.data.datasets import SPLITS
 
     return SPLITS
 
@@ -131,7 +131,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     "method": _words(lambda: METHODS),
     "dataset": _words(_datasets),
     "data_dir": FieldRule(str),
-    "data": FieldRule(str),  # a user's .npz records (fedlap_privacy.user_data checks them)
+    "data": FieldRule(str),  # a user's .npz records (fedlap_privacy.data.user_data checks them)
     "model": FieldRule(str),  # a factory spec (fedlap_privacy.model_factory checks it)
     "split": _words(_splits),
     "dirichlet_alpha": _POSITIVE,

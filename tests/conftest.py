@@ -20,8 +20,8 @@ def pytest_configure() -> None:
     """``make test`` runs one pytest-xdist worker per core (``-n auto``, a test file per
     worker): each worker is one of that many processes sharing the cores, so it runs torch on
     one thread, and the commands it starts take their share of the cores (``FEDLAP_WORKERS``,
-    :mod:`fedlap_privacy.threads`) instead of spinning threads on cores another worker holds.
-    xdist hands its terminal's width to the workers as ``COLUMNS``, which the CLI's console
+    :mod:`fedlap_privacy.compute.threads`) instead of spinning threads on cores another worker
+    holds. xdist hands its terminal's width to the workers as ``COLUMNS``, which the CLI's console
     (made at import) would keep: the tests see no terminal, as without xdist."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers is None:
@@ -37,7 +37,7 @@ def pytest_configure() -> None:
 def _fast_paths_from_the_environment() -> Iterator[None]:
     """The fast-path switches are read once and again at a command's start-up: a test that
     runs a command under another environment must not leave its reading to the next."""
-    from fedlap_privacy import fast_paths
+    from fedlap_privacy.compute import fast_paths
 
     yield
     fast_paths.refresh()

@@ -48,7 +48,7 @@ def save_run_files(
 ) -> Path:
     """A hand-made run folder for the audit: ``checkpoint`` (the releasable part) and the
     ``private.pt`` beside it with the member indices and the data folder."""
-    from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, save_checkpoint
+    from fedlap_privacy.state.checkpoint import PRIVATE, PRIVATE_FORMAT, save_checkpoint
 
     save_checkpoint(checkpoint, release)
     private = {"client_indices": client_indices, "config": {"data_dir": data_dir}}
@@ -60,7 +60,7 @@ def ledger_claiming(epsilon: float, delta: float = 1e-5) -> list[dict]:
     """The entries of a one-round record-level ledger whose epsilon is ``epsilon`` (sigma
     planned for it): what an audit recomputes its claim from."""
     from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
-    from fedlap_privacy.ledger import PrivacyLedger
+    from fedlap_privacy.state.ledger import PrivacyLedger
 
     schedule = FedLAPSchedule(batch_size=10, client_size=100, local_steps=1)
     sigma = plan_sigma(schedule, 1, epsilon, delta)
@@ -80,7 +80,7 @@ METHOD_EXTRAS: dict[str, dict] = {
 def edit_checkpoint(path: Path, fmt: str | None = None, **changes: Any) -> None:
     """Rewrite a run file as an attacker with write access would: each ``key=change`` replaces
     the payload's ``key`` by ``change(old value)`` (``fmt``: the file's format name)."""
-    from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
+    from fedlap_privacy.state.checkpoint import load_checkpoint, save_checkpoint
 
     payload = load_checkpoint(path, *([fmt] if fmt else []))
     payload.pop("format")

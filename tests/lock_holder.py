@@ -12,7 +12,7 @@ from pathlib import Path
 
 _HOLD = (
     "import sys\n"
-    "from fedlap_privacy.run_lock import lock_run_folder\n"
+    "from fedlap_privacy.state.run_lock import lock_run_folder\n"
     "lock = lock_run_folder(sys.argv[1], create=True)\n"
     "print(lock.token, flush=True)\n"
     "sys.stdin.read()\n"

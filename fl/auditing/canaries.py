@@ -36,7 +36,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedlap_privacy.canary_state import CanaryState
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods.dp import (
@@ -47,6 +46,7 @@ from fedlap_privacy.fl.methods.dp import (
 )
 from fedlap_privacy.fl.methods.interface import Reply
 from fedlap_privacy.fl.run.randomness import dp_generator
+from fedlap_privacy.state.canary_state import CanaryState
 from fedlap_privacy.vocabulary import CanaryCoordinates, CanaryKind
 
 __all__ = ["DIRAC_SCALE", "CanarySet", "audit_dp_steps", "flat_weights"]
@@ -57,7 +57,7 @@ _CANARY_KEY = 2 * 10**6  # key of the canary generators (clients use k + 1, the 
 
 
 class CanarySet(CanaryState):
-    """The run's canaries (:class:`~fedlap_privacy.canary_state.CanaryState`) with what
+    """The run's canaries (:class:`~fedlap_privacy.state.canary_state.CanaryState`) with what
     training does with them."""
 
     # ------------------------------------------------------------------ building

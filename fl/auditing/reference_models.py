@@ -25,7 +25,7 @@ run's own pipeline:
   reference model: the offline setting. The population includes target members that are
   not under audit (same distribution: all an offline reference needs). A run on a user's
   records (``--data``) is imitated on those records, read again as the run read them
-  (:func:`fedlap_privacy.user_data.load_run_data`), with the run's model factory; with a
+  (:func:`fedlap_privacy.data.user_data.load_run_data`), with the run's model factory; with a
   natural partition each population record that a client trained on stays with that
   client, and the test records (which no client holds) are dealt to the clients at random
   (the reference's seed) in proportion to the clients' sizes (:func:`population_data`);
@@ -53,15 +53,15 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
-from fedlap_privacy.data import Dataset, content_hash
+from fedlap_privacy.data.datasets import Dataset, content_hash
+from fedlap_privacy.data.user_data import load_run_data
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run.run_files import PENDING, holds_run, load_private, load_release
 from fedlap_privacy.model_factory import named_factory
-from fedlap_privacy.run_state import PrivateRunState
-from fedlap_privacy.user_data import load_run_data
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.checkpoint import CHECKPOINT, PRIVATE
+from fedlap_privacy.state.run_state import PrivateRunState
 
 __all__ = [
     "MANIFEST", "REFERENCE_DIR", "REFERENCE_SEED", "ReferenceRun", "load_reference_models",

@@ -59,7 +59,6 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_rules import METHODS
@@ -85,7 +84,8 @@ from fedlap_privacy.fl.run.run_files import (
     lock_run,
 )
 from fedlap_privacy.fl.run.run_records import RunSummary
-from fedlap_privacy.jsonsafe import json_safe
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.jsonsafe import json_safe
 
 __all__ = [
     "COMPARISON",

@@ -36,7 +36,7 @@ Bases = TrainConfig | Mapping[str, TrainConfig]
 
 
 def client_sizes(cfg: TrainConfig, split_seed: int | None = None) -> list[int]:
-    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.data.datasets import load_dataset
     from fedlap_privacy.fl.engine.run_split import client_parts
     from fedlap_privacy.fl.run.randomness import run_split_seed
     from fedlap_privacy.fl.run.user_runs import prepare_data

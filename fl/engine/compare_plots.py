@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.atomic import write_figure
 from fedlap_privacy.fl.engine.compare_budgets import NO_DP
+from fedlap_privacy.state.atomic import write_figure
 
 __all__ = ["plot_comparison", "plot_round_counts", "plot_rounds"]
 

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
-from fedlap_privacy.data import Dataset, load_dataset
+from fedlap_privacy.compute.threads import follow_load
+from fedlap_privacy.data.datasets import Dataset, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import cross_device_defaults
@@ -51,7 +51,7 @@ from fedlap_privacy.fl.run.run_files import (
     load_release,
 )
 from fedlap_privacy.fl.run.run_records import PrivacyStatement
-from fedlap_privacy.threads import follow_load
+from fedlap_privacy.state.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.vocabulary import NoiseKind, Notion
 
 __all__ = [

@@ -9,7 +9,7 @@ records in channels [g C_in, (g + 1) C_in). Then
 * each convolution is ONE grouped convolution (``groups = G``) whose weight stacks the G
   clients' kernels, (G * C_out, C_in, kh, kw): group g sees only client g's channels;
 * each GroupNorm with one channel per group, its ReLU and its 2x2 average pooling are the
-  same fused kernel as the one-by-one forward (:func:`fedlap_privacy.kernels.gn_relu_pool`)
+  same fused kernel as the one-by-one forward (:func:`fedlap_privacy.compute.kernels.gn_relu_pool`)
   over G * C_out channels, the clients' norm weights and biases concatenated: every
   (record, channel) plane is normalised on its own, so packing changes nothing in it;
 * the classifier is one batched matrix product over the client axis.
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlap_privacy.kernels import gn_relu_pool
+from fedlap_privacy.compute.kernels import gn_relu_pool
 
 __all__ = ["PackedConvNet", "pack_refusal"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedlap_privacy.client_splits import holdout_indices, split_clients, subsample_parts
-from fedlap_privacy.data import Dataset
+from fedlap_privacy.data.client_splits import holdout_indices, split_clients, subsample_parts
+from fedlap_privacy.data.datasets import Dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 

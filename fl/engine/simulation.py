@@ -16,7 +16,7 @@ Files (:mod:`~fedlap_privacy.fl.run.run_files`): the releasable ``ckpt.pt`` and 
 ``private.pt``, committed together as one pair before round 1 and after every round. The
 scores on the validation hold-out (private records) go to ``private.pt`` only; ``ckpt.pt``
 and ``metrics.jsonl`` hold the metrics on public data. One writer per run: :func:`train`
-and :func:`resume` hold the run folder's lock (:mod:`fedlap_privacy.run_lock`) from before
+and :func:`resume` hold the run folder's lock (:mod:`fedlap_privacy.state.run_lock`) from before
 anything of the run is read until they return, so a second process on the same folder is
 refused instead of composing its own ledger from the same checkpoint. Privacy bookkeeping:
 after the clients of a round are selected and before they touch private data, a marker
@@ -40,8 +40,7 @@ from pathlib import Path
 
 from torch import nn
 
-from fedlap_privacy.checkpoint import PRIVATE
-from fedlap_privacy.data import Dataset
+from fedlap_privacy.data.datasets import Dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import resolve_given
@@ -72,10 +71,11 @@ from fedlap_privacy.fl.run.run_files import (
 )
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.run.user_runs import check_user_run, with_data
-from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.model_factory import named_factory
-from fedlap_privacy.run_lock import LOCK_FILE, RunLock
-from fedlap_privacy.run_state import PrivateRunState
+from fedlap_privacy.state.checkpoint import PRIVATE
+from fedlap_privacy.state.ledger import PrivacyLedger
+from fedlap_privacy.state.run_lock import LOCK_FILE, RunLock
+from fedlap_privacy.state.run_state import PrivateRunState
 from fedlap_privacy.vocabulary import Notion
 
 __all__ = [
@@ -131,10 +131,10 @@ def train(
     round leaves a run :func:`resume` continues. ``data`` replaces the configured dataset
     (e.g. a subset of it, for reference models): the run's split, fingerprints and ledger
     are those of ``data``; resume such a run with the same ``data``. ``data`` a path: a
-    user's own ``.npz`` records (:mod:`fedlap_privacy.user_data`), as ``--data`` takes them.
+    user's own ``.npz`` records (:mod:`fedlap_privacy.data.user_data`), as ``--data`` takes them.
     ``split_seed``: the secret seed of the split when ``cfg.split_seed`` is None (``compare``
     shares one over its runs, the Flower server draws it before discovery); None: a fresh
-    secret. The run folder's lock (:mod:`fedlap_privacy.run_lock`; the folder is created) is
+    secret. The run folder's lock (:mod:`fedlap_privacy.state.run_lock`; the folder is created) is
     taken before any data is read and held until the run returns; ``lock``: the caller holds
     it already. ``estimate``: time one step before round 1 and send the round's estimated
     time to ``callback`` (the ``estimate`` event, :func:`_estimate`).

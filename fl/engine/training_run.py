@@ -21,8 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.data import Dataset, content_hash, load_dataset, partition_hash
+from fedlap_privacy.compute.mapped_tensors import mapped_empty
+from fedlap_privacy.compute.threads import follow_load
+from fedlap_privacy.data.datasets import Dataset, content_hash, load_dataset, partition_hash
+from fedlap_privacy.data.user_data import HELD_OUT_NOTE
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.auditing.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.config import TrainConfig
@@ -43,12 +45,10 @@ from fedlap_privacy.fl.run.released_metrics import released_history
 from fedlap_privacy.fl.run.run_files import METRICS, PENDING, commit_run_files, public_config
 from fedlap_privacy.fl.run.run_records import PrivacyStatement, RoundRecord
 from fedlap_privacy.fl.run.user_runs import prepare_data, run_model
-from fedlap_privacy.ledger import ledger_digest, selection_withheld
-from fedlap_privacy.mapped_tensors import mapped_empty
 from fedlap_privacy.models import ModelConfig
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState, ValidationScore
-from fedlap_privacy.threads import follow_load
-from fedlap_privacy.user_data import HELD_OUT_NOTE
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.ledger import ledger_digest, selection_withheld
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState, ValidationScore
 from fedlap_privacy.vocabulary import CanaryKind, NoiseKind
 
 __all__ = [
@@ -199,8 +199,8 @@ class TrainingRun:
         it makes, on random records of the mean client size (no private record is touched,
         nothing is accounted; the global random state is left as it was), after one untimed
         warm-up (the first call loads kernels and grows the heap). None: not timed. On the
-        CPU the records are in their own mapping (:mod:`fedlap_privacy.mapped_tensors`), given
-        back when the timing ends."""
+        CPU the records are in their own mapping (:mod:`fedlap_privacy.compute.mapped_tensors`),
+        given back when the timing ends."""
         probe_cfg = self.method.probe_config()
         if probe_cfg is None:
             return None
@@ -252,7 +252,7 @@ class TrainingRun:
 
     def client_records(self, k: int) -> tuple[Tensor, Tensor]:
         """Client k's records, gathered for its step (freed after it: on the CPU, a large
-        gather in its own mapping, :mod:`fedlap_privacy.mapped_tensors`, so that each
+        gather in its own mapping, :mod:`fedlap_privacy.compute.mapped_tensors`, so that each
         client's records are given back rather than kept beside the next client's)."""
         index = self.client_index[k]
         if self.device.type != "cpu":
@@ -314,7 +314,7 @@ class TrainingRun:
     # ---------------------------------------------------------------- persistence
     @property
     def withholds_selection(self) -> bool:
-        """Whether the release withholds who was selected (:mod:`fedlap_privacy.ledger`)."""
+        """Whether the release withholds who was selected (:mod:`fedlap_privacy.state.ledger`)."""
         return selection_withheld(self.ledger.threat_model)
 
     def released_history(self) -> list[RoundRecord]:
@@ -324,7 +324,7 @@ class TrainingRun:
                                 self.method.public_extras)
 
     def release(self) -> ModelRelease:
-        """``ckpt.pt``: what may be shared (:mod:`fedlap_privacy.run_state`); the ledger and
+        """``ckpt.pt``: what may be shared (:mod:`fedlap_privacy.state.run_state`); the ledger and
         the metrics without the selection where the threat model assumes it hidden."""
         cfg = self.cfg
         return ModelRelease(
@@ -339,7 +339,7 @@ class TrainingRun:
 
     def privacy(self) -> PrivacyStatement:
         """The run's privacy statement; a user's data without a test set adds what its
-        evaluation on held-out private records releases (fedlap_privacy.user_data)."""
+        evaluation on held-out private records releases (fedlap_privacy.data.user_data)."""
         statement = privacy_statement(self.cfg, self.ledger)
         if self.data.held_out:
             statement = dataclasses.replace(statement, public=(*statement.public, HELD_OUT_NOTE))

@@ -39,6 +39,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import Mod
 from torch import nn
 
+from fedlap_privacy.compute.threads import apply_cpu_policy
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import typed_value
@@ -61,7 +62,6 @@ from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal, node_roun
 from fedlap_privacy.fl.flower.run_config import parse_config
 from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
-from fedlap_privacy.threads import apply_cpu_policy
 
 __all__ = ["client_app", "make_client_app"]
 
@@ -197,7 +197,7 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Mod
 def _train(msg: Message, context: Context) -> Message:
     """One client round (Method.client, docs/algorithms.md), or a refusal (module docstring).
 
-    torch's threads follow :func:`fedlap_privacy.threads.apply_cpu_policy`: the node's
+    torch's threads follow :func:`fedlap_privacy.compute.threads.apply_cpu_policy`: the node's
     ``OMP_NUM_THREADS`` if set, else its CPUs shared by ``FEDLAP_WORKERS`` co-located nodes
     (fixed: a node does not follow the load)."""
     device = _device(context)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from fedlap_privacy.compute.threads import WORKERS_ENV
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.node_zygote import ForkedProcess, Zygote, ZygoteError
 from fedlap_privacy.fl.flower.processes import (
@@ -42,7 +43,6 @@ from fedlap_privacy.fl.flower.processes import (
 )
 from fedlap_privacy.fl.flower.run_config import toml_table
 from fedlap_privacy.fl.flower.timings import LauncherMarks
-from fedlap_privacy.threads import WORKERS_ENV
 
 __all__ = ["LocalDeployment", "Secure"]
 
@@ -75,7 +75,7 @@ class LocalDeployment:
     """A SuperLink and N SuperNodes (partition-id k of N) on 127.0.0.1, torn down on exit.
 
     Each node's torch threads: ``threads`` when given, else its share of the CPUs
-    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.threads`). ``isolation``: see
+    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.compute.threads`). ``isolation``: see
     :data:`ISOLATIONS`; with ``process`` each node's ClientApp process is started beside it
     and stopped (or killed) with it. Node k keeps its state (its ledger) in
     ``state_root/node-k`` (default: the working folder)."""

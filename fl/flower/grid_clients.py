@@ -26,7 +26,8 @@ from flwr.app import DEFAULT_TTL, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 from torch import nn
 
-from fedlap_privacy.data import Dataset, load_dataset, partition_hash
+from fedlap_privacy.compute.threads import follow_load
+from fedlap_privacy.data.datasets import Dataset, load_dataset, partition_hash
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback, client_parts
@@ -36,7 +37,6 @@ from fedlap_privacy.fl.flower.partition import SIMULATED
 from fedlap_privacy.fl.flower.run_config import config_values
 from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 from fedlap_privacy.fl.run.user_runs import prepare_data
-from fedlap_privacy.threads import follow_load
 from fedlap_privacy.vocabulary import NoiseKind
 
 __all__ = [

@@ -4,9 +4,9 @@ Contract (docs/threat-model.md, "Cross-silo deployment"):
 
 * one file per Flower run id in the node's state folder (node config ``state-dir``; default
   ``$FLWR_HOME/fedlap-node`` or ``~/.flwr/fedlap-node``), written atomically (mode 0600,
-  :func:`fedlap_privacy.atomic.write_text_atomic`); its entries are
-  :class:`~fedlap_privacy.ledger.LedgerEntry` records of a one-client
-  :class:`~fedlap_privacy.ledger.PrivacyLedger` whose rates come from the node's OWN N_k and
+  :func:`fedlap_privacy.state.atomic.write_text_atomic`); its entries are
+  :class:`~fedlap_privacy.state.ledger.LedgerEntry` records of a one-client
+  :class:`~fedlap_privacy.state.ledger.PrivacyLedger` whose rates come from the node's OWN N_k and
   the instructed batch size (q = B / N_k: against the server, client sampling amplifies
   nothing), at the node's delta and accountant (PLD by default, the same as the in-process
   engine's; a run the node already answered keeps the accountant its entries record, so a
@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from fedlap_privacy.accountant import FedLAPSchedule
-from fedlap_privacy.atomic import write_text_atomic
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.policy import PRICING, NodePolicy, PolicyRefusal
-from fedlap_privacy.ledger import PrivacyLedger, ledger_digest
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.ledger import PrivacyLedger, ledger_digest
 from fedlap_privacy.vocabulary import Notion, ThreatModel
 
 __all__ = ["FORMAT", "NODE_STATE", "NodeLedger", "check_state_root", "default_state_dir",

@@ -28,11 +28,11 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from torch import Tensor, nn
 
+from fedlap_privacy.data.user_data import describe_shape
 from fedlap_privacy.errors import ConfigError, DataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.run.user_runs import factory_spec, run_model
-from fedlap_privacy.user_data import describe_shape
 
 __all__ = ["MODEL_RECORD", "ModelShape", "build_node_model", "check_records", "load_weights"]
 

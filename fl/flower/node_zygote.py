@@ -16,7 +16,7 @@ Why: every process of a local deployment used to import Flower, torch and this p
 itself: five SuperNodes and five ClientApp processes at once, about 40 CPU seconds of a
 5-client run's start-up on 2 cores (docs/performance.md). Forked, they share the zygote's
 imported modules copy-on-write; torch has run no parallel region in the zygote, so each
-child starts its own threads (:mod:`fedlap_privacy.threads`).
+child starts its own threads (:mod:`fedlap_privacy.compute.threads`).
 
 :class:`Zygote` is the launcher's side: it starts the zygote with the nodes' environment and
 gives each child as a :class:`ForkedProcess` (``pid``, ``poll``, ``wait``, ``returncode``, as
@@ -156,7 +156,7 @@ def main() -> None:
     """The zygote (module docstring)."""
     import importlib
 
-    from fedlap_privacy.runtime_env import apply_runtime_defaults
+    from fedlap_privacy.compute.runtime_env import apply_runtime_defaults
 
     apply_runtime_defaults()  # before torch loads (the launcher's environment may lack it)
     for name in (*ENTRY_POINTS, *_PRELOAD):

@@ -5,16 +5,16 @@ never from a value the server chose, except in simulation:
 
 * ``data-file`` (the real deployment): ONE ``.npz`` of the node's own records, in the formats
   of ``train --data`` (docs/own-data.md), read by
-  :func:`fedlap_privacy.user_data.load_records` under its checks and limits (a forged or
+  :func:`fedlap_privacy.data.user_data.load_records` under its checks and limits (a forged or
   oversized archive, or a path that is not a regular file, is one line) and never unpickled: ``x``
   images ``(N, C, H, W)`` or feature rows ``(N, D)`` (numbers of any dtype, used as float32,
   normalised as the run's model expects), ``y`` integer labels, optionally a 0-d
   ``num_classes``. Whether they fit the server's model (shape, classes) is checked by
   :func:`.node_model.check_records`. Its content hash is SHA-256 of ``x`` (as float32) and
-  ``y`` (:func:`fedlap_privacy.data.content_hash`).
+  ``y`` (:func:`fedlap_privacy.data.datasets.content_hash`).
 * otherwise (SIMULATION ONLY: one machine, ``train --engine flower`` and tests): partition
   ``partition-id`` of the run's dataset (a built-in one, or the run's ``data``: a user's
-  records on the same machine, :mod:`fedlap_privacy.user_data`) split with the run's split
+  records on the same machine, :mod:`fedlap_privacy.data.user_data`) split with the run's split
   and split seed (the server sends its secret one in the instruction), as the simulator
   computes it; its hash is the simulator's partition fingerprint. Here the split follows the
   instruction's split seed, which a real node must never let the server choose.
@@ -33,12 +33,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fedlap_privacy.data import Dataset, content_hash, load_dataset
+from fedlap_privacy.data.datasets import Dataset, content_hash, load_dataset
+from fedlap_privacy.data.user_data import load_records
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import client_parts
 from fedlap_privacy.fl.run.user_runs import prepare_data
-from fedlap_privacy.user_data import load_records
 
 __all__ = ["SIMULATED", "NodeData", "load_partition"]
 

@@ -35,7 +35,7 @@ DRIVER_DEFAULTS: dict[str, Any] = {
     "node-wait": 120.0,  # seconds to wait for a SuperNode per partition before round 1
     "resume": False,  # continue the run in `out` (then `rounds` > 0 raises the total)
     # the token of the lock `train --engine flower` holds on `out` for this ServerApp
-    # (fedlap_privacy.run_lock); "": the ServerApp takes the lock itself
+    # (fedlap_privacy.state.run_lock); "": the ServerApp takes the lock itself
     "run-lock": "",
 }
 APP_NAME = "fedlap-flower"

@@ -6,7 +6,7 @@ or raises :class:`FlowerError` with the server's one-line error (a node's refusa
 them: ``round 2 failed: client 1 refused round 2: sigma 0.5 below the node's minimum 1``);
 :func:`run_flower` starts the deployment (every SuperNode with the node policy file, if
 given), runs, and tears everything down, also on errors and Ctrl-C. Both hold the run
-folder's lock (:mod:`fedlap_privacy.run_lock`) from before the folder is read, before any
+folder's lock (:mod:`fedlap_privacy.state.run_lock`) from before the folder is read, before any
 SuperNode starts, until the run ends, and hand its token to the ServerApp (run-config key
 ``run-lock``), which works under it; a second run on the same folder is refused with one line.
 """
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.checkpoint import PRIVATE
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback
@@ -43,7 +42,8 @@ from fedlap_privacy.fl.run.run_files import (
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.fl.run.user_runs import prepare_data
 from fedlap_privacy.model_factory import named_factory
-from fedlap_privacy.run_lock import RunLock
+from fedlap_privacy.state.checkpoint import PRIVATE
+from fedlap_privacy.state.run_lock import RunLock
 
 __all__ = ["FlowerResult", "prepare_run", "run_flower", "run_on"]
 
@@ -196,7 +196,7 @@ def run_flower(
     with it, and raise :class:`~fedlap_privacy.fl.engine.stop.StopRequested`; the round
     under way stays charged, as the ledger entered it before training. ``threads``
     (``--threads``) sets every SuperNode's torch threads; by default each takes its share
-    of the machine's CPUs (:mod:`fedlap_privacy.threads`). ``model``: on resume, the
+    of the machine's CPUs (:mod:`fedlap_privacy.compute.threads`). ``model``: on resume, the
     model factory the caller names, which must be the run's (``train --resume --model``).
     ``isolation``: how each SuperNode runs its ClientApp (:data:`.deployment.ISOLATIONS`;
     ``process``: one long-lived process per node, ``subprocess``: Flower's default, a

@@ -6,7 +6,7 @@ every partition (:meth:`FlowerClients.discover`) and runs the in-process simulat
 ``resume`` only: the simulator alone writes the ledger and the checkpoints. When it ends it
 writes :data:`STATUS` into ``out``: ``{"status": "completed", "summary": ...}`` or
 ``{"status": "failed", "error": ONE LINE, "pending": bool}``. Before it reads anything of the
-run it takes the run folder's lock (:mod:`fedlap_privacy.run_lock`), or works under the lock
+run it takes the run folder's lock (:mod:`fedlap_privacy.state.run_lock`), or works under the lock
 of the ``train --engine flower`` that launched it (run-config key ``run-lock``, its token); a
 folder another process holds is refused with one line, and nothing is written into it.
 """
@@ -22,8 +22,7 @@ from typing import Any
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedlap_privacy.atomic import write_text_atomic
-from fedlap_privacy.checkpoint import PRIVATE
+from fedlap_privacy.compute.threads import apply_cpu_policy
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import resolve_given
 from fedlap_privacy.fl.engine.simulation import Callback, restored_config, resume, train
@@ -37,8 +36,9 @@ from fedlap_privacy.fl.flower.grid_clients import (
 from fedlap_privacy.fl.flower.run_config import config_from_run_config
 from fedlap_privacy.fl.run.randomness import run_split_seed
 from fedlap_privacy.fl.run.run_files import PENDING, load_private, lock_run
-from fedlap_privacy.run_lock import RunLock
-from fedlap_privacy.threads import apply_cpu_policy
+from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.state.checkpoint import PRIVATE
+from fedlap_privacy.state.run_lock import RunLock
 
 __all__ = ["STATUS", "serve", "server_app"]
 
@@ -71,7 +71,7 @@ def _server_main(grid: Grid, context: Context) -> None:
     """Run (or resume) the training of the run config; write :data:`STATUS` into ``out``.
 
     The ServerApp's own process: its CPU settings are an entry point's
-    (:func:`fedlap_privacy.threads.apply_cpu_policy`: the fused kernels, the allocator, and
+    (:func:`fedlap_privacy.compute.threads.apply_cpu_policy`: the fused kernels, the allocator, and
     torch's threads following the load, since it computes while the nodes wait)."""
     apply_cpu_policy()
     serve(grid, context)

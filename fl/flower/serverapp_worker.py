@@ -8,8 +8,8 @@ Runtime API (``AcquireTask``: ``--poll`` seconds after a task, doubling up to a 
 idle) and runs it as ``flwr-serverapp --runtime-api-address ADDRESS --token TOKEN`` would
 (Flower's own ``flwr_serverapp``: the same connection, FAB, ServerApp and run), in a child
 forked from this process; it reaps its children and exits when the SuperLink's process is
-gone. The child takes the machine's CPUs (``FEDLAP_WORKERS`` = 1, :mod:`fedlap_privacy.threads`):
-the server computes while the nodes wait.
+gone. The child takes the machine's CPUs (``FEDLAP_WORKERS`` = 1,
+:mod:`fedlap_privacy.compute.threads`): the server computes while the nodes wait.
 
 Why: :class:`.deployment.LocalDeployment` forks this process from the node zygote
 (:mod:`.node_zygote`), which imported Flower, torch and this package once; Flower's SuperExec
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from flwr.supercore.constant import TaskType
 
+from fedlap_privacy.compute.threads import WORKERS_ENV
 from fedlap_privacy.fl.flower.clientapp_worker import (
     DEFAULT_POLL,
     alive,
@@ -35,7 +36,6 @@ from fedlap_privacy.fl.flower.clientapp_worker import (
     runtime_client,
 )
 from fedlap_privacy.fl.flower.node_zygote import exit_with
-from fedlap_privacy.threads import WORKERS_ENV
 
 __all__ = ["SERVER_ENV", "main", "serve", "serverapp_args"]
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.state.atomic import write_text_atomic
 
 __all__ = ["SERVER_MARKS", "TIMINGS", "FlowerTimings", "LauncherMarks"]
 

@@ -61,7 +61,7 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods.fedavg import average_weights, local_training, state_of
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State, weights_of
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 __all__ = ["ALIDPFL", "ali_tau", "ali_tau_value", "privacy_iterations"]
 

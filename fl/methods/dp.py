@@ -53,10 +53,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from fedlap_privacy import fast_paths
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.ghost_clipping import ghost_clipped_sum
+from fedlap_privacy.compute.per_sample import per_sample_grads
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.ghost_clipping import ghost_clipped_sum
-from fedlap_privacy.per_sample import per_sample_grads
 
 __all__ = [
     "DP_CHUNK", "DiracCanaryStep", "batch_rate", "clip_and_noise", "clip_factors",
@@ -269,12 +269,12 @@ def dp_gradient(
     """The DP gradient on a Poisson batch ``(x, y)``: one SGM release
     (docs/algorithms.md#fedlap-dp-client).
 
-    Per-record cross-entropy gradients (:func:`fedlap_privacy.per_sample.per_sample_grads`)
+    Per-record cross-entropy gradients (:func:`fedlap_privacy.compute.per_sample.per_sample_grads`)
     of ``chunk_size`` records at a time (all at once when ``None``), each chunk clipped and
     summed (:func:`clipped_sum`) before the next is computed, then one :func:`release` of
-    the total. With the ``ghost_clipping`` fast path on (:mod:`fedlap_privacy.fast_paths`)
+    the total. With the ``ghost_clipping`` fast path on (:mod:`fedlap_privacy.compute.fast_paths`)
     a chunk's clipped sum comes from its records' gradient norms and one weighted sum per
-    layer (:func:`fedlap_privacy.ghost_clipping.ghost_clipped_sum`, the same numbers up to
+    layer (:func:`fedlap_privacy.compute.ghost_clipping.ghost_clipped_sum`, the same numbers up to
     rounding) where the model's layers allow it, from per-record gradients otherwise. The
     chunks change the memory held (one chunk's activations and per-record gradients, not
     the batch's) and the order of the additions, nothing else: every record

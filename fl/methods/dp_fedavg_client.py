@@ -59,7 +59,7 @@ from fedlap_privacy.fl.engine.cohort import ClientBatches, cohort_local_sgd
 from fedlap_privacy.fl.methods.dp import add_gaussian_noise
 from fedlap_privacy.fl.methods.fedavg import local_training
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 __all__ = ["BELOW_CLIP", "DPFedAvgClient", "clip_update", "update_norm"]
 

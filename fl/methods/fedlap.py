@@ -30,6 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlap_privacy.compute.kernels import winograd
+from fedlap_privacy.compute.second_order import (
+    Blocks,
+    supported_blocks,
+    weight_grad,
+    weight_grad_input_vjp,
+)
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.phase_timer import phase
 from fedlap_privacy.fl.engine.progress import report_step
@@ -38,13 +45,6 @@ from fedlap_privacy.fl.methods.dp import batch_rate, dp_gradient, poisson_sample
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State, weights_of
 from fedlap_privacy.fl.methods.matching import MatchTarget
 from fedlap_privacy.fl.methods.trust_region import clone_params, distance, project_to_ball
-from fedlap_privacy.kernels import winograd
-from fedlap_privacy.second_order import (
-    Blocks,
-    supported_blocks,
-    weight_grad,
-    weight_grad_input_vjp,
-)
 
 __all__ = [
     "ClientUpdate",
@@ -134,7 +134,7 @@ def _loss_grad(model: nn.Module, blocks: Blocks | None,
                x: Tensor, y: Tensor, weights: Tensor | None = None) -> list[Tensor]:
     """The gradient of the batch-mean cross-entropy (``sum_i w_i CE_i / sum_i w_i`` with
     ``weights``) with respect to ``model.parameters()``: written out for the ConvNet on the
-    CPU (``blocks``, :func:`fedlap_privacy.second_order.weight_grad`), by autograd
+    CPU (``blocks``, :func:`fedlap_privacy.compute.second_order.weight_grad`), by autograd
     elsewhere; the same up to rounding."""
     if blocks is not None:
         return weight_grad(model, blocks, x, y, weights)
@@ -169,12 +169,12 @@ def _matching_gradient(
 ) -> Tensor:
     """dL_dis/d images for one synthetic-image update (Eq. 9-10 through the augmentation).
 
-    With ``blocks`` (:func:`fedlap_privacy.second_order.supported_blocks`: the package's ConvNet
-    on the CPU) and a DSA draw, the second-order pass is written out
-    (:func:`fedlap_privacy.second_order.weight_grad_input_vjp`), and so is the augmentation's
-    (:meth:`~fedlap_privacy.fl.methods.augment.DrawnAugmentation.vjp`); elsewhere autograd
-    differentiates its own backward graph (``create_graph=True``). Both compute the same
-    gradient up to rounding.
+    With ``blocks`` (:func:`fedlap_privacy.compute.second_order.supported_blocks`: the package's
+    ConvNet on the CPU) and a DSA draw, the second-order pass is written out
+    (:func:`fedlap_privacy.compute.second_order.weight_grad_input_vjp`), and so is the
+    augmentation's (:meth:`~fedlap_privacy.fl.methods.augment.DrawnAugmentation.vjp`);
+    elsewhere autograd differentiates its own backward graph (``create_graph=True``). Both
+    compute the same gradient up to rounding.
     """
     if blocks is None or not isinstance(aug, DrawnAugmentation):
         leaf = images.detach().requires_grad_(True)

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.methods.method_table import method_spec
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 __all__ = ["Method", "Reply", "RoundInfo", "build_method", "weights_of"]
 

@@ -76,7 +76,7 @@ from torch import Tensor, nn
 from fedlap_privacy.fl.methods.fedavg import local_training
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State
 from fedlap_privacy.fl.methods.method_table import LDP_MAX_EPSILON
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 from fedlap_privacy.vocabulary import Notion
 
 __all__ = [

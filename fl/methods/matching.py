@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedlap_privacy.compute.kernels import cosine_rows_grad, fusable
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.kernels import cosine_rows_grad, fusable
 
 __all__ = ["MatchTarget", "layer_distance", "match_distance"]
 

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy.fl.methods.fedavg import average_weights, local_training
 from fedlap_privacy.fl.methods.interface import Method, Reply, RoundInfo, State, weights_of
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 __all__ = ["Scaffold", "control_variate_update"]
 

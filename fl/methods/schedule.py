@@ -28,10 +28,10 @@ The rule (``auto``): ``large`` when the clients hold at least :data:`LARGE_MIN_R
 Poisson rate of at most 0.25, where subsampling still amplifies), else ``small``. The
 average is computed before any record is read, so the simulation, ``compare`` and the
 Flower run config all carry the same explicit values: the dataset's standard training-set
-size (:data:`fedlap_privacy.data.TRAIN_RECORDS`) less the validation records, over the
+size (:data:`fedlap_privacy.data.datasets.TRAIN_RECORDS`) less the validation records, over the
 clients, capped by ``client_records``. For a user's records (``--data``) the size is read
 from the files' array headers (and a ``client`` array), less the share held out for
-evaluation without a test set (:meth:`fedlap_privacy.user_data.DataLayout.training_records`),
+evaluation without a test set (:meth:`fedlap_privacy.data.user_data.DataLayout.training_records`),
 over the natural partition's clients, or ``clients`` when the records are split. The
 schedule fills the keys it sets under the preset and everything the user gave
 (``--batch-size``, ``--set``).
@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fedlap_privacy.data import CUSTOM
+from fedlap_privacy.data.datasets import CUSTOM
 from fedlap_privacy.errors import ConfigError
 
 __all__ = [
@@ -161,7 +161,7 @@ def cross_device(method: str, dataset: str, clients: int, client_records: int | 
                  model: str | None = None) -> CrossDevice | None:
     """The cross-device defaults of a run (module docstring), None where the rule does not
     pick them: a FedLAP method, fewer clients or larger ones."""
-    from fedlap_privacy.data import TRAIN_RECORDS
+    from fedlap_privacy.data.datasets import TRAIN_RECORDS
     from fedlap_privacy.fl.methods.method_table import METHOD_TABLE
 
     spec = METHOD_TABLE.get(method)
@@ -184,10 +184,10 @@ def client_scale(dataset: str, clients: int, client_records: int | None = None,
                  validation_records: int = 0, data: str | None = None) -> tuple[int, int]:
     """(clients, the mean number of records a client holds), before any record is read:
     a user's natural partition sets the clients (module docstring)."""
-    from fedlap_privacy.data import TRAIN_RECORDS
+    from fedlap_privacy.data.datasets import TRAIN_RECORDS
 
     if dataset == CUSTOM:
-        from fedlap_privacy.user_data import probe
+        from fedlap_privacy.data.user_data import probe
 
         if data is None:
             raise ConfigError(f"dataset {CUSTOM!r} means a user's records: it needs data=PATH")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedlap_privacy.atomic import write_figure
 from fedlap_privacy.fl.run.run_records import RoundRecord
+from fedlap_privacy.state.atomic import write_figure
 
 
 def plot_history(history: list[RoundRecord], out: Path) -> list[Path]:

@@ -1,7 +1,7 @@
 """A run's privacy accounting: its schedule, sigma planned for a target, its ledger, the
 privacy statement it releases and the warnings it prints (docs/threat-model.md).
 
-The ledger (:class:`~fedlap_privacy.ledger.PrivacyLedger`) composes the recorded rounds;
+The ledger (:class:`~fedlap_privacy.state.ledger.PrivacyLedger`) composes the recorded rounds;
 this module decides what a NEW run is accounted with.
 """
 
@@ -13,7 +13,7 @@ from fedlap_privacy.accountant import AccountantName, FedLAPSchedule, epsilon, p
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run.run_records import PrivacyStatement
-from fedlap_privacy.ledger import PrivacyLedger, selection_withheld
+from fedlap_privacy.state.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, NoiseKind, Notion, ThreatModel
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The per-round metrics a run releases (``ckpt.pt``, ``metrics.jsonl``).
 
 Under a threat model whose epsilon assumes the selection hidden (``hidden-selection``,
-``trusted-server``: :func:`fedlap_privacy.ledger.selection_withheld`) the released metrics
+``trusted-server``: :func:`fedlap_privacy.state.ledger.selection_withheld`) the released metrics
 must not reveal who took part in a round nor how many did: the number of clients selected
 and answering, the realised accesses, the mean upload (client sizes and class lists are
 public, so a mean over the selected clients points at them), the seconds a round took (it
@@ -17,7 +17,7 @@ released. The full metrics stay in the run's private state.
 from __future__ import annotations
 
 from fedlap_privacy.fl.run.run_records import RoundRecord
-from fedlap_privacy.ledger import selection_withheld
+from fedlap_privacy.state.ledger import selection_withheld
 
 __all__ = ["RELEASED_UNDER_HIDDEN_SELECTION", "released_history", "released_round"]
 

@@ -21,7 +21,7 @@ A run folder (``--out``) holds:
   and the methods' node-local and server state (synthetic sets, control variates).
   ``--resume`` and ``audit`` read it beside ``ckpt.pt``.
 * ``commit.json`` — which pair of the two is committed (:func:`commit_run_files`).
-* ``run.lock`` — the lock a run holds while it writes (:mod:`fedlap_privacy.run_lock`).
+* ``run.lock`` — the lock a run holds while it writes (:mod:`fedlap_privacy.state.run_lock`).
 * ``flower-nodes/node-K`` — with ``--engine flower`` (and ``flower-simulation`` on this
   machine), the state folder of the node holding partition K: its own ledger
   (:mod:`fedlap_privacy.fl.flower.node_ledger`), kept so that a resumed run's nodes keep their
@@ -41,10 +41,10 @@ at any point leaves the old pair or the new one, never one file of each;
 pair and removes the staged files of a pair that was never committed. A run folder of an
 earlier version (no ``commit.json``) is read as ``ckpt.pt`` and ``private.pt``. Every file of
 the pair, under its staged name or its own, is checked with ``lstat`` before it is read or
-renamed (:func:`fedlap_privacy.checkpoint.run_file_present`): a symbolic link (to another
+renamed (:func:`fedlap_privacy.state.checkpoint.run_file_present`): a symbolic link (to another
 run's files, say), a folder or anything but a regular file is one line, never followed.
 
-Every file is written by :func:`fedlap_privacy.atomic.write_atomic` (unique temporary
+Every file is written by :func:`fedlap_privacy.state.atomic.write_atomic` (unique temporary
 names, no link is followed). :func:`check_new_run_dir` refuses an ``--out`` that is a file,
 a symbolic link or a folder that already holds a run.
 """
@@ -56,8 +56,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.atomic import fsync_dir, write_text_atomic
-from fedlap_privacy.checkpoint import (
+from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.run.run_records import RoundRecord
+from fedlap_privacy.state.atomic import fsync_dir, write_text_atomic
+from fedlap_privacy.state.checkpoint import (
     CHECKPOINT,
     COMMIT,
     PRIVATE,
@@ -67,11 +70,8 @@ from fedlap_privacy.checkpoint import (
     run_file_present,
     staged_name,
 )
-from fedlap_privacy.errors import CheckpointError, ConfigError
-from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.run.run_records import RoundRecord
-from fedlap_privacy.run_lock import RunLock, lock_run_folder
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.state.run_lock import RunLock, lock_run_folder
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
 __all__ = [
     "CHECKPOINT", "COMMIT", "METRICS", "PENDING", "PRIVATE", "PRIVATE_FORMAT", "RUN_FILES",
@@ -148,7 +148,7 @@ def commit_run_files(out: Path, release: ModelRelease, private: PrivateRunState)
 
 
 def lock_run(out: Path, *, new: bool, inherit: str | None = None) -> RunLock:
-    """The lock of the run folder ``out`` (:func:`fedlap_privacy.run_lock.lock_run_folder`,
+    """The lock of the run folder ``out`` (:func:`fedlap_privacy.state.run_lock.lock_run_folder`,
     ``inherit`` too): for a ``new`` run the folder is created; to continue one, a folder that
     holds no run is refused first (no lock file is left in it)."""
     if not new and not holds_run(out):

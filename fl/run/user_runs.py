@@ -2,16 +2,16 @@
 shared by the in-process driver, ``compare`` and the Flower engine.
 
 Order of the checks (each refusal is one line, before anything is written): the
-configuration, then the data's layout (:func:`fedlap_privacy.user_data.probe`: array headers
+configuration, then the data's layout (:func:`fedlap_privacy.data.user_data.probe`: array headers
 and labels), then the model built for that shape (:mod:`fedlap_privacy.model_factory`: a
 factory that fails, returns no module, or holds a layer that mixes records is refused), and
-only then are the features read and checked (:func:`fedlap_privacy.user_data.load_user_data`).
+only then are the features read and checked (:func:`fedlap_privacy.data.user_data.load_user_data`).
 
 The model of a run (:func:`run_model`): the ConvNet (docs/algorithms.md#convnet) for images
 when no ``model`` is configured, exactly as for the built-in datasets (its fused kernels and
 written-out passes are the fast path); otherwise the factory's module, the default for
 feature rows being :data:`fedlap_privacy.model_factory.DEFAULT_TABULAR`. DP methods take
-per-record gradients of any module (:func:`fedlap_privacy.per_sample.per_sample_grads`:
+per-record gradients of any module (:func:`fedlap_privacy.compute.per_sample.per_sample_grads`:
 hooks for Linear/Conv2d/GroupNorm-only models, ``torch.func.vmap`` otherwise).
 """
 
@@ -24,13 +24,13 @@ from typing import Any
 
 from torch import nn
 
-from fedlap_privacy.data import CUSTOM, Dataset
+from fedlap_privacy.data.datasets import CUSTOM, Dataset
+from fedlap_privacy.data.user_data import load_user_data, probe
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.model_factory import DEFAULT_TABULAR, FactorySpec, build_model
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.models import build_model as build_convnet
-from fedlap_privacy.user_data import load_user_data, probe
 
 __all__ = ["RunModel", "check_user_run", "convnet_config", "prepare_data", "run_model", "with_data"]
 

@@ -27,7 +27,7 @@ from fedlap_privacy.audit.features import compute_features
 from fedlap_privacy.audit.membership import make_membership_split
 from fedlap_privacy.audit.metrics import attack_metrics
 from fedlap_privacy.audit.report import evaluate_attacks, run_audit
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.errors import CheckpointError, DataError
 from fedlap_privacy.models import ModelConfig, build_model
 

@@ -200,7 +200,7 @@ def test_member_indices_rejects_bad_splits() -> None:
 
 def _client_level_ledger(eps: float) -> list[dict]:
     from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
-    from fedlap_privacy.ledger import PrivacyLedger
+    from fedlap_privacy.state.ledger import PrivacyLedger
 
     schedule = FedLAPSchedule.client_level(5)
     ledger = PrivacyLedger("client-level", schedule, plan_sigma(schedule, 1, eps, 1e-5), 1e-5,
@@ -211,7 +211,7 @@ def _client_level_ledger(eps: float) -> list[dict]:
 
 def test_privacy_claim_is_recomputed_from_the_ledger() -> None:
     from fedlap_privacy.audit.claim import privacy_claim
-    from fedlap_privacy.ledger import PrivacyLedger
+    from fedlap_privacy.state.ledger import PrivacyLedger
 
     rec = privacy_claim({"epsilon": 0.01}, ledger_claiming(2.0))  # a hand-edited claim
     assert rec.epsilon_tested == pytest.approx(2.0, rel=1e-3) and rec.delta_tested == 1e-5

@@ -27,8 +27,8 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.audit.exported import load_exported_program
 from fedlap_privacy.cli.main import app
+from fedlap_privacy.compute.per_sample import per_sample_grad_norms
 from fedlap_privacy.errors import CheckpointError
-from fedlap_privacy.per_sample import per_sample_grad_norms
 
 runner = CliRunner()
 

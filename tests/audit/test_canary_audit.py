@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
 from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.claim_curve import ClaimCurve
-from fedlap_privacy.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
 from fedlap_privacy.fl.methods import dp
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.checkpoint import CHECKPOINT, load_checkpoint, save_checkpoint
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 runner = CliRunner()
 

@@ -11,11 +11,11 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.audit.canary_audit import run_canary_audits
 from fedlap_privacy.audit.privacy_report import canary_blocks, to_markdown
-from fedlap_privacy.canary_state import CanaryState
-from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.state.canary_state import CanaryState
+from fedlap_privacy.state.checkpoint import CHECKPOINT
 from fedlap_privacy.vocabulary import CanaryKind
 
 D = 50

@@ -18,11 +18,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
 from fedlap_privacy.fl.methods import dp
+from fedlap_privacy.state.checkpoint import CHECKPOINT
 from tests.helpers import tiny
 
 runner = CliRunner()

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlap_privacy.audit.privacy_report import fmt
-from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.state.checkpoint import CHECKPOINT
 
 runner = CliRunner()
 #: a number standing alone (not part of a word such as cifar10 or a flag)

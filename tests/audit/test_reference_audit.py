@@ -19,11 +19,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedlap_privacy import data as data_module
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.report import audited_records, run_audit
-from fedlap_privacy.checkpoint import CHECKPOINT
 from fedlap_privacy.cli.main import app
+from fedlap_privacy.data import datasets as data_module
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.auditing.reference_models import (
     MANIFEST,
@@ -32,6 +31,7 @@ from fedlap_privacy.fl.auditing.reference_models import (
 )
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
+from fedlap_privacy.state.checkpoint import CHECKPOINT
 
 runner = CliRunner()
 N_TRAIN = 300

@@ -18,9 +18,9 @@ import typer
 from helpers import ledger_claiming, save_run_files
 from typer.testing import CliRunner
 
-from fedlap_privacy.checkpoint import FORMAT, save_checkpoint
 from fedlap_privacy.cli.audit import audit, render_report
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.state.checkpoint import FORMAT, save_checkpoint
 
 app = typer.Typer()
 app.command("audit")(audit)

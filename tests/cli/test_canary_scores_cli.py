@@ -147,7 +147,7 @@ def test_a_pickled_object_array_is_refused_unread(tmp_path: Path) -> None:
 def test_forged_headers_and_bombs_are_refused(tmp_path: Path) -> None:
     huge = _npy({"descr": "<f8", "fortran_order": False, "shape": (10**12,)})
     bits = _npy({"descr": "|b1", "fortran_order": False, "shape": (20,)}, bytes(20))
-    # read by the one .npz reader (fedlap_privacy.npz_reader): a header the member's size
+    # read by the one .npz reader (fedlap_privacy.data.npz_reader): a header the member's size
     # does not back is refused before any count is believed
     assert "truncated or forged" in _fails(
         _zip_with(tmp_path, {"scores.npy": huge, "included.npy": bits}))

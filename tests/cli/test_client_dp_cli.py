@@ -52,7 +52,7 @@ def test_clients_per_round_is_refused_for_a_poisson_accounted_method(tmp_path: P
 
 
 def test_a_client_without_records_is_refused(tmp_path: Path):
-    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.data.datasets import load_dataset
     from fedlap_privacy.errors import ConfigError
     from fedlap_privacy.fl.config import TrainConfig
     from fedlap_privacy.fl.engine.simulation import train

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from user_records import blobs, tabular_folder
 
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.data import Dataset
+from fedlap_privacy.data.datasets import Dataset
 
 TINY = ["--set", "width=4", "--set", "local_steps=1"]
 

@@ -17,12 +17,12 @@ import pytest
 from typer.testing import CliRunner
 from user_records import tabular_folder
 
-from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import resume, train
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.state.checkpoint import CHECKPOINT, PRIVATE
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
 runner = CliRunner()
 

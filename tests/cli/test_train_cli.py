@@ -76,17 +76,17 @@ def _refusal(args: list[str]) -> str:
 @pytest.fixture
 def data_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every dataset read of the command (none may happen before the configuration is valid)."""
-    import fedlap_privacy.data
+    import fedlap_privacy.data.datasets
     import fedlap_privacy.fl.engine.training_run
 
     reads: list[str] = []
-    real = fedlap_privacy.data.load_dataset
+    real = fedlap_privacy.data.datasets.load_dataset
 
     def spy(name: str, *args, **kwargs):
         reads.append(name)
         return real(name, *args, **kwargs)
 
-    monkeypatch.setattr(fedlap_privacy.data, "load_dataset", spy)
+    monkeypatch.setattr(fedlap_privacy.data.datasets, "load_dataset", spy)
     monkeypatch.setattr(fedlap_privacy.fl.engine.training_run, "load_dataset", spy)
     return reads
 

@@ -1,4 +1,4 @@
-"""The C-allocator setting (fedlap_privacy.allocator): freed tensor memory is reused instead
+"""The C-allocator setting (fedlap_privacy.compute.allocator): freed tensor memory is reused instead
 of being unmapped and page-faulted again, unless the user chose the allocator."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fedlap_privacy.allocator import AllocatorState, tune_allocator
+from fedlap_privacy.compute.allocator import AllocatorState, tune_allocator
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -18,7 +18,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 # ConvNet runs its modules (FEDLAP_KERNELS=off): the workload whose faults were measured.
 _FAULTS = """
 import resource, torch, torch.nn.functional as F
-from fedlap_privacy.allocator import tune_allocator
+from fedlap_privacy.compute.allocator import tune_allocator
 from fedlap_privacy.models import ModelConfig, build_model
 setting = tune_allocator()
 model = build_model(ModelConfig(1, 28, 10))
@@ -32,7 +32,7 @@ print(setting.state.value, faults)
 
 
 def _second_allocation_faults(allocator: str) -> tuple[str, int]:
-    # huge pages off: the package turns them on (fedlap_privacy.runtime_env), and each huge
+    # huge pages off: the package turns them on (fedlap_privacy.compute.runtime_env), and each huge
     # page is one fault where 512 small ones would show the allocator's work
     env = {"FEDLAP_ALLOCATOR": allocator, "FEDLAP_KERNELS": "off", "OMP_NUM_THREADS": "1",
            "THP_MEM_ALLOC_ENABLE": "0", "PATH": "/usr/bin:/bin"}

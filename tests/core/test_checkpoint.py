@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlap_privacy.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.state.checkpoint import FORMAT, load_checkpoint, save_checkpoint
 
 
 class _MakesMarker:

@@ -1,4 +1,4 @@
-"""The client splits (fedlap_privacy.client_splits): the paper's non-IID split, IID,
+"""The client splits (fedlap_privacy.data.client_splits): the paper's non-IID split, IID,
 Dirichlet, the cross-device shards and label-Dirichlet splits, the per-client caps and the
 validation hold-out."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedlap_privacy.client_splits import holdout_indices, split_clients, subsample_parts
-from fedlap_privacy.data import PAPER_CLASS_ORDER
+from fedlap_privacy.data.client_splits import holdout_indices, split_clients, subsample_parts
+from fedlap_privacy.data.datasets import PAPER_CLASS_ORDER
 from fedlap_privacy.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
 """Per-record weight-gradient norms from pixel Gram matrices
-(fedlap_privacy.kernels.conv_gram).
+(fedlap_privacy.compute.kernels.conv_gram).
 
 The oracle is the per-record gradient itself (torch's weight-gradient convolution, record
 by record): the squared norms must equal its squared norms to 1e-12 in float64, through the
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedlap_privacy import fast_paths
-from fedlap_privacy.kernels import conv_gram
-from fedlap_privacy.kernels.conv_gram import PixelGeometry, conv_weight_grad_sq
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.kernels import conv_gram
+from fedlap_privacy.compute.kernels.conv_gram import PixelGeometry, conv_weight_grad_sq
 
 # (records, input channels, output channels, height, width, kernel, padding, dilation)
 SHAPES = [

@@ -20,9 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedlap_privacy.client_splits import split_clients
-from fedlap_privacy.data import load_dataset
-from fedlap_privacy.dataset_files import CHECKSUMS, CIFAR_ARCHIVE, CIFAR_TEST, CIFAR_TRAIN, MIRRORS
+from fedlap_privacy.data.client_splits import split_clients
+from fedlap_privacy.data.dataset_files import (
+    CHECKSUMS,
+    CIFAR_ARCHIVE,
+    CIFAR_TEST,
+    CIFAR_TRAIN,
+    MIRRORS,
+)
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.errors import ConfigError, DataError
 
 SHARED_FASHION = Path("/work/shared/data/fashion-mnist")
@@ -138,7 +144,7 @@ def test_digits_shapes_normalisation_and_fixed_split() -> None:
 
 
 def test_data_module_does_not_import_torch() -> None:
-    code = "import sys, fedlap_privacy.data; sys.exit('torch' in sys.modules)"
+    code = "import sys, fedlap_privacy.data.datasets; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -1,4 +1,4 @@
-"""The one door to the fast paths (fedlap_privacy.fast_paths).
+"""The one door to the fast paths (fedlap_privacy.compute.fast_paths).
 
 The switches are read from the environment in one place (``FEDLAP_FAST_PATHS`` and the
 per-path variables), and :func:`fast_paths.disabled` turns them off in a block. With every
@@ -16,10 +16,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from fedlap_privacy import fast_paths
-from fedlap_privacy.allocator import AllocatorState, tune_allocator
-from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fast_paths import (
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.allocator import AllocatorState, tune_allocator
+from fedlap_privacy.compute.fast_paths import (
     ALLOCATOR_ENV,
     FAST_PATHS_ENV,
     FOLLOW_ENV,
@@ -27,10 +26,11 @@ from fedlap_privacy.fast_paths import (
     PATHS,
     FastPaths,
 )
+from fedlap_privacy.compute.per_sample import per_sample_grads
+from fedlap_privacy.compute.runtime_env import apply_runtime_defaults
+from fedlap_privacy.compute.second_order import supported_blocks
+from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.per_sample import per_sample_grads
-from fedlap_privacy.runtime_env import apply_runtime_defaults
-from fedlap_privacy.second_order import supported_blocks
 
 ALL_ON = FastPaths()
 

@@ -1,4 +1,5 @@
-"""The first convolution of images through the C kernels (fedlap_privacy.kernels.few_channels).
+"""The first convolution of images through the C kernels
+(fedlap_privacy.compute.kernels.few_channels).
 
 The oracle is torch's convolution, its input gradient and each record's weight gradient
 (one record at a time through torch's weight-gradient convolution): in float64 the kernels must give
@@ -14,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedlap_privacy import fast_paths, second_order
-from fedlap_privacy.kernels import few_channels, winograd
+from fedlap_privacy.compute import fast_paths, second_order
+from fedlap_privacy.compute.kernels import few_channels, winograd
 from fedlap_privacy.models import ModelConfig, build_model
 
 # (records, channels, height, width, padding)

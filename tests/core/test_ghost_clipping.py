@@ -1,4 +1,4 @@
-"""The clipped sum from gradient norms (fedlap_privacy.ghost_clipping) equals the per-record
+"""The clipped sum from gradient norms (fedlap_privacy.compute.ghost_clipping) equals the per-record
 path's and Opacus' fast gradient clipping (ghost clipping), up to rounding.
 
 Clip bounds sit at the median record norm, so that some records are clipped and some not:
@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch import Tensor, nn
 
-from fedlap_privacy import fast_paths, ghost_clipping
+from fedlap_privacy.compute import fast_paths, ghost_clipping
+from fedlap_privacy.compute.kernels.conv_gram import PixelGeometry
+from fedlap_privacy.compute.per_sample import per_sample_grad_norms, per_sample_grads
 from fedlap_privacy.fl.methods.dp import clip_factors, clipped_sum, dp_gradient
-from fedlap_privacy.kernels.conv_gram import PixelGeometry
 from fedlap_privacy.models import ModelConfig, TabularMLP, build_model
-from fedlap_privacy.per_sample import per_sample_grad_norms, per_sample_grads
 
 
 def _opacus_ghost_sum(model: nn.Module, x: Tensor, y: Tensor, clip: float) -> list[Tensor]:

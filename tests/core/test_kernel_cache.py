@@ -1,4 +1,4 @@
-"""The C-kernel cache against another user (fedlap_privacy.kernels.build, issue 33 item 4).
+"""The C-kernel cache against another user (fedlap_privacy.compute.kernels.build, issue 33 item 4).
 
 A library loaded with ctypes runs with the caller's rights, so each attack below plants a
 library whose constructor writes a marker file: the exploit succeeds where the marker
@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedlap_privacy import fast_paths
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.kernels import build as kbuild
+from fedlap_privacy.compute.kernels import gn_relu_pool, load_kernels, reference_block
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.kernels import build as kbuild
-from fedlap_privacy.kernels import gn_relu_pool, load_kernels, reference_block
 
 _EVIL = """#include <stdio.h>
 __attribute__((constructor)) static void pwn(void) {

@@ -1,4 +1,4 @@
-"""The fused GroupNorm -> ReLU -> 2x2 pooling kernels (fedlap_privacy.kernels).
+"""The fused GroupNorm -> ReLU -> 2x2 pooling kernels (fedlap_privacy.compute.kernels).
 
 torch's own modules are the oracle: the forward, the backward and the backward of the
 backward (what gradient matching differentiates) agree with them up to rounding in float32
@@ -20,18 +20,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlap_privacy import fast_paths
-from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fast_paths import KERNELS_ENV, FastPaths
-from fedlap_privacy.kernels import (
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.fast_paths import KERNELS_ENV, FastPaths
+from fedlap_privacy.compute.kernels import (
     block_forward,
     gn_relu_pool,
     load_kernels,
     reference_block,
 )
-from fedlap_privacy.kernels import build as kbuild
+from fedlap_privacy.compute.kernels import build as kbuild
+from fedlap_privacy.compute.per_sample import per_sample_grads
+from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.per_sample import per_sample_grads
 
 SHAPES = [(3, 4, 8, 8), (2, 3, 5, 7), (2, 2, 2, 2), (1, 5, 32, 32)]
 
@@ -283,7 +283,7 @@ def test_a_whole_client_round_in_float64_equals_the_reference_run():
     synthetic sets agree to 1e-10, so the fast paths compute the same function. (In float32
     the image step, lr_img = 100 with momentum, amplifies rounding until the sets visibly
     differ, as between any two float32 implementations.)"""
-    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.data.datasets import load_dataset
     from fedlap_privacy.fl.config import TrainConfig
     from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
     from fedlap_privacy.fl.methods.augment import DSA

@@ -17,7 +17,7 @@ from fedlap_privacy.accountant import (
     sgm_rdp,
 )
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.ledger import PrivacyLedger
+from fedlap_privacy.state.ledger import PrivacyLedger
 
 REF = FedLAPSchedule(batch_size=256, client_size=10000, local_steps=200)
 

@@ -1,7 +1,7 @@
 """Forged ``.npz`` archives as an attacker would hand them over (issue 46, item 4): each one
 is refused in one line naming the file, before anything large is allocated, by the one
 reader of ``train --data``, ``audit --members`` and a Flower node's ``data-file``
-(:mod:`fedlap_privacy.npz_reader`). Every test here failed on the reader before it."""
+(:mod:`fedlap_privacy.data.npz_reader`). Every test here failed on the reader before it."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from npz_forge import npy_bytes, npy_header, records, stored, write_zip, zero_bomb
 from user_records import blobs, tabular_folder
 
+from fedlap_privacy.data.user_data import load_records, load_user_data, probe
 from fedlap_privacy.errors import DataError
-from fedlap_privacy.user_data import load_records, load_user_data, probe
 
 
 def _one_line(error: pytest.ExceptionInfo[DataError], *words: str) -> str:

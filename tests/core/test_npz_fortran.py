@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from npz_forge import npy_header, stored, write_zip
 
-from fedlap_privacy import npz_reader
+from fedlap_privacy.data import npz_reader
+from fedlap_privacy.data.npz_reader import open_npz
+from fedlap_privacy.data.user_data import load_records, load_user_data
 from fedlap_privacy.errors import DataError
-from fedlap_privacy.npz_reader import open_npz
-from fedlap_privacy.user_data import load_records, load_user_data
 
 SHAPES = {"tabular": (7,), "gray": (1, 5, 6), "color": (3, 4, 5)}
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedlap_privacy import data as data_module
-from fedlap_privacy.allocator import tune_allocator
-from fedlap_privacy.data import content_hash, partition_hash
-from fedlap_privacy.mapped_tensors import mapped_empty
-from fedlap_privacy.user_data import load_records, load_user_data
+from fedlap_privacy.compute.allocator import tune_allocator
+from fedlap_privacy.compute.mapped_tensors import mapped_empty
+from fedlap_privacy.data import datasets as data_module
+from fedlap_privacy.data.datasets import content_hash, partition_hash
+from fedlap_privacy.data.user_data import load_records, load_user_data
 
 N, D = 64_000, 256  # 65.5 MB of float32 features
 BOUND = 1.3  # peak numpy allocations over the features' bytes
@@ -110,7 +110,7 @@ def _resident() -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="Linux /proc only")
 def test_a_mapped_tensor_is_given_back_when_freed() -> None:
-    """The tuned heap (fedlap_privacy.allocator) keeps freed blocks; a client's gathered
+    """The tuned heap (fedlap_privacy.compute.allocator) keeps freed blocks; a client's gathered
     records come from their own mapping and leave with it."""
     tune_allocator()
     size = 96 << 20

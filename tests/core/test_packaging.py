@@ -113,7 +113,7 @@ def test_wheel_contains_every_package_module_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "fedlap_privacy/py.typed" in names
     assert "fedlap_privacy/__main__.py" in names
-    assert "fedlap_privacy/kernels/gn_relu_pool.c" in names  # compiled on first use
+    assert "fedlap_privacy/compute/kernels/gn_relu_pool.c" in names  # compiled on first use
     for package in PACKAGES:
         installed = package.replace(".", "/")
         source = _source_dir(package)
@@ -150,7 +150,7 @@ def test_installed_wheel_runs_the_cli(venv_python: Path, tmp_path: Path) -> None
     assert "sigma (planned)" in table
     assert f"{out['sigma']:.4f}" in table
     # the fused kernels build from the installed source
-    code = ("import torch; from fedlap_privacy.kernels import load_kernels, gn_relu_pool, "
+    code = ("import torch; from fedlap_privacy.compute.kernels import load_kernels, gn_relu_pool, "
             "reference_block as r; z = torch.randn(2, 3, 4, 4); w, b = torch.ones(3), "
             "torch.zeros(3); print(load_kernels().path.parent, "
             "float((gn_relu_pool(z, w, b, 1e-5) - r(z, w, b, 1e-5)).abs().max()))")

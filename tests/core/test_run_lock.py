@@ -1,4 +1,5 @@
-"""fedlap_privacy.run_lock: one writer per run folder, and a folder only its owner can change."""
+"""fedlap_privacy.state.run_lock: one writer per run folder, and a folder only its owner can
+change."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from lock_holder import lock_held_elsewhere
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.run_lock import LOCK_FILE, RunBusyError, lock_run_folder
+from fedlap_privacy.state.run_lock import LOCK_FILE, RunBusyError, lock_run_folder
 
 
 def test_a_second_writer_is_refused_until_the_first_dies(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The written-out second-order pass of gradient matching (fedlap_privacy.second_order).
+"""The written-out second-order pass of gradient matching (fedlap_privacy.compute.second_order).
 
 Autograd is the oracle: differentiating its own backward graph (``create_graph=True``) it
 computes ``d/dx D(grad_w CE(model(x), y))``; :func:`weight_grad_input_vjp` must give the
@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlap_privacy import fast_paths
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.second_order import supported_blocks, weight_grad, weight_grad_input_vjp
 
 # the last: 128 channels, where the 16x16 convolution of 8 records runs through Winograd's
 # F(4x4, 3x3) (on up to two torch threads: 128 tiles)

@@ -1,4 +1,4 @@
-"""The intra-op thread policy (fedlap_privacy.threads): explicit settings win, otherwise the
+"""The intra-op thread policy (fedlap_privacy.compute.threads): explicit settings win, otherwise the
 usable CPUs (affinity, cgroup quota) divided among the co-located workers."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ import os
 import pytest
 import torch
 
-from fedlap_privacy import fast_paths, threads
-from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.threads import (
+from fedlap_privacy.compute import fast_paths, threads
+from fedlap_privacy.compute.threads import (
     LoadFollower,
     apply_thread_policy,
     cgroup_cpu_limit,
@@ -18,6 +17,7 @@ from fedlap_privacy.threads import (
     threads_for,
     usable_cpus,
 )
+from fedlap_privacy.errors import ConfigError
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_apply_sets_torch_threads(monkeypatch):
 
 
 def test_runtime_defaults_respect_the_users_settings():
-    from fedlap_privacy.runtime_env import apply_runtime_defaults
+    from fedlap_privacy.compute.runtime_env import apply_runtime_defaults
 
     env = {"THP_MEM_ALLOC_ENABLE": "0"}
     assert apply_runtime_defaults(env) == {}
@@ -125,7 +125,7 @@ def test_own_cpu_time_is_not_counted_as_others_load():
 
 def test_load_following_is_off_where_the_count_was_chosen(monkeypatch):
     monkeypatch.setattr(threads, "tune_allocator", lambda: None)
-    monkeypatch.setattr("fedlap_privacy.kernels.build.load_kernels", lambda: None)
+    monkeypatch.setattr("fedlap_privacy.compute.kernels.build.load_kernels", lambda: None)
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(threads, "usable_cpus", lambda *a: 2)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", threads.FOLLOW_ENV, threads.WORKERS_ENV):

@@ -1,4 +1,4 @@
-"""``--data``'s formats (fedlap_privacy.user_data): natural partitions, held-out tests, every
+"""``--data``'s formats (fedlap_privacy.data.user_data): natural partitions, held-out tests, every
 refusal as one DataError line naming the problem."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from user_records import CLASSES, FEATURES, blobs, tabular_folder
 
-from fedlap_privacy.data import CUSTOM
+from fedlap_privacy.data.datasets import CUSTOM
+from fedlap_privacy.data.user_data import HOLDOUT_FRACTION, load_records, load_user_data, probe
 from fedlap_privacy.errors import DataError
-from fedlap_privacy.user_data import HOLDOUT_FRACTION, load_records, load_user_data, probe
 
 
 def test_folder_is_the_natural_partition_in_file_order(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_each_bad_input_is_one_line(tmp_path: Path, name: str) -> None:
 def test_probe_reads_no_features(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layout and labels come from headers and y alone: x is never loaded."""
     root = tabular_folder(tmp_path / "d")
-    from fedlap_privacy.npz_reader import NpzArchive
+    from fedlap_privacy.data.npz_reader import NpzArchive
 
     read = []
     real = NpzArchive.read

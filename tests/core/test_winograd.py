@@ -1,4 +1,4 @@
-"""Winograd's F(4x4, 3x3) convolutions (fedlap_privacy.kernels.winograd).
+"""Winograd's F(4x4, 3x3) convolutions (fedlap_privacy.compute.kernels.winograd).
 
 torch's convolution is the oracle: the forward, the input gradient and the weight gradient
 must equal it to 1e-12 in float64 (exact arithmetic gives the same function) and to
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlap_privacy import fast_paths
-from fedlap_privacy.fast_paths import FAST_PATHS_ENV, FastPaths
-from fedlap_privacy.kernels import winograd
+from fedlap_privacy.compute import fast_paths
+from fedlap_privacy.compute.fast_paths import FAST_PATHS_ENV, FastPaths
+from fedlap_privacy.compute.kernels import winograd
+from fedlap_privacy.compute.per_sample import per_sample_grads
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.per_sample import per_sample_grads
 
 # (records, input channels, output channels, height, width)
 SHAPES = [(5, 128, 128, 16, 16), (11, 128, 160, 8, 12), (32, 136, 128, 4, 8),

@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fedlap_privacy.audit.one_run import one_run_audit
-from fedlap_privacy.canary_state import MIN_AUDIT_CANARIES
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.state.canary_state import MIN_AUDIT_CANARIES
 
 
 def test_the_fewest_canaries_train_takes_are_the_fewest_the_audit_ranks():

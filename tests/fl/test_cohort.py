@@ -8,8 +8,8 @@ import torch
 from helpers import tiny
 from torch import nn
 
-from fedlap_privacy.client_splits import split_clients
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.client_splits import split_clients
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine import cohort

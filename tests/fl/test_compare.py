@@ -220,8 +220,8 @@ def test_methods_share_one_secret_split_which_a_resumed_comparison_keeps(tmp_pat
     """Issue 33 item 5: the split is drawn from a secret split seed, not from the seed the
     released weights reveal; within one comparison every run holds the same records (and
     the same validation hold-out), also after a resume, and the secret is never reported."""
-    from fedlap_privacy.checkpoint import PRIVATE
-    from fedlap_privacy.run_state import PrivateRunState
+    from fedlap_privacy.state.checkpoint import PRIVATE
+    from fedlap_privacy.state.run_state import PrivateRunState
 
     base = tiny(**SMALL, rounds=1, split="iid", validation_records=60)
     methods = ["fedavg", "fedprox"]

@@ -52,7 +52,7 @@ def test_what_a_user_gives_wins_over_the_cross_device_defaults() -> None:
     (dict(clients=3000, method="fedavg"), True),
 ])
 def test_the_rule(keys: dict, cross: bool, monkeypatch) -> None:
-    from fedlap_privacy.data import TRAIN_RECORDS
+    from fedlap_privacy.data.datasets import TRAIN_RECORDS
 
     monkeypatch.setitem(TRAIN_RECORDS, "mnist", 1000 * CROSS_DEVICE_MAX_RECORDS)
     values = {"method": "dp-fedavg-client", "dataset": "fashion-mnist", "split": "shards",

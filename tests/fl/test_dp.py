@@ -1,4 +1,4 @@
-"""Per-record gradients (fedlap_privacy.per_sample) and the DP mechanism (fl.methods.dp),
+"""Per-record gradients (fedlap_privacy.compute.per_sample) and the DP mechanism (fl.methods.dp),
 docs/accounting.md#sampled-gaussian-mechanism."""
 
 from __future__ import annotations
@@ -11,6 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedlap_privacy.compute.per_sample import (
+    hooks_supported,
+    per_sample_grad_norms,
+    per_sample_grads,
+    per_sample_losses,
+)
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.methods.dp import (
     add_gaussian_noise,
@@ -19,12 +25,6 @@ from fedlap_privacy.fl.methods.dp import (
     poisson_sample,
 )
 from fedlap_privacy.models import ModelConfig, build_model
-from fedlap_privacy.per_sample import (
-    hooks_supported,
-    per_sample_grad_norms,
-    per_sample_grads,
-    per_sample_losses,
-)
 
 
 def _data(n: int, channels: int, size: int, seed: int = 0) -> tuple[Tensor, Tensor]:

@@ -13,7 +13,6 @@ from helpers import tiny
 from torch import Tensor
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint, save_checkpoint
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.engine.simulation import (
@@ -35,6 +34,12 @@ from fedlap_privacy.fl.methods.fedlap import (
 from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 from fedlap_privacy.fl.methods.trust_region import clone_params, distance
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.state.checkpoint import (
+    PRIVATE,
+    PRIVATE_FORMAT,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def _model(seed: int = 0):
@@ -291,7 +296,7 @@ def test_client_records_caps_clients_and_sets_the_rate():
 
 
 def test_validation_split_is_held_out_of_every_client():
-    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.data.datasets import load_dataset
     from fedlap_privacy.fl.engine.simulation import client_parts, evaluate, validation_indices
 
     data = load_dataset("digits")

@@ -21,17 +21,17 @@ from helpers import edit_checkpoint, tiny
 
 from fedlap_privacy.audit.claim import privacy_claim
 from fedlap_privacy.audit.report import run_audit
-from fedlap_privacy.checkpoint import (
-    CHECKPOINT,
-    PRIVATE,
-    PRIVATE_FORMAT,
-)
 from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.fl.engine.simulation import resume, train
 from fedlap_privacy.fl.run.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION
 from fedlap_privacy.fl.run.run_files import METRICS
-from fedlap_privacy.ledger import LedgerEntry, PrivacyLedger
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.state.checkpoint import (
+    CHECKPOINT,
+    PRIVATE,
+    PRIVATE_FORMAT,
+)
+from fedlap_privacy.state.ledger import LedgerEntry, PrivacyLedger
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
 #: what would tell the adversary who (or how many) took part in a round
 REVEALING = ("participants", "clients", "replies", "accesses", "seconds", "upload_bytes",
@@ -188,7 +188,7 @@ def test_audit_states_the_same_claim_from_a_withheld_release(tmp_path):
 def test_a_run_written_before_withholding_resumes_and_is_then_withheld(tmp_path):
     """A hidden-selection run folder of the previous layout (full ledger in ckpt.pt, its
     fingerprint in private.pt, no private copy) resumes; its next release withholds."""
-    from fedlap_privacy.ledger import ledger_digest
+    from fedlap_privacy.state.ledger import ledger_digest
 
     out = tmp_path / "run"
     first = train(_cfg(**HIDDEN_RUNS["record-level hidden-selection"]), out, device="cpu")

@@ -13,14 +13,14 @@ import pytest
 import torch
 from helpers import METHOD_EXTRAS, tiny
 
-from fedlap_privacy.checkpoint import load_checkpoint, save_checkpoint
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.fl.engine.simulation import client_parts, default_model_config
 from fedlap_privacy.fl.methods.interface import Method, build_method
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE
 from fedlap_privacy.fl.run.privacy import build_ledger, with_planned_sigma
 from fedlap_privacy.fl.run.randomness import seeded_generator
 from fedlap_privacy.models import build_model
+from fedlap_privacy.state.checkpoint import load_checkpoint, save_checkpoint
 
 
 def _same(a, b) -> bool:

@@ -13,9 +13,8 @@ from torch import nn
 
 import fedlap_privacy.fl.methods.fedavg as fedavg_module
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon, epsilon, plan_rounds
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
-from fedlap_privacy.client_splits import split_clients
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.client_splits import split_clients
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
@@ -25,6 +24,7 @@ from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 from fedlap_privacy.fl.methods.normfedavg import DPNormFedAvg, normalise_update
 from fedlap_privacy.fl.run.privacy import build_ledger
 from fedlap_privacy.models import ModelConfig, build_model
+from fedlap_privacy.state.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint
 
 
 def _model(seed: int = 0) -> nn.Module:

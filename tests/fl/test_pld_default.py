@@ -99,9 +99,14 @@ def test_a_resumed_run_keeps_the_accountant_it_started_with(tmp_path) -> None:
     """A run started with RDP resumes with RDP (its ledger's entries say so), also when its
     recorded configuration predates the ``accountant`` key; one that recorded PLD but whose
     ledger says RDP is refused in one line."""
-    from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint, save_checkpoint
     from fedlap_privacy.errors import CheckpointError
     from fedlap_privacy.fl.engine.simulation import resume
+    from fedlap_privacy.state.checkpoint import (
+        PRIVATE,
+        PRIVATE_FORMAT,
+        load_checkpoint,
+        save_checkpoint,
+    )
 
     def edit_config(out, change) -> None:
         payload = load_checkpoint(out / PRIVATE, PRIVATE_FORMAT)

@@ -34,8 +34,8 @@ from fedlap_privacy.fl.run.run_files import (
     load_private,
     load_release,
 )
-from fedlap_privacy.run_lock import LOCK_FILE, RunBusyError
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.state.run_lock import LOCK_FILE, RunBusyError
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
 runner = CliRunner()
 SMALL = ["--method", "dp-fedavg", "--local-steps", "1", "--set", "width=8", "--threads", "1"]

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from user_records import blobs, tabular_folder
 
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.data import TRAIN_RECORDS, load_dataset
+from fedlap_privacy.data.datasets import TRAIN_RECORDS, load_dataset
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.config_resolve import fedlap_schedule, resolve_config

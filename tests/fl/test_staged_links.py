@@ -14,10 +14,10 @@ import pytest
 from helpers import tiny
 from typer.testing import CliRunner
 
-from fedlap_privacy.checkpoint import CHECKPOINT, COMMIT, PRIVATE, staged_name
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.engine.simulation import train
-from fedlap_privacy.run_state import PrivateRunState
+from fedlap_privacy.state.checkpoint import CHECKPOINT, COMMIT, PRIVATE, staged_name
+from fedlap_privacy.state.run_state import PrivateRunState
 
 runner = CliRunner()
 

@@ -19,15 +19,9 @@ from helpers import edit_checkpoint, repo_root, tiny
 from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, composed_epsilon
-from fedlap_privacy.checkpoint import (
-    CHECKPOINT,
-    PRIVATE,
-    PRIVATE_FORMAT,
-    load_checkpoint,
-)
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.client_splits import holdout_indices, split_clients
-from fedlap_privacy.data import load_dataset
+from fedlap_privacy.data.client_splits import holdout_indices, split_clients
+from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import resume, train
@@ -35,9 +29,15 @@ from fedlap_privacy.fl.methods import fedavg
 from fedlap_privacy.fl.methods.dp import poisson_sample
 from fedlap_privacy.fl.run.randomness import seeded_generator
 from fedlap_privacy.fl.run.run_files import PENDING
-from fedlap_privacy.ledger import PrivacyLedger
 from fedlap_privacy.models import build_model
-from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+from fedlap_privacy.state.checkpoint import (
+    CHECKPOINT,
+    PRIVATE,
+    PRIVATE_FORMAT,
+    load_checkpoint,
+)
+from fedlap_privacy.state.ledger import PrivacyLedger
+from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
 runner = CliRunner()
 

@@ -16,7 +16,7 @@ from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.engine.simulation import resume, train
-from fedlap_privacy.run_state import ModelRelease
+from fedlap_privacy.state.run_state import ModelRelease
 
 FACTORY = f"{__name__}:tiny_model"
 

@@ -26,7 +26,6 @@ import helpers  # noqa: E402
 from flower_grid import FakeGrid, task_identity, write_policy  # noqa: E402, F401
 from helpers import METHOD_EXTRAS  # noqa: E402
 
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     STATUS,
@@ -46,6 +45,7 @@ from fedlap_privacy.fl.engine.simulation import CHECKPOINT, PENDING, train  # no
 from fedlap_privacy.fl.flower.node_ledger import NODE_STATE  # noqa: E402
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE  # noqa: E402
 from fedlap_privacy.fl.run.run_records import RoundRecord  # noqa: E402
+from fedlap_privacy.state.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 
 #: the shared tiny configuration runs here on two clients, with seeded noise: the driver's
 #: equality with the simulator is bit for bit
@@ -65,7 +65,7 @@ def _same_model(a: dict, b: dict) -> bool:
 
 def _moved(cfg: TrainConfig, state: dict) -> float:
     """||w - w_0|| from the initial weights of a run with ``cfg`` (seeded as TrainingRun does)."""
-    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.data.datasets import load_dataset
     from fedlap_privacy.fl.engine.simulation import default_model_config
     from fedlap_privacy.models import build_model
 
@@ -195,7 +195,7 @@ def test_a_secret_split_reaches_the_simulated_nodes_only(tmp_path):
     partitions; the releasable checkpoint neither holds it nor declares a split public."""
     from fedlap_privacy.fl.flower.grid_clients import instruction_config
     from fedlap_privacy.fl.run.randomness import run_split_seed
-    from fedlap_privacy.run_state import ModelRelease, PrivateRunState
+    from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState
 
     cfg = tiny(method="dp-fedavg", rounds=1, split="iid", validation_records=30)
     secret = run_split_seed(cfg)
@@ -427,8 +427,8 @@ def test_killed_supernode(deployment, tmp_path, allow):
 def test_local_nodes_threads(tmp_path, monkeypatch):
     """``train --engine flower --threads N`` gives every SuperNode N torch threads; without
     it, each node takes its share of the CPUs (FEDLAP_WORKERS = number of nodes)."""
+    from fedlap_privacy.compute.threads import threads_for
     from fedlap_privacy.fl.flower.deployment import LocalDeployment
-    from fedlap_privacy.threads import threads_for
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)

@@ -14,9 +14,9 @@ flwr = pytest.importorskip("flwr")
 import helpers  # noqa: E402
 from flower_grid import FakeGrid, task_identity  # noqa: E402, F401
 
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import FlowerClients, expected_partitions  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
+from fedlap_privacy.state.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 
 tiny = partial(helpers.tiny, method="dp-fedavg-client", reproducible_noise=True)
 

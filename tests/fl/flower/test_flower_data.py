@@ -24,7 +24,6 @@ from flower_grid import FakeGrid, task_identity, write_policy  # noqa: E402, F40
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from user_records import CLASSES, FEATURES, blobs, tabular_folder  # noqa: E402
 
-from fedlap_privacy.checkpoint import PRIVATE, load_checkpoint  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import client_app  # noqa: E402
@@ -43,6 +42,7 @@ from fedlap_privacy.fl.flower.policy import NodePolicy  # noqa: E402
 from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
 from fedlap_privacy.fl.run.user_runs import with_data  # noqa: E402
 from fedlap_privacy.model_factory import DEFAULT_TABULAR  # noqa: E402
+from fedlap_privacy.state.checkpoint import PRIVATE, load_checkpoint  # noqa: E402
 
 SECRET = 20240607  # the run's split seed (the ServerApp draws a secret one)
 #: a factory file; importing it leaves a marker beside it (a node must not import it unless
@@ -302,7 +302,7 @@ def test_train_engine_flower_on_tabular_data_with_a_custom_model(tmp_path, monke
     a = load_checkpoint(tmp_path / "flower" / CHECKPOINT)
     assert a["model_factory"]["factory"] == spec
     # the in-process engine on the same split seed (the Flower run's secret one)
-    from fedlap_privacy.run_state import PrivateRunState
+    from fedlap_privacy.state.run_state import PrivateRunState
 
     secret = PrivateRunState.load(tmp_path / "flower" / PRIVATE).split_seed
     cfg = with_data(helpers.tiny(method="dp-fedavg", sigma=2.0, rounds=2, seed=3,

@@ -19,7 +19,7 @@ from lock_holder import lock_held_elsewhere  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import run_config_of, run_flower  # noqa: E402
 from fedlap_privacy.fl.flower.server_app import STATUS, _server_main  # noqa: E402
 from fedlap_privacy.fl.run.run_files import holds_run, load_release  # noqa: E402
-from fedlap_privacy.run_lock import LOCK_FILE, RunBusyError  # noqa: E402
+from fedlap_privacy.state.run_lock import LOCK_FILE, RunBusyError  # noqa: E402
 
 tiny = partial(helpers.tiny, clients=2, reproducible_noise=True, method="dp-fedavg", width=8,
                local_steps=1, rounds=1)

@@ -20,8 +20,7 @@ flwr = pytest.importorskip("flwr")
 from flower_grid import FakeGrid, task_identity, write_policy  # noqa: E402, F401
 from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 
-from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
-from fedlap_privacy.data import load_dataset  # noqa: E402
+from fedlap_privacy.data.datasets import load_dataset  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
@@ -38,6 +37,7 @@ from fedlap_privacy.fl.flower.codec import pack, pack_into  # noqa: E402
 from fedlap_privacy.fl.flower.grid_clients import model_shape  # noqa: E402
 from fedlap_privacy.fl.flower.run_config import config_values  # noqa: E402
 from fedlap_privacy.models import build_model  # noqa: E402
+from fedlap_privacy.state.checkpoint import load_checkpoint  # noqa: E402
 
 BASE = dict(method="dp-fedavg", width=8, rounds=3, batch_size=32, local_steps=2, clients=2,
             sigma=1.0)

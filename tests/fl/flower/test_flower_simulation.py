@@ -25,7 +25,6 @@ import helpers  # noqa: E402
 from flower_grid import task_identity, write_policy  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
 
-from fedlap_privacy.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 from fedlap_privacy.cli.main import app  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
 from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
@@ -33,6 +32,7 @@ from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
     node_config_mod,
 )
 from fedlap_privacy.fl.run.run_records import RoundRecord  # noqa: E402
+from fedlap_privacy.state.checkpoint import PRIVATE, PRIVATE_FORMAT, load_checkpoint  # noqa: E402
 
 SIM = dict(clients=3, reproducible_noise=True)
 
@@ -103,7 +103,7 @@ def test_simulation_engine_equals_in_process_bit_for_bit(engine_runs):
     pa = load_checkpoint(root / "sim" / PRIVATE, PRIVATE_FORMAT)
     assert pa["client_state"] == [{}, {}, {}]  # FedLAP's synthetic sets stayed on the nodes
     # the equality is not that of an untrained model: the weights moved from their init
-    from fedlap_privacy.data import load_dataset
+    from fedlap_privacy.data.datasets import load_dataset
     from fedlap_privacy.fl.engine.simulation import default_model_config
     from fedlap_privacy.models import build_model
 

@@ -35,7 +35,6 @@ import helpers  # noqa: E402
 from flower_grid import task_identity, write_policy  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
 
-from fedlap_privacy.checkpoint import load_checkpoint  # noqa: E402
 from fedlap_privacy.cli.main import app  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
 from fedlap_privacy.fl.engine.stop import (  # noqa: E402
@@ -50,6 +49,7 @@ from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
     ray_init_args,
     run_simulation_engine,
 )
+from fedlap_privacy.state.checkpoint import load_checkpoint  # noqa: E402
 
 
 @pytest.fixture
