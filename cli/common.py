@@ -232,13 +232,24 @@ def print_run_plan(run: RunPlan) -> None:
 
 
 def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
-    """``train --dry-run``'s report."""
-    console.print("[bold]dry run[/]: nothing trained, nothing written", highlight=False)
+    """``train --dry-run``'s report; the problems that would stop the run last, on stderr."""
+    console.print("[bold]dry run[/]: nothing trained, nothing written, nothing downloaded",
+                  highlight=False)
     print_data_plan(plan.data)
-    if download:
+    if plan.downloads:
+        total = sum(d.size for d in plan.downloads)
+        hosts = sorted({d.url.split("/")[2] for d in plan.downloads})
+        console.print(
+            f"--download: the run would fetch {len(plan.downloads)} file"
+            f"{'s' if len(plan.downloads) != 1 else ''}, {human_bytes(total)}, from "
+            f"{', '.join(hosts)} into {plan.downloads[0].target.parent} (MD5-checked)",
+            highlight=False)
+    elif download:
         console.print("--download: the files are present; nothing would be fetched",
                       highlight=False)
     print_run_plan(plan.run)
+    for warning in plan.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     run = plan.run
     timing = run.timing
     how = "not timed" if timing is None else timing.describe()
@@ -250,3 +261,6 @@ def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
     console.print(f"would write: {plan.out}" + (" (continuing the run there)" if plan.resume
                                                  else " (ckpt.pt, private.pt, metrics.jsonl, "
                                                  "plots)"), highlight=False)
+    for problem in plan.problems:
+        err_console.print(f"[bold red]the run would stop:[/] {escape(problem)}",
+                          highlight=False, soft_wrap=True)

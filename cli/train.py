@@ -184,11 +184,13 @@ def train(
         if node_policy is not None and not node_policy.is_file():
             fail(f"--node-policy {node_policy}: no such file")
         plan = guarded(lambda: plan_train(None if resume else cfg, out, device, resume, rounds,
-                                          model=model))
+                                          model=model, download=download))
         if json_output:
             print_json(plan.to_json())
         else:
             print_train_plan(plan, engine.value, download)
+        if plan.problems:
+            raise typer.Exit(2)
         return
 
     if download:
