@@ -115,7 +115,7 @@ def test_plan_holds_against_the_server_by_default_as_train_does() -> None:
     hidden = plan_json(*args.split(), "--threat-model", "hidden-selection")
     assert hidden["epsilon"] < 0.7 * default["epsilon"]  # amplified: not against the server
     table = run_cli("plan", *args.split()).stdout
-    assert "against the server" in table and "as train" in table
+    assert "server (as train: the server knows whom it selected)" in table
     table = run_cli("plan", *args.split(), "--threat-model", "hidden-selection").stdout
     assert "not against the server" in table and "train's default" in table
 
