@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, StopRequested
@@ -29,6 +30,15 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
+
+
+class FoldingTable(Table):
+    """A rich table whose cells wrap at spaces and fold a word too long for its column,
+    never cut with an ellipsis: at 80 columns and in a pipe every value stays whole."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
 
 
 def choice_enum(name: str, words: Iterable[str]) -> type[StrEnum]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
 from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS
 from fedlap_privacy.cli.common import (
+    FoldingTable,
     choice_enum,
     console,
     err_console,
@@ -115,7 +115,8 @@ def _large_epsilon_note(r: dict) -> str | None:
 
 
 def _print_table(r: dict) -> None:
-    table = Table(title=f"FedLAP-DP privacy plan ({r['accountant'].upper()})", show_header=False)
+    table = FoldingTable(title=f"FedLAP-DP privacy plan ({r['accountant'].upper()})",
+                         show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     rows = [
@@ -148,7 +149,7 @@ def _print_table(r: dict) -> None:
         table.add_row(name, value)
     console.print(table)
     if r["curve"]:
-        curve = Table(title="epsilon after each round")
+        curve = FoldingTable(title="epsilon after each round")
         for _ in range(3):
             curve.add_column("round", justify="right")
             curve.add_column("epsilon", justify="right")

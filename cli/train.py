@@ -9,13 +9,13 @@ from typing import Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     DATA_HELP,
     DRY_RUN_HELP,
     MODEL_HELP,
     SCHEDULE_HELP,
+    FoldingTable,
     ScheduleChoice,
     check_writable,
     choice_enum,
@@ -311,7 +311,7 @@ def _require_flower(engine: Engine) -> None:
 
 
 def _print_summary(summary: RunSummary, history: list[RoundRecord]) -> None:
-    table = Table(title=f"{summary.method} on {summary.dataset}")
+    table = FoldingTable(title=f"{summary.method} on {summary.dataset}")
     for col in ("round", "test acc", "epsilon", "accesses", "clients", "upload", "seconds"):
         table.add_column(col, justify="right")
     for h in history:
