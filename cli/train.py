@@ -205,7 +205,8 @@ def train(
     task = progress.add_task("training", total=cfg.rounds, info="")
 
     def on_event(event: str, info: dict[str, Any]) -> None:
-        if event == "start":
+        if event == "start":  # the bar shows from here: a refused run shows none
+            progress.start()
             progress.update(task, completed=info["start_round"] - 1,
                             total=info["config"]["rounds"],
                             info=f"{info['config']['method']}  sigma={info['sigma']}")
@@ -261,8 +262,11 @@ def train(
     # SIGTERM stops between rounds in-process (the Simulation Engine's ServerApp runs in this
     # process too); a Flower deployment's processes keep their own handling
     stopping = stop_between_rounds() if engine is not Engine.flower else nullcontext()
-    with progress, stopping:
-        result = guarded(run)
+    try:
+        with stopping:
+            result = guarded(run)
+    finally:
+        progress.stop()
     if json_output:
         print_json(result.summary.to_json())
     else:

@@ -205,3 +205,13 @@ def test_more_clients_than_records_is_one_line_before_data_access(
     line = _refusal(["train", "--method", "fedavg", *args, "--out", str(out)])
     assert needle in line
     assert data_reads == [] and not out.exists()
+
+
+def test_a_refused_run_prints_its_error_and_no_progress_bar(tmp_path: Path) -> None:
+    """A second run into a folder holding one: the one-line refusal, no empty "training
+    0:00:00" bar after it."""
+    args = ["train", *SMALL, "--sigma", "2", "--rounds", "1", "--out", str(tmp_path / "r")]
+    assert runner.invoke(app, args).exit_code == 0
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "already holds a run" in refused.output
+    assert "training" not in refused.output and "0:00:00" not in refused.output
