@@ -122,8 +122,8 @@ def train(
         "four clients share a GPU; 0: the clients train on the CPU)."),
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="flower-simulation: run the virtual SuperNodes on this Ray "
-        "cluster (auto, HOST:6379 or ray://HOST:10001; every Ray node needs fedlap-privacy"
-        "[simulation] and the data); default: a Ray instance on this machine."),
+        "cluster (auto, HOST:6379 or ray://HOST:10001; every Ray node needs the simulation "
+        "extra and the data); default: a Ray instance on this machine."),
     allow_client_failures: bool = typer.Option(
         False, "--allow-client-failures", help="Flower: continue a round with the clients that "
         "answer (default: a client that does not answer fails the run); privacy is still "
@@ -308,10 +308,11 @@ def _require_flower(engine: Engine) -> None:
         import flwr  # noqa: F401
     except ImportError:
         extra = "simulation" if engine is Engine.flower_simulation else "flower"
-        fail(f"--engine {engine.value} needs Flower: pip install 'fedlap-privacy\\[{extra}]'")
+        fail(f"--engine {engine.value} needs Flower: pip install '.\\[{extra}]' in a clone of "
+             "fedlap-privacy")
     if engine is Engine.flower_simulation and importlib.util.find_spec("ray") is None:
         fail("--engine flower-simulation needs Flower's Simulation Engine (Ray): pip install "
-             "'fedlap-privacy\\[simulation]'")
+             "'.\\[simulation]' in a clone of fedlap-privacy")
 
 
 def _print_summary(summary: RunSummary, history: list[RoundRecord]) -> None:
