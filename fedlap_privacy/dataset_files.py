@@ -35,7 +35,7 @@ from typing import IO, Any
 import numpy as np
 
 from fedlap_privacy.atomic import atomic_file
-from fedlap_privacy.errors import DataError
+from fedlap_privacy.errors import DataError, MissingDataError
 from fedlap_privacy.npz_reader import LIMITS
 
 IDX_FILES = (
@@ -89,6 +89,7 @@ SIZES: dict[str, dict[str, int]] = {
     "cifar10": {CIFAR_ARCHIVE: 170_498_071},
 }
 _DOWNLOAD_TIMEOUT_S = 60
+_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,6 @@ def missing_downloads(name: str, root: Path) -> list[Download]:
         wanted = [f"{stem}.gz" for stem in IDX_FILES
                   if not (root / stem).is_file() and not (root / f"{stem}.gz").is_file()]
     return [Download(MIRRORS[name] + file, root / file, SIZES[name][file]) for file in wanted]
-_CHUNK = 1 << 20
 
 
 def idx_path(name: str, root: Path, stem: str, download: bool) -> Path:
@@ -122,7 +122,7 @@ def idx_path(name: str, root: Path, stem: str, download: bool) -> Path:
             return path
     target = root / f"{stem}.gz"
     if not download:
-        raise DataError(
+        raise MissingDataError(
             f"missing dataset file {target} (or {root / stem}); fetch it with --download"
         )
     _download(MIRRORS[name] + target.name, target, CHECKSUMS[name][target.name])
@@ -197,7 +197,7 @@ def cifar_folder(root: Path, download: bool) -> Path:
     folder = root / CIFAR_DIR if (root / CIFAR_DIR).is_dir() else root
     if not download:
         missing = next(folder / name for name in names if not (folder / name).is_file())
-        raise DataError(
+        raise MissingDataError(
             f"missing dataset file {missing} (looked in {root / CIFAR_DIR} and "
             f"{root}); fetch it with --download"
         )

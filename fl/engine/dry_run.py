@@ -44,7 +44,7 @@ import numpy as np
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
 from fedlap_privacy.data import Dataset, load_dataset, standard_stand_in
 from fedlap_privacy.dataset_files import Download, missing_downloads
-from fedlap_privacy.errors import ConfigError, DataError
+from fedlap_privacy.errors import ConfigError, MissingDataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import cross_device_defaults
 from fedlap_privacy.fl.run.privacy import (
@@ -238,8 +238,8 @@ def read_data(cfg: TrainConfig, split_seed: int | None = None, *, missing_ok: bo
         missing = None
         try:
             data = load_dataset(cfg.dataset, cfg.data_dir)
-        except DataError as exc:
-            if not (missing_ok and str(exc).startswith("missing dataset file")):
+        except MissingDataError as exc:
+            if not missing_ok:
                 raise
             data, missing = standard_stand_in(cfg.dataset), str(exc)
         source = ("scikit-learn (bundled)" if cfg.dataset == "digits"

@@ -238,3 +238,22 @@ def test_flower_dry_run_on_user_data(tmp_path, constant_timing):
                    "--dry-run"])
     assert bad.exit_code == 2 and "4 features" in bad.output and "Traceback" not in bad.output
     assert not out.exists()
+
+
+def test_the_files_a_download_would_fetch_and_the_stand_in_sizes(tmp_path):
+    """Only the missing files are named (an MNIST folder holding two of its four, raw or
+    gzipped), CIFAR-10's one archive; the stand-in has each dataset's published sizes."""
+    from fedlap_privacy.data import TRAIN_RECORDS, standard_stand_in
+    from fedlap_privacy.dataset_files import SIZES, missing_downloads
+
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"")
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")
+    assert [d.target.name for d in missing_downloads("mnist", tmp_path)] == [
+        "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz"]
+    (cifar,) = missing_downloads("cifar10", tmp_path)
+    assert cifar.url.startswith("https://www.cs.toronto.edu/") and cifar.size > 170e6
+    assert set(SIZES) == set(TRAIN_RECORDS) - {"digits"}
+    for name in SIZES:
+        data = standard_stand_in(name)
+        assert len(data.y_train) == TRAIN_RECORDS[name] and len(data.y_test) == 10_000
+        assert data.x_train.shape[0] == len(data.y_train) and not data.x_train.any()
