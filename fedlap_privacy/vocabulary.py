@@ -24,8 +24,9 @@ __all__ = [
     "CanaryKind", "NoiseKind", "Notion", "ThreatModel", "words",
 ]
 
-#: an epsilon above this is flagged as promising little: deployments and the DP literature
-#: stay at or below it (the FedLAP-DP paper's range is 1 to 10)
+#: an epsilon above this is flagged as promising little: DP training is usually reported and
+#: deployed at or below it, and above it the bound on an attacker's odds (e^epsilon, over
+#: 22,000 at 10) is loose
 LARGE_EPSILON = 10.0
 #: a per-access sampling rate B / N_k at or above this is "few records per client for the
 #: batch": the reason a large epsilon's warning gives

@@ -24,9 +24,8 @@ from fedlap_privacy.vocabulary import (
 )
 
 __all__ = [
-    "LARGE_EPSILON", "build_ledger", "check_accountable", "large_epsilon_warning",
-    "planned_epsilon", "privacy_statement", "privacy_warnings", "run_schedule",
-    "with_planned_sigma",
+    "build_ledger", "check_accountable", "large_epsilon_warning", "planned_epsilon",
+    "privacy_statement", "privacy_warnings", "run_schedule", "with_planned_sigma",
 ]
 
 
