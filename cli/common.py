@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -23,6 +23,7 @@ from fedlap_privacy.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 if TYPE_CHECKING:
+    from fedlap_privacy.dataset_files import Download
     from fedlap_privacy.fl.config import TrainConfig
     from fedlap_privacy.fl.engine.dry_run import DataPlan, RunPlan, TrainPlan
     from fedlap_privacy.fl.run.run_records import PrivacyStatement
@@ -241,19 +242,22 @@ def print_run_plan(run: RunPlan) -> None:
     console.print("privacy: " + privacy_sentence(run.privacy), highlight=False)
 
 
+def describe_downloads(downloads: Sequence[Download]) -> str:
+    """``4 files, 30.9 MB, from HOST into FOLDER (MD5-checked)``."""
+    total = sum(d.size for d in downloads)
+    hosts = sorted({d.url.split("/")[2] for d in downloads})
+    return (f"{len(downloads)} file{'s' if len(downloads) != 1 else ''}, {human_bytes(total)}, "
+            f"from {', '.join(hosts)} into {downloads[0].target.parent} (MD5-checked)")
+
+
 def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
     """``train --dry-run``'s report; the problems that would stop the run last, on stderr."""
     console.print("[bold]dry run[/]: nothing trained, nothing written, nothing downloaded",
                   highlight=False)
     print_data_plan(plan.data)
     if plan.downloads:
-        total = sum(d.size for d in plan.downloads)
-        hosts = sorted({d.url.split("/")[2] for d in plan.downloads})
-        console.print(
-            f"--download: the run would fetch {len(plan.downloads)} file"
-            f"{'s' if len(plan.downloads) != 1 else ''}, {human_bytes(total)}, from "
-            f"{', '.join(hosts)} into {plan.downloads[0].target.parent} (MD5-checked)",
-            highlight=False)
+        console.print(f"--download: the run would fetch {describe_downloads(plan.downloads)}",
+                      highlight=False)
     elif download:
         console.print("--download: the files are present; nothing would be fetched",
                       highlight=False)

@@ -21,6 +21,7 @@ from fedlap_privacy.cli.common import (
     choice_enum,
     console,
     data_flags,
+    describe_downloads,
     err_console,
     fail,
     guarded,
@@ -194,8 +195,13 @@ def train(
         return
 
     if download:
-        from fedlap_privacy.data import load_dataset
+        from fedlap_privacy.data import DATASETS, dataset_root, load_dataset
+        from fedlap_privacy.dataset_files import missing_downloads
 
+        if cfg.dataset in DATASETS and cfg.dataset != "digits":
+            fetch = missing_downloads(cfg.dataset, dataset_root(cfg.dataset, cfg.data_dir))
+            if fetch:
+                err_console.print(f"downloading {describe_downloads(fetch)}", highlight=False)
         guarded(lambda: load_dataset(cfg.dataset, cfg.data_dir, download=True))
 
     progress = Progress(

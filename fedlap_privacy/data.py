@@ -156,10 +156,15 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool =
         raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     if name == "digits":
         return _load_digits()
-    root = Path(data_dir) if data_dir is not None else Path("data") / name
+    root = dataset_root(name, data_dir)
     if name == "cifar10":
         return _load_cifar10(root, download)
     return _load_idx_dataset(name, root, download)
+
+
+def dataset_root(name: str, data_dir: str | Path | None = None) -> Path:
+    """The folder of a built-in dataset's files: ``data_dir``, else ``data/<name>``."""
+    return Path(data_dir) if data_dir is not None else Path("data") / name
 
 
 def standard_stand_in(name: str) -> Dataset:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from fedlap_privacy.checkpoint import CHECKPOINT, PRIVATE
-from fedlap_privacy.data import Dataset, load_dataset, standard_stand_in
+from fedlap_privacy.data import Dataset, dataset_root, load_dataset, standard_stand_in
 from fedlap_privacy.dataset_files import Download, missing_downloads
 from fedlap_privacy.errors import ConfigError, MissingDataError
 from fedlap_privacy.fl.config import TrainConfig
@@ -243,7 +243,7 @@ def read_data(cfg: TrainConfig, split_seed: int | None = None, *, missing_ok: bo
                 raise
             data, missing = standard_stand_in(cfg.dataset), str(exc)
         source = ("scikit-learn (bundled)" if cfg.dataset == "digits"
-                  else str(cfg.data_dir or Path("data") / cfg.dataset))
+                  else str(dataset_root(cfg.dataset, cfg.data_dir)))
     sizes = tuple(len(p) for p in client_parts(cfg, data, seed))
     plan = DataPlan(cfg.dataset, source, tuple(int(v) for v in data.x_train.shape[1:]),
                     data.num_classes, len(data.y_train), len(data.y_test), sizes,
@@ -417,8 +417,7 @@ def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume:
     cfg, data_plan, data = read_data(cfg, split_seed, missing_ok=True)
     downloads: list[Download] = []
     if data_plan.missing is not None:
-        root = Path(cfg.data_dir or Path("data") / cfg.dataset)
-        downloads = missing_downloads(cfg.dataset, root)
+        downloads = missing_downloads(cfg.dataset, dataset_root(cfg.dataset, cfg.data_dir))
         if not download:
             size = sum(d.size for d in downloads)
             problems.append(f"{data_plan.missing} (about {size / 1e6:.0f} MB)" if size
