@@ -13,13 +13,24 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-install: $(PY)
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e .
+# pip runs again only when pyproject.toml changed since the last install (a stamp file in
+# the virtual env); setuptools' "Editable installation" banner (about folders named like the
+# package in the working directory: this repository maps them on purpose) is silenced
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
-install-dev: $(PY)
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+$(VENV)/.installed: pyproject.toml | $(PY)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev,flower,simulation]'
+	$(QUIET_EDITABLE) $(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(PY)
+	$(PY) -m pip install -q $(TORCH)
+	$(QUIET_EDITABLE) $(PY) -m pip install -q -e '.[dev,flower,simulation]'
+	touch $@ $(VENV)/.installed
 
 run: install
 	$(VENV)/bin/fedlap-privacy train --out runs/latest

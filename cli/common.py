@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, StopRequested
@@ -22,6 +23,7 @@ from fedlap_privacy.state.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
 if TYPE_CHECKING:
+    from fedlap_privacy.data.dataset_files import Download
     from fedlap_privacy.fl.config import TrainConfig
     from fedlap_privacy.fl.engine.dry_run import DataPlan, RunPlan, TrainPlan
     from fedlap_privacy.fl.run.run_records import PrivacyStatement
@@ -29,6 +31,15 @@ if TYPE_CHECKING:
 console = Console()
 err_console = Console(stderr=True)
 T = TypeVar("T")
+
+
+class FoldingTable(Table):
+    """A rich table whose cells wrap at spaces and fold a word too long for its column,
+    never cut with an ellipsis: at 80 columns and in a pipe every value stays whole."""
+
+    def add_column(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("overflow", "fold")
+        super().add_column(*args, **kwargs)
 
 
 def choice_enum(name: str, words: Iterable[str]) -> type[StrEnum]:
@@ -231,14 +242,28 @@ def print_run_plan(run: RunPlan) -> None:
     console.print("privacy: " + privacy_sentence(run.privacy), highlight=False)
 
 
+def describe_downloads(downloads: Sequence[Download]) -> str:
+    """``4 files, 30.9 MB, from HOST into FOLDER (MD5-checked)``."""
+    total = sum(d.size for d in downloads)
+    hosts = sorted({d.url.split("/")[2] for d in downloads})
+    return (f"{len(downloads)} file{'s' if len(downloads) != 1 else ''}, {human_bytes(total)}, "
+            f"from {', '.join(hosts)} into {downloads[0].target.parent} (MD5-checked)")
+
+
 def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
-    """``train --dry-run``'s report."""
-    console.print("[bold]dry run[/]: nothing trained, nothing written", highlight=False)
+    """``train --dry-run``'s report; the problems that would stop the run last, on stderr."""
+    console.print("[bold]dry run[/]: nothing trained, nothing written, nothing downloaded",
+                  highlight=False)
     print_data_plan(plan.data)
-    if download:
+    if plan.downloads:
+        console.print(f"--download: the run would fetch {describe_downloads(plan.downloads)}",
+                      highlight=False)
+    elif download:
         console.print("--download: the files are present; nothing would be fetched",
                       highlight=False)
     print_run_plan(plan.run)
+    for warning in plan.warnings:
+        console.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     run = plan.run
     timing = run.timing
     how = "not timed" if timing is None else timing.describe()
@@ -250,3 +275,6 @@ def print_train_plan(plan: TrainPlan, engine: str, download: bool) -> None:
     console.print(f"would write: {plan.out}" + (" (continuing the run there)" if plan.resume
                                                  else " (ckpt.pt, private.pt, metrics.jsonl, "
                                                  "plots)"), highlight=False)
+    for problem in plan.problems:
+        err_console.print(f"[bold red]the run would stop:[/] {escape(problem)}",
+                          highlight=False, soft_wrap=True)

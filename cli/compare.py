@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     DATA_HELP,
     DRY_RUN_HELP,
     MODEL_HELP,
     SCHEDULE_HELP,
+    FoldingTable,
     ScheduleChoice,
     check_writable,
     console,
@@ -167,9 +167,9 @@ def _print_by_epsilon(report: dict[str, Any]) -> None:
     from fedlap_privacy.fl.engine.compare import NO_DP
 
     columns = [f"{e:g}" for e in report["eps"]] + [NO_DP]
-    table = Table(title=f"Test accuracy (%) on {report['dataset']}, {report['rounds']} rounds, "
-                        f"delta {report['delta']:g}, {report['seeds']} seed(s)")
-    table.add_column("method")
+    table = FoldingTable(title=f"Test accuracy (%) on {report['dataset']}, {report['rounds']} "
+                         f"rounds, delta {report['delta']:g}, {report['seeds']} seed(s)")
+    table.add_column("method", no_wrap=True)
     table.add_column("privacy notion")
     table.add_column("upload / client-round", justify="right")
     for c in columns:
@@ -191,10 +191,10 @@ def _print_by_rounds(report: dict[str, Any]) -> None:
     from fedlap_privacy.fl.engine.compare import NO_DP
 
     counts: list[int] = report["round_counts"]
-    table = Table(title=f"Test accuracy (%) and epsilon spent after R rounds at matched "
+    table = FoldingTable(title=f"Test accuracy (%) and epsilon spent after R rounds at matched "
                         f"target epsilon, {report['dataset']}, delta {report['delta']:g}, "
                         f"{report['seeds']} seed(s)")
-    table.add_column("method")
+    table.add_column("method", no_wrap=True)
     table.add_column("privacy notion")
     table.add_column("upload / client-round", justify="right")
     table.add_column("target")
@@ -228,10 +228,11 @@ def _print_plan(plan: ComparePlan) -> None:
     """``compare --dry-run``: a row per run (budget, rounds, sigma, epsilon spent, time)."""
     console.print("[bold]dry run[/]: nothing trained, nothing written", highlight=False)
     print_data_plan(plan.data)
-    table = Table(title=f"{len(plan.runs)} runs into {plan.out}")
+    table = FoldingTable(title=f"{len(plan.runs)} runs into {plan.out}")
     for column in ("method", "target", "seed", "rounds", "T", "sigma", "epsilon spent",
                    "against", "time"):
-        table.add_column(column, justify="left" if column in ("method", "against") else "right")
+        table.add_column(column, justify="left" if column in ("method", "against") else "right",
+                         no_wrap=column == "method")
     for method, eps, seed, run, done in plan.runs:
         p = run.privacy
         spent = p.epsilon

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import typer
-from rich.table import Table
 
 from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS
-from fedlap_privacy.cli.common import choice_enum, console, fail, guarded, print_json
-from fedlap_privacy.vocabulary import ThreatModel
+from fedlap_privacy.cli.common import (
+    FoldingTable,
+    choice_enum,
+    console,
+    err_console,
+    fail,
+    guarded,
+    print_json,
+)
+from fedlap_privacy.vocabulary import LARGE_EPSILON, SMALL_CLIENT_RATE, ThreatModel
 
 Accountant = choice_enum("Accountant", accountant_names())
 PlanThreatModel = choice_enum("PlanThreatModel", PLAN_THREAT_MODELS)
@@ -39,10 +46,11 @@ def plan(
     accountant: Accountant = typer.Option(  # type: ignore[valid-type]
         AccountantName.RDP.value, "--accountant"),
     threat_model: PlanThreatModel = typer.Option(  # type: ignore[valid-type]
-        PLAN_THREAT_MODELS[0].value, "--threat-model",
-        help="hidden-selection: Theorem 5.8 (q1 amplified by client sampling; holds only "
-        "against parties who do not know who was selected). server: against the server, "
-        "which knows (train's default). Equal at client fraction 1."
+        ThreatModel.SERVER.value, "--threat-model",
+        help="server (default, as train's): against the server, which knows whom it "
+        "selected (no amplification by client sampling). hidden-selection: Theorem 5.8 as "
+        "published (q1 amplified by client sampling; holds only against parties who do not "
+        "know who was selected). Equal at client fraction 1."
     ),
     orders: str | None = typer.Option(None, "--orders", help="default | extended | a,b,c"),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -69,10 +77,13 @@ def plan(
         )
 
     result = guarded(run)
+    note = _large_epsilon_note(result)
     if json_output:
-        print_json(result)
+        print_json({**result, "warnings": [] if note is None else [note]})
     else:
         _print_table(result)
+        if note is not None:
+            err_console.print(f"[bold yellow]warning:[/] {note}", highlight=False)
     if result["rounds"] == 0:
         fail(
             f"even one round exceeds epsilon {result['target_epsilon']} at sigma "
@@ -81,8 +92,31 @@ def plan(
         )
 
 
+def _large_epsilon_note(r: dict) -> str | None:
+    """Why the plan's epsilon is above :data:`LARGE_EPSILON` and what lowers it (None when it
+    is not): a large sampling rate (few records per client for the batch), else the number
+    of accesses composed."""
+    if not r["rounds"] or not r["epsilon"] > LARGE_EPSILON:
+        return None
+    if r["q2"] >= SMALL_CLIENT_RATE:
+        why = (f"few records per client for the batch: each record is in a batch with "
+               f"probability q2 = {r['q2']:.2g} (B {r['batch_size']:g} of N_k "
+               f"{r['client_size']:,}) at each of T = {r['local_steps']} accesses a round, so "
+               "batch sampling hides it little")
+    else:
+        why = (f"{r['rounds']} rounds of T = {r['local_steps']} accesses compose "
+               f"{r['rounds'] * r['local_steps']:,} noisy steps at sigma {r['sigma']:.3g}")
+    target = ("a smaller --eps" if r["target_epsilon"] is not None
+              else "--eps E (sigma planned for it)")
+    return (f"epsilon {r['epsilon']:.1f} after {r['rounds']} rounds is above the usual range "
+            f"(at most about {LARGE_EPSILON:g}) and promises little: {why}. To lower it: a "
+            f"larger --sigma, fewer --rounds or --local-steps, a smaller --batch-size or a "
+            f"larger --client-size, or {target}")
+
+
 def _print_table(r: dict) -> None:
-    table = Table(title=f"FedLAP-DP privacy plan ({r['accountant'].upper()})", show_header=False)
+    table = FoldingTable(title=f"FedLAP-DP privacy plan ({r['accountant'].upper()})",
+                         show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     rows = [
@@ -91,9 +125,10 @@ def _print_table(r: dict) -> None:
         ("client fraction C", f"{r['client_fraction']:g}"),
         ("accesses per round T", f"{r['local_steps']}"),
         ("threat model", r["threat_model"] + (
-            " (Theorem 5.8; not against the server)"
+            " (Theorem 5.8: not against the server, unlike train's default)"
             if r["threat_model"] == ThreatModel.HIDDEN_SELECTION and r["client_fraction"] < 1
-            else "")),
+            else " (as train: the server knows whom it selected)"
+            if r["threat_model"] == ThreatModel.SERVER else "")),
         ("q1 (first access)", f"{r['q1']:.6g}"),
         ("q2 (later accesses)", f"{r['q2']:.6g}"),
         ("delta", f"{r['delta']:g}"),
@@ -114,7 +149,7 @@ def _print_table(r: dict) -> None:
         table.add_row(name, value)
     console.print(table)
     if r["curve"]:
-        curve = Table(title="epsilon after each round")
+        curve = FoldingTable(title="epsilon after each round")
         for _ in range(3):
             curve.add_column("round", justify="right")
             curve.add_column("epsilon", justify="right")

@@ -9,18 +9,19 @@ from typing import Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from fedlap_privacy.cli.common import (
     DATA_HELP,
     DRY_RUN_HELP,
     MODEL_HELP,
     SCHEDULE_HELP,
+    FoldingTable,
     ScheduleChoice,
     check_writable,
     choice_enum,
     console,
     data_flags,
+    describe_downloads,
     err_console,
     fail,
     guarded,
@@ -122,8 +123,8 @@ def train(
         "four clients share a GPU; 0: the clients train on the CPU)."),
     ray_address: str | None = typer.Option(
         None, "--ray-address", help="flower-simulation: run the virtual SuperNodes on this Ray "
-        "cluster (auto, HOST:6379 or ray://HOST:10001; every Ray node needs fedlap-privacy"
-        "[simulation] and the data); default: a Ray instance on this machine."),
+        "cluster (auto, HOST:6379 or ray://HOST:10001; every Ray node needs the simulation "
+        "extra and the data); default: a Ray instance on this machine."),
     allow_client_failures: bool = typer.Option(
         False, "--allow-client-failures", help="Flower: continue a round with the clients that "
         "answer (default: a client that does not answer fails the run); privacy is still "
@@ -189,16 +190,23 @@ def train(
         if node_policy is not None and not node_policy.is_file():
             fail(f"--node-policy {node_policy}: no such file")
         plan = guarded(lambda: plan_train(None if resume else cfg, out, device, resume, rounds,
-                                          model=model))
+                                          model=model, download=download))
         if json_output:
             print_json(plan.to_json())
         else:
             print_train_plan(plan, engine.value, download)
+        if plan.problems:
+            raise typer.Exit(2)
         return
 
     if download:
-        from fedlap_privacy.data.datasets import load_dataset
+        from fedlap_privacy.data.dataset_files import missing_downloads
+        from fedlap_privacy.data.datasets import DATASETS, dataset_root, load_dataset
 
+        if cfg.dataset in DATASETS and cfg.dataset != "digits":
+            fetch = missing_downloads(cfg.dataset, dataset_root(cfg.dataset, cfg.data_dir))
+            if fetch:
+                err_console.print(f"downloading {describe_downloads(fetch)}", highlight=False)
         guarded(lambda: load_dataset(cfg.dataset, cfg.data_dir, download=True))
 
     progress = Progress(
@@ -208,7 +216,8 @@ def train(
     task = progress.add_task("training", total=cfg.rounds, info="")
 
     def on_event(event: str, info: dict[str, Any]) -> None:
-        if event == "start":
+        if event == "start":  # the bar shows from here: a refused run shows none
+            progress.start()
             progress.update(task, completed=info["start_round"] - 1,
                             total=info["config"]["rounds"],
                             info=f"{info['config']['method']}  sigma={info['sigma']}")
@@ -264,8 +273,11 @@ def train(
     # SIGTERM stops between rounds in-process (the Simulation Engine's ServerApp runs in this
     # process too); a Flower deployment's processes keep their own handling
     stopping = stop_between_rounds() if engine is not Engine.flower else nullcontext()
-    with progress, stopping:
-        result = guarded(run)
+    try:
+        with stopping:
+            result = guarded(run)
+    finally:
+        progress.stop()
     if json_output:
         print_json(result.summary.to_json())
     else:
@@ -307,14 +319,15 @@ def _require_flower(engine: Engine) -> None:
         import flwr  # noqa: F401
     except ImportError:
         extra = "simulation" if engine is Engine.flower_simulation else "flower"
-        fail(f"--engine {engine.value} needs Flower: pip install 'fedlap-privacy\\[{extra}]'")
+        fail(f"--engine {engine.value} needs Flower: pip install '.\\[{extra}]' in a clone of "
+             "fedlap-privacy")
     if engine is Engine.flower_simulation and importlib.util.find_spec("ray") is None:
         fail("--engine flower-simulation needs Flower's Simulation Engine (Ray): pip install "
-             "'fedlap-privacy\\[simulation]'")
+             "'.\\[simulation]' in a clone of fedlap-privacy")
 
 
 def _print_summary(summary: RunSummary, history: list[RoundRecord]) -> None:
-    table = Table(title=f"{summary.method} on {summary.dataset}")
+    table = FoldingTable(title=f"{summary.method} on {summary.dataset}")
     for col in ("round", "test acc", "epsilon", "accesses", "clients", "upload", "seconds"):
         table.add_column(col, justify="right")
     for h in history:

@@ -13,5 +13,9 @@ class DataError(FedlapError):
     """A dataset file is missing, corrupt, or of the wrong format (names the file)."""
 
 
+class MissingDataError(DataError):
+    """A built-in dataset's files are not there (``--download`` fetches them)."""
+
+
 class CheckpointError(FedlapError):
     """A checkpoint is missing, not a fedlap-privacy checkpoint, or unsafe to load."""

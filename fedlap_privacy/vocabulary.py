@@ -12,6 +12,7 @@ ledgers) is the plain text (``.value``): ``torch.load(weights_only=True)`` reads
 * :data:`NOTION_THREAT_MODELS`: the threat models each notion's epsilon can hold for.
 * :class:`NoiseKind`: whether a run's DP randomness was secret.
 * :class:`CanaryKind`: the canaries a one-run audit inserts (docs/audit.md).
+* :data:`LARGE_EPSILON`: the epsilon above which ``plan``, ``train`` and a dry run warn.
 """
 
 from __future__ import annotations
@@ -19,9 +20,17 @@ from __future__ import annotations
 from enum import StrEnum
 
 __all__ = [
-    "NOTION_THREAT_MODELS", "CanaryCoordinates", "CanaryKind", "NoiseKind", "Notion", "ThreatModel",
-    "words",
+    "LARGE_EPSILON", "NOTION_THREAT_MODELS", "SMALL_CLIENT_RATE", "CanaryCoordinates",
+    "CanaryKind", "NoiseKind", "Notion", "ThreatModel", "words",
 ]
+
+#: an epsilon above this is flagged as promising little: DP training is usually reported and
+#: deployed at or below it, and above it the bound on an attacker's odds (e^epsilon, over
+#: 22,000 at 10) is loose
+LARGE_EPSILON = 10.0
+#: a per-access sampling rate B / N_k at or above this is "few records per client for the
+#: batch": the reason a large epsilon's warning gives
+SMALL_CLIENT_RATE = 0.1
 
 
 def words(kind: type[StrEnum]) -> tuple[str, ...]:

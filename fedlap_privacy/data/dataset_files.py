@@ -28,13 +28,14 @@ import tarfile
 import urllib.error
 import urllib.request
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from fedlap_privacy.data.npz_reader import LIMITS
-from fedlap_privacy.errors import DataError
+from fedlap_privacy.errors import DataError, MissingDataError
 from fedlap_privacy.state.atomic import atomic_file
 
 IDX_FILES = (
@@ -71,8 +72,47 @@ CHECKSUMS: dict[str, dict[str, str]] = {
     },
     "cifar10": {CIFAR_ARCHIVE: "c58f30108f718f92721af3b95e74349a"},
 }
+# The published sizes of those files in bytes (a dry run says what it would fetch).
+SIZES: dict[str, dict[str, int]] = {
+    "mnist": {
+        "train-images-idx3-ubyte.gz": 9_912_422,
+        "train-labels-idx1-ubyte.gz": 28_881,
+        "t10k-images-idx3-ubyte.gz": 1_648_877,
+        "t10k-labels-idx1-ubyte.gz": 4_542,
+    },
+    "fashion-mnist": {
+        "train-images-idx3-ubyte.gz": 26_421_880,
+        "train-labels-idx1-ubyte.gz": 29_515,
+        "t10k-images-idx3-ubyte.gz": 4_422_102,
+        "t10k-labels-idx1-ubyte.gz": 5_148,
+    },
+    "cifar10": {CIFAR_ARCHIVE: 170_498_071},
+}
 _DOWNLOAD_TIMEOUT_S = 60
 _CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Download:
+    """One file a run would fetch: from ``url`` into ``target``, ``size`` bytes."""
+
+    url: str
+    target: Path
+    size: int
+
+
+def missing_downloads(name: str, root: Path) -> list[Download]:
+    """The files ``load_dataset(name, root, download=True)`` would fetch (none when every
+    file is present), without touching the network."""
+    if name == "cifar10":
+        names = (*CIFAR_TRAIN, CIFAR_TEST)
+        if any(all((folder / n).is_file() for n in names) for folder in (root / CIFAR_DIR, root)):
+            return []
+        wanted = [CIFAR_ARCHIVE] if not (root / CIFAR_ARCHIVE).is_file() else []
+    else:
+        wanted = [f"{stem}.gz" for stem in IDX_FILES
+                  if not (root / stem).is_file() and not (root / f"{stem}.gz").is_file()]
+    return [Download(MIRRORS[name] + file, root / file, SIZES[name][file]) for file in wanted]
 
 
 def idx_path(name: str, root: Path, stem: str, download: bool) -> Path:
@@ -82,7 +122,7 @@ def idx_path(name: str, root: Path, stem: str, download: bool) -> Path:
             return path
     target = root / f"{stem}.gz"
     if not download:
-        raise DataError(
+        raise MissingDataError(
             f"missing dataset file {target} (or {root / stem}); fetch it with --download"
         )
     _download(MIRRORS[name] + target.name, target, CHECKSUMS[name][target.name])
@@ -157,7 +197,7 @@ def cifar_folder(root: Path, download: bool) -> Path:
     folder = root / CIFAR_DIR if (root / CIFAR_DIR).is_dir() else root
     if not download:
         missing = next(folder / name for name in names if not (folder / name).is_file())
-        raise DataError(
+        raise MissingDataError(
             f"missing dataset file {missing} (looked in {root / CIFAR_DIR} and "
             f"{root}); fetch it with --download"
         )

@@ -52,6 +52,15 @@ NORMALISATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "fashion-mnist": ((0.2860,), (0.3530,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
 }
+#: the published class counts (train, test) of the downloaded datasets: a dry run plans a
+#: run whose files are not yet downloaded on them (:func:`standard_stand_in`)
+CLASS_COUNTS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "mnist": ((5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949),
+              (980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009)),
+    "fashion-mnist": ((6000,) * 10, (1000,) * 10),
+    "cifar10": ((5000,) * 10, (1000,) * 10),
+}
+RECORD_SHAPES = {"mnist": (1, 28, 28), "fashion-mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
 DIGITS_SPLIT_SEED = 0  # numpy RandomState seed of the fixed stratified digits split
 DIGITS_TEST_FRACTION = 0.2
 
@@ -147,10 +156,31 @@ def load_dataset(name: str, data_dir: str | Path | None = None, download: bool =
         raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     if name == "digits":
         return _load_digits()
-    root = Path(data_dir) if data_dir is not None else Path("data") / name
+    root = dataset_root(name, data_dir)
     if name == "cifar10":
         return _load_cifar10(root, download)
     return _load_idx_dataset(name, root, download)
+
+
+def dataset_root(name: str, data_dir: str | Path | None = None) -> Path:
+    """The folder of a built-in dataset's files: ``data_dir``, else ``data/<name>``."""
+    return Path(data_dir) if data_dir is not None else Path("data") / name
+
+
+def standard_stand_in(name: str) -> Dataset:
+    """A stand-in for a downloadable dataset not yet on disk: its standard sizes, record
+    shape and class counts (labels in a fixed shuffled order), every image zero (a
+    read-only view, no memory). What a dry run splits and times in place of the files."""
+    if name not in CLASS_COUNTS:
+        raise ConfigError(f"no standard sizes for dataset {name!r}")
+    rng = np.random.default_rng(0)
+    train, test = (rng.permutation(np.repeat(np.arange(NUM_CLASSES), counts)).astype(np.int64)
+                   for counts in CLASS_COUNTS[name])
+    zero = np.zeros((1, *RECORD_SHAPES[name]), dtype=np.float32)
+    mean, std = NORMALISATION[name]
+    return Dataset(name, np.broadcast_to(zero, (len(train), *zero.shape[1:])), train,
+                   np.broadcast_to(zero, (len(test), *zero.shape[1:])), test, NUM_CLASSES,
+                   mean, std)
 
 
 # ----------------------------------------------------------------------------- digits

@@ -10,6 +10,10 @@ reads and an estimate of its time on this machine.
 What it reads: the dataset files, to validate them and split the labels over the clients
 (client sizes set the sampling rate, hence sigma and epsilon), exactly as the run does; it
 computes nothing from the images. It never downloads, never writes or locks ``--out``.
+A built-in dataset not yet downloaded is planned on its standard sizes and class counts
+(:func:`fedlap_privacy.data.datasets.standard_stand_in`), and the plan names the files the run
+would fetch. Every problem the run would meet at its start (a folder that holds a run,
+missing files without ``--download``) is collected in the plan, not raised at the first.
 
 The time estimate (:func:`time_steps`) never touches a private record and never trains a
 whole round: the run's model and method are built on RANDOM data of the dataset's shape and
@@ -38,11 +42,17 @@ from typing import Any
 import numpy as np
 
 from fedlap_privacy.compute.threads import follow_load
-from fedlap_privacy.data.datasets import Dataset, load_dataset
-from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.data.dataset_files import Download, missing_downloads
+from fedlap_privacy.data.datasets import Dataset, dataset_root, load_dataset, standard_stand_in
+from fedlap_privacy.errors import ConfigError, MissingDataError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import cross_device_defaults
-from fedlap_privacy.fl.run.privacy import build_ledger, privacy_statement, with_planned_sigma
+from fedlap_privacy.fl.run.privacy import (
+    build_ledger,
+    privacy_statement,
+    privacy_warnings,
+    with_planned_sigma,
+)
 from fedlap_privacy.fl.run.run_files import (
     check_new_run_dir,
     holds_run,
@@ -86,12 +96,16 @@ class DataPlan:
     test_records: int
     client_sizes: tuple[int, ...]
     seconds: float  # time to read and split them
+    # the files are missing (why, in one line): planned on the dataset's standard sizes
+    missing: str | None = None
 
     def describe(self) -> str:
         sizes = self.client_sizes
         record = ("x".join(map(str, self.shape)) if len(self.shape) > 1
                   else f"{self.shape[0]} features")
-        return (f"{self.dataset} from {self.source}: {self.train_records:,} training / "
+        source = (f"{self.source} (not there yet: its standard sizes and class counts)"
+                  if self.missing else self.source)
+        return (f"{self.dataset} from {source}: {self.train_records:,} training / "
                 f"{self.test_records:,} test records of {record}, {self.num_classes} "
                 f"classes; {len(sizes)} clients of {min(sizes):,}-{max(sizes):,} records")
 
@@ -160,16 +174,24 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class TrainPlan:
-    """``train --dry-run``: the data, the run, the folder it would write."""
+    """``train --dry-run``: the data, the run, the folder it would write; the files it would
+    download, the warnings it would print and the problems that would stop it (each one
+    line: the run would be refused)."""
 
     data: DataPlan
     run: RunPlan
     out: str
     resume: bool
+    downloads: tuple[Download, ...] = ()
+    warnings: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"dry_run": True, "data": dataclasses.asdict(self.data), "run": self.run.to_json(),
-                "out": self.out, "resume": self.resume}
+                "out": self.out, "resume": self.resume,
+                "downloads": [{"url": d.url, "target": str(d.target), "bytes": d.size}
+                              for d in self.downloads],
+                "warnings": list(self.warnings), "problems": list(self.problems)}
 
 
 @dataclass(frozen=True)
@@ -195,12 +217,14 @@ class ComparePlan:
         }
 
 
-def read_data(cfg: TrainConfig, split_seed: int | None = None
+def read_data(cfg: TrainConfig, split_seed: int | None = None, *, missing_ok: bool = False
               ) -> tuple[TrainConfig, DataPlan, Dataset]:
     """Read and validate ``cfg``'s dataset (never downloading; a user's records as
     ``--data`` reads them) and split it as the run does: on ``split_seed`` (a resumed run's),
     else on ``cfg.split_seed`` or a fresh secret draw, as a new run's split is drawn.
-    Returns ``cfg`` as the run has it (a natural partition sets its number of clients)."""
+    Returns ``cfg`` as the run has it (a natural partition sets its number of clients).
+    ``missing_ok``: a built-in dataset whose files are missing is split on its standard
+    sizes instead (the plan's ``missing`` says so)."""
     from fedlap_privacy.fl.engine.simulation import client_parts
     from fedlap_privacy.fl.run.randomness import run_split_seed
     from fedlap_privacy.fl.run.user_runs import prepare_data
@@ -211,13 +235,19 @@ def read_data(cfg: TrainConfig, split_seed: int | None = None
         cfg, data = prepare_data(cfg, seed)
         source = cfg.data
     else:
-        data = load_dataset(cfg.dataset, cfg.data_dir)
+        missing = None
+        try:
+            data = load_dataset(cfg.dataset, cfg.data_dir)
+        except MissingDataError as exc:
+            if not missing_ok:
+                raise
+            data, missing = standard_stand_in(cfg.dataset), str(exc)
         source = ("scikit-learn (bundled)" if cfg.dataset == "digits"
-                  else str(cfg.data_dir or Path("data") / cfg.dataset))
+                  else str(dataset_root(cfg.dataset, cfg.data_dir)))
     sizes = tuple(len(p) for p in client_parts(cfg, data, seed))
     plan = DataPlan(cfg.dataset, source, tuple(int(v) for v in data.x_train.shape[1:]),
                     data.num_classes, len(data.y_train), len(data.y_test), sizes,
-                    time.perf_counter() - start)
+                    time.perf_counter() - start, None if cfg.data is not None else missing)
     return cfg, plan, data
 
 
@@ -355,14 +385,17 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
 
 def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume: bool = False,
                rounds: int | None = None, timer: Timer | None = None,
-               model: str | None = None) -> TrainPlan:
-    """``train --dry-run``: a new run of ``cfg`` into ``out`` (refused where ``train`` would
-    refuse the folder), or with ``resume`` the run already in ``out`` (its own settings,
-    ``rounds`` as the new total), continued from its checkpoint and ledger; its model
-    factory refused unless the user names it (``model``) as ``train --resume`` refuses it."""
+               model: str | None = None, download: bool = False) -> TrainPlan:
+    """``train --dry-run``: a new run of ``cfg`` into ``out`` (a folder ``train`` would refuse
+    is one of the plan's problems), or with ``resume`` the run already in ``out`` (its own
+    settings, ``rounds`` as the new total), continued from its checkpoint and ledger; its
+    model factory refused unless the user names it (``model``) as ``train --resume`` refuses
+    it. A built-in dataset's missing files: with ``download`` the files the run would fetch,
+    else a problem; planned on the dataset's standard sizes either way."""
     from fedlap_privacy.fl.engine.simulation import restored_config
 
     entries, start, planned_before, split_seed = None, 1, None, None
+    problems: list[str] = []
     if resume:
         private = load_private(out)
         release = load_release(out)
@@ -376,12 +409,25 @@ def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume:
     else:
         if cfg is None:
             raise ConfigError("a new run needs its configuration")
-        check_new_run_dir(out)
+        try:
+            check_new_run_dir(out)
+        except ConfigError as exc:
+            problems.append(str(exc))
     cfg.validate()
-    cfg, data_plan, data = read_data(cfg, split_seed)
+    cfg, data_plan, data = read_data(cfg, split_seed, missing_ok=True)
+    downloads: list[Download] = []
+    if data_plan.missing is not None:
+        downloads = missing_downloads(cfg.dataset, dataset_root(cfg.dataset, cfg.data_dir))
+        if not download:
+            size = sum(d.size for d in downloads)
+            problems.append(f"{data_plan.missing} (about {size / 1e6:.0f} MB)" if size
+                            else data_plan.missing)
     timing = (timer or time_steps)(cfg, data, device)
     run = plan_run(cfg, data_plan.client_sizes, timing, start, entries, planned_before)
-    return TrainPlan(data_plan, run, str(out), resume)
+    warnings = privacy_warnings(run.config, list(data_plan.client_sizes),
+                                run.privacy.epsilon)
+    return TrainPlan(data_plan, run, str(out), resume,
+                     tuple(downloads) if download else (), tuple(warnings), tuple(problems))
 
 
 def plan_compare(jobs: Sequence[Any], out: Path, device: str = "auto",

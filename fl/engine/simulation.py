@@ -48,6 +48,7 @@ from fedlap_privacy.fl.engine.client_sampling import select_clients
 from fedlap_privacy.fl.engine.progress import LONG_ROUND_S
 from fedlap_privacy.fl.engine.run_split import client_parts, validation_indices
 from fedlap_privacy.fl.engine.stop import STOPPED, stop_requested
+from fedlap_privacy.fl.engine.terminal_progress import progress_callback
 from fedlap_privacy.fl.engine.training_run import (
     AskClients,
     Callback,
@@ -121,6 +122,7 @@ def train(
     lock: RunLock | None = None,
     estimate: bool = False,
     schedule: str = "auto",
+    progress: bool | None = False,
 ) -> TrainResult:
     """Start a new federated training; see the module docstring.
 
@@ -137,7 +139,10 @@ def train(
     secret. The run folder's lock (:mod:`fedlap_privacy.state.run_lock`; the folder is created) is
     taken before any data is read and held until the run returns; ``lock``: the caller holds
     it already. ``estimate``: time one step before round 1 and send the round's estimated
-    time to ``callback`` (the ``estimate`` event, :func:`_estimate`).
+    time to ``callback`` (the ``estimate`` event, :func:`_estimate`). ``progress``: without a
+    ``callback``, a line per round on stderr (:mod:`~fedlap_privacy.fl.engine.terminal_progress`):
+    True; None: when stderr is a terminal (the default of :func:`fedlap_privacy.fl.train`);
+    False (the drivers' default): silent.
 
     ``cfg`` takes the CLI's path (:func:`~fedlap_privacy.fl.config_resolve.resolve_given`):
     the keys it was not given are decided as ``train`` decides the flags a user did not type
@@ -147,6 +152,7 @@ def train(
     dataset, which that data replaces).
     """
     out = Path(out_dir) if out_dir is not None else None
+    callback = progress_callback(progress, callback)
     if isinstance(data, str | Path):
         cfg, data = with_data(cfg, data), None
     cfg = cfg.validate() if data is not None else resolve_given(cfg, schedule)
@@ -190,6 +196,7 @@ def resume(
     *,
     lock: RunLock | None = None,
     model: str | None = None,
+    progress: bool | None = False,
 ) -> TrainResult:
     """Continue the run in ``out_dir`` (optionally to a new total of ``rounds``).
 
@@ -199,9 +206,10 @@ def resume(
     run folder's lock is taken before the run is read and held until the run returns
     (``lock``: the caller holds it already). ``model``: the model factory the caller names
     (``train --resume --model``); a run whose model a user's factory built is resumed only
-    when it is the recorded one (:func:`restored_config`).
+    when it is the recorded one (:func:`restored_config`). ``progress``: as :func:`train`'s.
     """
     out = Path(out_dir)
+    callback = progress_callback(progress, callback)
     with _holding(out, lock, new=False):
         settle_run_files(out)
         private = load_private(out)

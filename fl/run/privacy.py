@@ -14,11 +14,18 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run.run_records import PrivacyStatement
 from fedlap_privacy.state.ledger import PrivacyLedger, selection_withheld
-from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, NoiseKind, Notion, ThreatModel
+from fedlap_privacy.vocabulary import (
+    LARGE_EPSILON,
+    NOTION_THREAT_MODELS,
+    SMALL_CLIENT_RATE,
+    NoiseKind,
+    Notion,
+    ThreatModel,
+)
 
 __all__ = [
-    "build_ledger", "check_accountable", "privacy_statement", "privacy_warnings",
-    "run_schedule", "with_planned_sigma",
+    "build_ledger", "check_accountable", "large_epsilon_warning", "planned_epsilon",
+    "privacy_statement", "privacy_warnings", "run_schedule", "with_planned_sigma",
 ]
 
 
@@ -146,9 +153,64 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger) -> PrivacyStateme
     )
 
 
-def privacy_warnings(cfg: TrainConfig, sizes: list[int]) -> list[str]:
-    """Settings that are valid but weaken what the guarantee means."""
+def planned_epsilon(cfg: TrainConfig, sizes: list[int]) -> float | None:
+    """The epsilon ``cfg`` (its sigma set) will have spent after all its rounds, every client
+    in every round (the worst case its target check uses), against its threat model; None
+    without a Gaussian accountant or where the accountant cannot price it."""
+    try:
+        schedule = run_schedule(cfg, sizes)
+    except ConfigError:
+        return None
+    if schedule is None or cfg.sigma is None:
+        return None
+    if cfg.resolved_threat_model == ThreatModel.SERVER:
+        schedule = dataclasses.replace(schedule, client_fraction=1.0)
+    sigma = (cfg.sampling.accounted_sigma(cfg.sigma) if cfg.notion == Notion.CLIENT
+             else cfg.sigma)
+    try:
+        return epsilon(schedule, sigma, cfg.rounds, cfg.delta, cfg.accountant)
+    except ConfigError:
+        return None
+
+
+def large_epsilon_warning(cfg: TrainConfig, sizes: list[int], eps: float | None) -> str | None:
+    """Why an epsilon above :data:`LARGE_EPSILON` is so large and what lowers it (None when
+    it is not): a large sampling rate (few records per client for its batch size, or a large
+    client fraction at client level), else the number of noisy steps composed."""
+    if eps is None or not eps > LARGE_EPSILON or not cfg.private:
+        return None
+    if cfg.notion == Notion.CLIENT:
+        why = (f"each client takes part in a round with probability {cfg.sampling.q:.2g} "
+               f"over {cfg.rounds} rounds")
+        change = "more --clients or a smaller --client-fraction"
+    else:
+        smallest = min(sizes)
+        rate = min(cfg.batch_size / smallest, 1.0)
+        why = (f"few records per client for the batch: the smallest client holds {smallest:,}"
+               f" records, so each is in a batch of B {cfg.batch_size} with probability "
+               f"{rate:.2g} at each of T = {cfg.accesses_per_round} accesses a round, and batch"
+               " sampling hides it little" if rate >= SMALL_CLIENT_RATE else
+               f"{cfg.rounds} rounds of T = {cfg.accesses_per_round} accesses compose "
+               f"{cfg.rounds * cfg.accesses_per_round:,} noisy steps")
+        change = "a smaller --batch-size or more records per client (fewer --clients)"
+    target = ("a smaller --target-eps" if cfg.target_eps is not None
+              else "--target-eps E (sigma planned for it)")
+    return (f"epsilon {eps:.1f} after {cfg.rounds} rounds is above the usual range (at most "
+            f"about {LARGE_EPSILON:g}) and promises little: {why}. To lower it: more noise "
+            f"(--sigma above {cfg.sigma:.3g}), fewer --rounds, {change}, or {target}")
+
+
+def privacy_warnings(cfg: TrainConfig, sizes: list[int],
+                     eps: float | None = None) -> list[str]:
+    """Settings that are valid but weaken what the guarantee means (``eps``: the run's
+    epsilon after its rounds when the caller has it, else :func:`planned_epsilon`)."""
     out = []
+    eps = planned_epsilon(cfg, sizes) if eps is None else eps
+    if eps is not None and cfg.target_eps is not None:  # the run stops before exceeding it
+        eps = min(eps, cfg.target_eps)
+    large = large_epsilon_warning(cfg, sizes, eps)
+    if large is not None:
+        out.append(large)
     if cfg.private:
         unit, n = ("records of the smallest client", min(sizes))
         if cfg.notion == Notion.CLIENT:

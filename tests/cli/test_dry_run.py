@@ -60,6 +60,51 @@ def test_train_dry_run_refuses_what_train_refuses(tmp_path, constant_timing):
     assert "Traceback" not in bad.output and not (tmp_path / "x").exists()
 
 
+def test_a_dry_run_reports_every_problem_and_plans_the_download_it_would_make(
+        tmp_path, constant_timing):
+    """A folder holding a run and files not yet downloaded: both said, the plan made on the
+    dataset's standard sizes, exit 2; with --download and a new --out the same command plans
+    the download (files, size, host) and passes; nothing is written or fetched."""
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "ckpt.pt").write_bytes(b"")
+    data_dir = tmp_path / "data"
+    args = ["train", "--method", "dp-fedavg", "--dataset", "fashion-mnist", "--data-dir",
+            str(data_dir), "--target-eps", "3", "--rounds", "2", "--dry-run"]
+    bad = _invoke([*args, "--out", str(held)])
+    assert bad.exit_code == 2, bad.output
+    assert "already holds a run" in bad.output and "fetch it with --download" in bad.output
+    assert "about 31 MB" in bad.output and "60,000 training" in bad.output
+    assert "Traceback" not in bad.output
+    ok = _invoke([*args, "--out", str(tmp_path / "new"), "--download"])
+    assert ok.exit_code == 0, ok.output
+    assert "would fetch 4 files, 30.9 MB" in ok.output and "amazonaws.com" in ok.output
+    assert "fetch it with --download" not in ok.output
+    plan = json.loads(_invoke([*args, "--out", str(tmp_path / "new"), "--download",
+                               "--json"]).output)
+    assert [d["bytes"] for d in plan["downloads"]] == [26_421_880, 29_515, 4_422_102, 5_148]
+    assert plan["problems"] == [] and sum(plan["data"]["client_sizes"]) <= 60_000
+    assert 2.99 < plan["run"]["privacy"]["epsilon"] <= 3.0 + 1e-9
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held"]
+
+
+def test_a_dry_run_flags_an_epsilon_far_above_the_usual_range(tmp_path, constant_timing):
+    """getting-started's first check: the paper's preset on digits' small clients plans an
+    epsilon in the thousands; the dry run says so, why, and what to change."""
+    out = _invoke(["train", "--preset", "paper-dp", "--out", str(tmp_path / "r"),
+                   "--dry-run"]).output
+    text = " ".join(out.split())
+    assert "above the usual range" in text and "few records per client" in text
+    assert "--sigma" in text and "--target-eps" in text and "fewer --rounds" in text
+    plan = json.loads(_invoke(["train", "--preset", "paper-dp", "--out", str(tmp_path / "r"),
+                               "--dry-run", "--json"]).output)
+    assert plan["run"]["privacy"]["epsilon"] > 1000 and len(plan["warnings"]) == 1
+    usual = json.loads(_invoke(["train", "--method", "dp-fedavg", "--target-eps", "3",
+                                "--rounds", "2", *TINY, "--out", str(tmp_path / "r"),
+                                "--dry-run", "--json"]).output)
+    assert usual["warnings"] == []
+
+
 def test_resume_dry_run_continues_the_ledger(tmp_path, constant_timing):
     out = tmp_path / "run"
     ran = _invoke(["train", "--method", "dp-fedavg", "--sigma", "2", "--rounds", "1", *TINY,
@@ -193,3 +238,22 @@ def test_flower_dry_run_on_user_data(tmp_path, constant_timing):
                    "--dry-run"])
     assert bad.exit_code == 2 and "4 features" in bad.output and "Traceback" not in bad.output
     assert not out.exists()
+
+
+def test_the_files_a_download_would_fetch_and_the_stand_in_sizes(tmp_path):
+    """Only the missing files are named (an MNIST folder holding two of its four, raw or
+    gzipped), CIFAR-10's one archive; the stand-in has each dataset's published sizes."""
+    from fedlap_privacy.data.dataset_files import SIZES, missing_downloads
+    from fedlap_privacy.data.datasets import TRAIN_RECORDS, standard_stand_in
+
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"")
+    (tmp_path / "t10k-labels-idx1-ubyte.gz").write_bytes(b"")
+    assert [d.target.name for d in missing_downloads("mnist", tmp_path)] == [
+        "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz"]
+    (cifar,) = missing_downloads("cifar10", tmp_path)
+    assert cifar.url.startswith("https://www.cs.toronto.edu/") and cifar.size > 170e6
+    assert set(SIZES) == set(TRAIN_RECORDS) - {"digits"}
+    for name in SIZES:
+        data = standard_stand_in(name)
+        assert len(data.y_train) == TRAIN_RECORDS[name] and len(data.y_test) == 10_000
+        assert data.x_train.shape[0] == len(data.y_train) and not data.x_train.any()

@@ -95,7 +95,7 @@ def test_eps_alone_plans_sigma_for_30_rounds() -> None:
 def test_schedule_options_and_client_fraction() -> None:
     out = plan_json(
         *"--sigma 1.5 --rounds 5 --batch-size 64 --client-size 2000 --local-steps 30".split(),
-        *"--client-fraction 0.25 --delta 1e-6".split(),
+        *"--client-fraction 0.25 --delta 1e-6 --threat-model hidden-selection".split(),
     )
     s = FedLAPSchedule(batch_size=64, client_size=2000, local_steps=30, client_fraction=0.25)
     assert out["q1"] == pytest.approx(0.25 * 64 / 2000) and out["q2"] == pytest.approx(0.032)
@@ -103,10 +103,42 @@ def test_schedule_options_and_client_fraction() -> None:
     assert out["epsilon"] == pytest.approx(epsilon(s, 1.5, 5, 1e-6), rel=1e-12)
 
 
+def test_plan_holds_against_the_server_by_default_as_train_does() -> None:
+    """One default adversary across commands: plan's epsilon, like train's, holds against
+    the server (no amplification by client sampling); Theorem 5.8's is asked for."""
+    args = ("--sigma 1.5 --rounds 5 --batch-size 64 --client-size 2000 --local-steps 1 "
+            "--client-fraction 0.25")
+    default = plan_json(*args.split())
+    s = FedLAPSchedule(batch_size=64, client_size=2000, local_steps=1, client_fraction=1.0)
+    assert default["threat_model"] == "server"
+    assert default["epsilon"] == pytest.approx(epsilon(s, 1.5, 5, DELTA), rel=1e-12)
+    hidden = plan_json(*args.split(), "--threat-model", "hidden-selection")
+    assert hidden["epsilon"] < 0.7 * default["epsilon"]  # amplified: not against the server
+    table = run_cli("plan", *args.split()).stdout
+    assert "server (as train: the server knows whom it selected)" in table
+    table = run_cli("plan", *args.split(), "--threat-model", "hidden-selection").stdout
+    assert "not against the server" in table and "train's default" in table
+
+
+def test_an_epsilon_far_above_the_usual_range_is_flagged_with_what_lowers_it() -> None:
+    """The paper-dp preset's schedule on a small client (digits: ~288 records, B 256) plans
+    an epsilon in the thousands: said, with why and what to change; a usual one is not."""
+    args = "--sigma 1.2 --rounds 30 --batch-size 256 --client-size 288 --local-steps 200"
+    proc = run_cli("plan", *args.split())
+    assert proc.returncode == 0, proc.stderr
+    warning = " ".join(proc.stderr.split())
+    assert "above the usual range" in warning and "q2 = 0.89" in warning
+    assert "--sigma" in warning and "--rounds" in warning and "--eps" in warning
+    out = plan_json(*args.split())  # the warning inside the JSON object, stderr empty
+    assert out["epsilon"] > 1000 and len(out["warnings"]) == 1
+    quiet = run_cli("plan", "--eps", "10")
+    assert quiet.returncode == 0 and "usual range" not in quiet.stderr + quiet.stdout
+
+
 def test_pld_accountant() -> None:
     out = plan_json(
         *"--sigma 5 --rounds 3 --batch-size 10 --client-size 100 --local-steps 5".split(),
-        *"--client-fraction 0.1 --accountant pld".split(),
+        *"--client-fraction 0.1 --accountant pld --threat-model hidden-selection".split(),
     )
     s = FedLAPSchedule(batch_size=10, client_size=100, local_steps=5, client_fraction=0.1)
     assert out["accountant"] == "pld" and out["order"] is None and len(out["curve"]) == 3

@@ -205,3 +205,32 @@ def test_more_clients_than_records_is_one_line_before_data_access(
     line = _refusal(["train", "--method", "fedavg", *args, "--out", str(out)])
     assert needle in line
     assert data_reads == [] and not out.exists()
+
+
+def test_a_refused_run_prints_its_error_and_no_progress_bar(tmp_path: Path) -> None:
+    """A second run into a folder holding one: the one-line refusal, no empty "training
+    0:00:00" bar after it."""
+    args = ["train", *SMALL, "--sigma", "2", "--rounds", "1", "--out", str(tmp_path / "r")]
+    assert runner.invoke(app, args).exit_code == 0
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2 and "already holds a run" in refused.output
+    assert "training" not in refused.output and "0:00:00" not in refused.output
+
+
+def test_a_download_says_what_it_fetches_before_it_starts(tmp_path: Path, monkeypatch) -> None:
+    """train --download names the files, megabytes and host first (here the network is
+    refused: the failure is one line, nothing trained)."""
+    from fedlap_privacy.data import dataset_files
+    from fedlap_privacy.errors import DataError
+
+    def offline(url: str, target: Path, md5: str) -> None:
+        raise DataError(f"cannot download {target.name} from {url}: offline")
+
+    monkeypatch.setattr(dataset_files, "_download", offline)
+    result = runner.invoke(app, ["train", *SMALL, "--dataset", "fashion-mnist", "--data-dir",
+                                 str(tmp_path / "data"), "--sigma", "1", "--rounds", "1",
+                                 "--download", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "downloading 4 files, 30.9 MB, from fashion-mnist.s3" in " ".join(
+        result.output.split())
+    assert "offline" in result.output and not (tmp_path / "r" / "ckpt.pt").exists()

@@ -56,13 +56,14 @@ def test_the_cli_offers_the_vocabulary() -> None:
 
 
 #: ``plan --json --threat-model server --client-fraction 0.5 --rounds 3 --accountant rdp``
-#: as it printed before the vocabulary became enums (floats masked)
+#: as it printed before the vocabulary became enums (floats masked; "warnings" added
+#: since: the large-epsilon warning)
 PLAN_JSON = (
     '{"mode": "epsilon", "accountant": "rdp", "epsilon": #, "epsilon_by_accountant": '
     '{"rdp": #, "pld": #}, "target_epsilon": null, "within_budget": null, "delta": #, '
     '"sigma": #, "rounds": 3, "q1": #, "q2": #, "local_steps": 200, "batch_size": #, '
     '"client_size": 10000, "client_fraction": #, "threat_model": "server", "order": #, '
-    '"curve": [#, #, #]}\n'
+    '"curve": [#, #, #], "warnings": []}\n'
 )
 PLAN_NUMBERS = [4.412868796635234, 4.412868796635234, 3.9543569715228015, 1e-05, 1.0, 0.0256,
                 0.0256, 256.0, 0.5, 4.9, 2.786643942642235, 3.6737083951020395,
