@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.report import audited_records, run_audit
 from fedlap_privacy.cli.main import app
-from fedlap_privacy.data.datasets import datasets as data_module
+from fedlap_privacy.data import datasets as data_module
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.auditing.reference_models import (
     MANIFEST,

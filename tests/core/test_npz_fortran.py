@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from npz_forge import npy_header, stored, write_zip
 
-from fedlap_privacy.data.datasets import npz_reader
+from fedlap_privacy.data import npz_reader
 from fedlap_privacy.data.npz_reader import open_npz
 from fedlap_privacy.data.user_data import load_records, load_user_data
 from fedlap_privacy.errors import DataError

@@ -14,8 +14,8 @@ import pytest
 
 from fedlap_privacy.compute.allocator import tune_allocator
 from fedlap_privacy.compute.mapped_tensors import mapped_empty
+from fedlap_privacy.data import datasets as data_module
 from fedlap_privacy.data.datasets import content_hash, partition_hash
-from fedlap_privacy.data.datasets import datasets as data_module
 from fedlap_privacy.data.user_data import load_records, load_user_data
 
 N, D = 64_000, 256  # 65.5 MB of float32 features
