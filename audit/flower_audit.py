@@ -36,8 +36,8 @@ def CanaryClients(strategy: Any, m: int = 500, *, clip_norm: float | None = None
     try:
         from fedlap_privacy.audit import flower_strategies
     except ImportError as exc:  # flwr missing
-        raise ConfigError(f"CanaryClients needs Flower: pip install 'fedlap-privacy[flower]' "
-                          f"({exc})") from None
+        raise ConfigError(f"CanaryClients needs Flower: pip install '.[flower]' in a clone of "
+                          f"fedlap-privacy ({exc})") from None
     return flower_strategies.wrap(strategy, CanaryClientRounds(m, seed), clip_norm=clip_norm,
                                   update_scale=update_scale, num_examples=num_examples,
                                   replace_clients=replace_clients)

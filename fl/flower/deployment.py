@@ -119,7 +119,8 @@ class LocalDeployment:
         local = Path(sys.executable).parent / name
         found = str(local) if local.exists() else shutil.which(name)
         if found is None:
-            raise FlowerError(f"{name} not found: pip install 'fedlap-privacy[flower]'")
+            raise FlowerError(f"{name} not found: pip install '.[flower]' in a clone of "
+                              "fedlap-privacy")
         return found
 
     def spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:

@@ -107,7 +107,8 @@ def write_app(directory: str | Path, cfg: TrainConfig | None = None, **driver: A
 
     Its run config lists every key with the values of ``cfg`` (default: TrainConfig's
     defaults) and the driver options; ``flwr run --run-config`` overrides any of them.
-    The app's code is the installed package: every machine needs ``fedlap-privacy[flower]``.
+    The app's code is the installed package: every machine needs fedlap-privacy with its
+    ``flower`` extra.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -118,7 +119,7 @@ def write_app(directory: str | Path, cfg: TrainConfig | None = None, **driver: A
         "[project]\n"
         f'name = "{APP_NAME}"\nversion = "0.1.0"\n'
         'description = "FedLAP-DP and its baselines on Flower"\nlicense = "MIT"\n'
-        "dependencies = []  # install fedlap-privacy[flower] on every machine\n\n"
+        "dependencies = []  # fedlap-privacy with its flower extra on every machine\n\n"
         '[tool.flwr.app]\npublisher = "fedlap-privacy"\n\n'
         "[tool.flwr.app.components]\n"
         f'serverapp = "{SERVER_APP_REF}"\n'

@@ -15,7 +15,7 @@ shares, else the nodes refuse) and the node policy file, as a local SuperNode do
 a Flower mod before the ClientApp's handlers. The run folder is locked from before it is
 read until the run ends; the ServerApp works under that lock (its token). A failed run raises
 :class:`.grid_clients.FlowerError` with the server's one line. Needs ``flwr[simulation]``
-(Ray): ``pip install 'fedlap-privacy[simulation]'``.
+(Ray): ``pip install '.[simulation]'`` in a clone of fedlap-privacy.
 """
 
 from __future__ import annotations
@@ -239,12 +239,12 @@ def run_simulation_engine(
         from flwr.simulation import run_simulation
     except ImportError:  # pragma: no cover - flwr without its simulation extra
         raise FlowerError("--engine flower-simulation needs Flower's Simulation Engine: pip "
-                          "install 'fedlap-privacy[simulation]'") from None
+                          "install '.[simulation]' in a clone of fedlap-privacy") from None
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         raise FlowerError("--engine flower-simulation needs Ray: pip install "
-                          "'fedlap-privacy[simulation]'")
+                          "'.[simulation]' in a clone of fedlap-privacy")
     resources = (resources or SimulationResources()).validate()
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:

@@ -292,7 +292,7 @@ def test_core_commands_work_without_flwr_and_flower_engine_says_how_to_install(t
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     first, second = out.stdout.strip().splitlines()[-2:]
-    assert first.startswith("2 ") and "pip install 'fedlap-privacy[flower]'" in first
+    assert first.startswith("2 ") and "pip install '.[flower]' in a clone" in first
     assert second == "0"
     assert not (tmp_path / "run").exists()
 
