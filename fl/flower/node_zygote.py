@@ -10,7 +10,9 @@ forks a child that starts its own session, writes its output to PATH, draws fres
 system on use anyway, :mod:`fedlap_privacy.fl.run.randomness`) and runs NAME's ``main()`` with
 ``args`` as ``python -m NAME ARGS`` would; it answers ``started N PID`` (or ``failed N
 REASON``) on its standard output, reaps its children and reports each as ``exited PID CODE``.
-It exits when its standard input closes; the children run on until they are stopped.
+When its standard input closes (the launcher is done, or died: killed, it stops nothing
+itself) it stops every child still running and what they started (TERM, then KILL,
+:func:`.processes.stop_descendants`), then exits.
 
 Why: every process of a local deployment used to import Flower, torch and this package
 itself: five SuperNodes and five ClientApp processes at once, about 40 CPU seconds of a
@@ -38,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from fedlap_privacy.fl.flower.processes import stop_descendants
+
 __all__ = ["ENTRY_POINTS", "ForkedProcess", "Zygote", "ZygoteError", "exit_with", "main"]
 
 #: the modules a child may run (their ``main()``), and nothing else
@@ -57,6 +61,8 @@ _PRELOAD = ("sklearn.datasets", "torch._dynamo", "flwr.superlink.cli.flwr_server
             "fedlap_privacy.fl.methods.fedavg", "fedlap_privacy.fl.methods.dp")
 #: seconds the zygote's select waits before it looks for exited children again
 _REAP_S = 0.2
+#: seconds the children still running when the launcher is gone get to exit on SIGTERM
+_ORPHAN_GRACE_S = 2.0
 
 
 class ZygoteError(RuntimeError):
@@ -168,7 +174,8 @@ def main() -> None:
         if not readable:
             continue
         chunk = os.read(0, 65536)
-        if not chunk:  # the launcher closed our input: no more children
+        if not chunk:  # the launcher closed our input (it is done, or died): no children
+            stop_descendants(_ORPHAN_GRACE_S)  # are left running without it
             return
         buffer += chunk
         while b"\n" in buffer:

@@ -27,7 +27,7 @@ from typing import Protocol
 from fedlap_privacy.fl.engine.stop import StopRequested
 
 __all__ = ["Process", "family", "free_port", "kill_family", "signals_held", "stop", "stop_all",
-           "stopped_by_signals"]
+           "stop_descendants", "stopped_by_signals"]
 
 #: the signals that end a run: a job scheduler's or ``kill``'s SIGTERM, a closed terminal's
 #: SIGHUP (Ctrl-C's SIGINT already raises KeyboardInterrupt)
@@ -122,6 +122,20 @@ def stop_all(procs: list[Process], grace: float = 5.0) -> None:
     for proc in running:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
+
+
+def stop_descendants(grace: float = 5.0) -> None:
+    """Stop every process this one started, and theirs: TERM, then KILL what is left after
+    ``grace`` seconds; its own children are reaped as they exit."""
+    members = [member for member in family(os.getpid()) if member[0] != os.getpid()]
+    _signal(members, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(_alive(*member) for member in members):
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.05)
+    _signal(members, signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ read until the run ends; the ServerApp works under that lock (its token). A fail
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -53,7 +54,7 @@ from fedlap_privacy.fl.run.run_files import load_history, lock_run
 from fedlap_privacy.fl.run.run_records import RunSummary
 
 __all__ = ["SimulationResources", "check_ray_address", "discovery_wait", "node_config_mod",
-           "ray_init_args", "run_simulation_engine"]
+           "ray_init_args", "resolve_ray_address", "run_simulation_engine"]
 
 #: seconds to wait for a TCP answer at ``--ray-address`` before Ray is asked (Ray itself
 #: retries an address where nothing answers for minutes, printing a warning every 30 s)
@@ -145,8 +146,7 @@ def check_ray_address(address: str, timeout: float = ADDRESS_TIMEOUT) -> None:
     gRPC answer (a service that is not Ray; Ray's GCS and its client server speak gRPC, so
     they answer the HTTP/2 connection preface, RFC 9113 3.4, with a SETTINGS frame). Ray
     itself retries such an address for minutes. With ``RAY_USE_TLS`` set only the TCP
-    connection is checked. ``auto`` is left to Ray (it reads the address of a Ray started
-    on this machine and refuses at once when there is none)."""
+    connection is checked. ``auto`` is resolved before (:func:`resolve_ray_address`)."""
     import socket
 
     if address in ("auto", "local"):
@@ -177,6 +177,42 @@ def check_ray_address(address: str, timeout: float = ADDRESS_TIMEOUT) -> None:
     if len(header) < 9 or header[3] != _H2_SETTINGS:
         raise FlowerError(f"the service at {address} is not a Ray cluster (no gRPC answer "
                           f"within {timeout:g} s)")
+
+
+def resolve_ray_address(address: str) -> str:
+    """The cluster ``--ray-address`` names, with ``auto`` resolved here rather than by Ray,
+    which would also take a ``ray_current_cluster`` file that another user wrote into Ray's
+    temporary folder (``/tmp/ray`` is writable by everyone) or the GCS process of another
+    user's Ray that it finds in the process list: ``RAY_ADDRESS`` where the user set it,
+    else the address in ``$RAY_TMPDIR``/``$TMPDIR``/``/tmp`` + ``/ray/ray_current_cluster``
+    where that file is this user's (or root's) and nobody else can write it (opened without
+    following a link, checked on its descriptor: a replaced file is someone else's), else
+    refused in one line. Any other address is returned as given."""
+    import stat
+
+    if address != "auto":
+        return address
+    named = os.environ.get("RAY_ADDRESS", "")
+    if named and named != "auto":
+        return named
+    base = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(base, "ray", "ray_current_cluster")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise ConfigError(f"--ray-address auto: no Ray cluster started here ({path}: "
+                          f"{exc.strerror}); name it with --ray-address HOST:PORT") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if (not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0)
+                or st.st_mode & 0o022):
+            raise ConfigError(f"--ray-address auto: {path} was written by another user (or "
+                              "others may write it); name the cluster with --ray-address "
+                              "HOST:PORT")
+        found = f.read(256).decode("ascii", errors="replace").strip()
+    if found in ("", "auto", "local"):
+        raise ConfigError(f"--ray-address auto: {path} names no cluster")
+    return found
 
 
 def discovery_wait(clients: int) -> float:
@@ -314,8 +350,11 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
     import ray
     from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
 
-    config = resources.backend_config()
     started_here = not ray.is_initialized()
+    if started_here and resources.address not in (None, "local"):
+        resources = dataclasses.replace(resources,
+                                        address=resolve_ray_address(str(resources.address)))
+    config = resources.backend_config()
     temp_dir = None
     with _quiet_flower(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips

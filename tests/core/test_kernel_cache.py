@@ -308,3 +308,29 @@ def test_sources_planted_in_the_working_folder_are_never_compiled_in(
     assert len(compiled) == 1
     assert compiled[0] == {**{p.name: p.read_bytes() for p in kbuild.SOURCES},
                            kbuild._WRAPPER_NAME: kbuild._WRAPPER.encode()}
+
+
+def test_a_build_of_the_earlier_recipe_is_never_loaded(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path):
+    """Builds compiled from standard input (the recipe before) could hold a source planted
+    in the working folder, cached under the genuine key with a matching SHA-256: the key
+    now names the recipe, so such an entry, left in the cache, is never looked up."""
+    evil, marker = _evil_library(tmp_path)
+    folder = tmp_path / "cache" / "kernels"
+    folder.mkdir(parents=True, mode=0o700)
+    compiler = os.environ.get("CC") or "cc"
+    source = b"\0".join(path.read_bytes() for path in kbuild.SOURCES)
+    data = evil.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    for flags in ((*kbuild._BASE_FLAGS, kbuild._NATIVE_FLAG), kbuild._BASE_FLAGS):
+        old_key = hashlib.sha256(b"\0".join(
+            [source, kbuild._WRAPPER.encode(), " ".join(flags).encode(), compiler.encode(),
+             kbuild._cpu_signature().encode()])).hexdigest()[:20]
+        name = kbuild._library_name(old_key, digest)
+        (folder / name).write_bytes(data)
+        (folder / kbuild._manifest_name(old_key)).write_text(f"{digest}  {name}\n")
+    for path in folder.iterdir():
+        path.chmod(0o600)
+    monkeypatch.setenv(kbuild.CACHE_ENV, str(tmp_path / "cache"))
+    _works(load_kernels())
+    assert not marker.exists()

@@ -91,6 +91,9 @@ _MANIFEST_LIMIT = 256
 _MANIFEST_LINE = re.compile(r"([0-9a-f]{64})  (kernels-[0-9a-f]{20}-[0-9a-f]{16}\.so)\n")
 #: the translation unit the compiler is given, beside copies of the sources
 _WRAPPER_NAME = "kernels.c"
+#: how a build is made, part of the cache key: builds of an earlier recipe are never loaded
+#: (those compiled from standard input may hold a source of the working folder)
+_RECIPE = b"sources copied into a private folder, compiled by path"
 # the sources once per scalar type: FN(name) is the exported name for that type
 _INCLUDES = "".join(f'#include "{source.name}"\n' for source in SOURCES)
 _WRAPPER = f"""#include <math.h>
@@ -350,7 +353,7 @@ def _build_in(cache: _Folder, compiler: str, persistent: bool) -> KernelLibrary:
     reasons = []
     for flags in ((*_BASE_FLAGS, _NATIVE_FLAG), _BASE_FLAGS):
         key = hashlib.sha256(b"\0".join(
-            [source, _WRAPPER.encode(), " ".join(flags).encode(), compiler.encode(),
+            [_RECIPE, source, _WRAPPER.encode(), " ".join(flags).encode(), compiler.encode(),
              _cpu_signature().encode()])).hexdigest()[:20]
         cached = _cached(cache, key) if persistent else None
         if cached is not None:

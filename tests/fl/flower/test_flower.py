@@ -481,7 +481,9 @@ def test_a_resumed_run_keeps_each_nodes_budget(tmp_path, monkeypatch):
     assert [e["round"] for e in json.loads(path.read_text())["entries"]] == [1]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT,
+                                                                marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "Ctrl-C"])
 def test_a_stopped_local_run_leaves_no_process_behind(tmp_path, sig):
     """``train --engine flower`` stopped from outside (a job scheduler's SIGTERM, Ctrl-C):
     every process it started (SuperLink, zygote, ServerApp process, SuperNodes, their

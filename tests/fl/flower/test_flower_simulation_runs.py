@@ -47,6 +47,7 @@ from fedlap_privacy.fl.flower.simulation_engine import (  # noqa: E402
     SimulationResources,
     check_ray_address,
     ray_init_args,
+    resolve_ray_address,
     run_simulation_engine,
 )
 from fedlap_privacy.state.checkpoint import load_checkpoint  # noqa: E402
@@ -175,6 +176,41 @@ def test_a_ray_cluster_named_by_a_file_or_the_environment_is_never_joined(tmp_pa
     assert named["address"] == planted and "_temp_dir" not in named
     assert _connections(server) == 0
     server.close()
+
+
+def test_ray_address_auto_takes_only_a_session_file_this_user_wrote(tmp_path, monkeypatch):
+    """``--ray-address auto`` is resolved here, not by Ray (which would also take another
+    user's session file in the world-writable ``/tmp/ray``, or another user's GCS process):
+    ``RAY_ADDRESS`` first, else ``ray_current_cluster`` only where this user owns it and
+    nobody else can write it; a link, a shared-writable or missing file is one line."""
+    from fedlap_privacy.errors import ConfigError
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert resolve_ray_address("auto") == "10.0.0.5:6379"
+    assert resolve_ray_address("10.0.0.7:6379") == "10.0.0.7:6379"
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(ConfigError, match="no Ray cluster started here"):
+        resolve_ray_address("auto")
+    (tmp_path / "ray").mkdir()
+    session = tmp_path / "ray" / "ray_current_cluster"
+    session.write_text("127.0.0.1:6380\n")
+    session.chmod(0o644)
+    assert resolve_ray_address("auto") == "127.0.0.1:6380"
+    session.chmod(0o666)
+    with pytest.raises(ConfigError, match="written by another user"):
+        resolve_ray_address("auto")
+    session.chmod(0o644)
+    if os.geteuid() == 0:  # only root can give a file away
+        os.chown(session, 4242, 4242)
+        with pytest.raises(ConfigError, match="written by another user"):
+            resolve_ray_address("auto")
+    session.unlink()
+    planted = tmp_path / "planted"
+    planted.write_text("127.0.0.1:6381")
+    session.symlink_to(planted)
+    with pytest.raises(ConfigError, match="no Ray cluster started here"):
+        resolve_ray_address("auto")
 
 
 def test_a_listener_that_is_not_ray_is_refused_in_one_line_within_seconds(tmp_path):

@@ -69,3 +69,24 @@ def test_only_node_modules_run(zygote):
     assert not (work / "x.log").exists()
     proc = z.spawn("fedlap_privacy.fl.flower.node_zygote", [], work / "after.log")
     assert proc.wait(timeout=60) == 0
+
+
+def test_children_are_stopped_when_the_launcher_is_gone(tmp_path):
+    """A launcher killed outright (SIGKILL: it stops nothing itself) closes the zygote's
+    input: the zygote stops every node process still running, then exits, so no node
+    outlives its run. The node here is a SuperNode waiting for a SuperLink that never
+    comes."""
+    from fedlap_privacy.fl.flower.processes import free_port
+
+    with open(tmp_path / "zygote.log", "wb") as log:
+        z = Zygote(dict(os.environ), tmp_path, log)
+        node = z.spawn("fedlap_privacy.fl.flower.local_supernode",
+                       ["--superlink", f"127.0.0.1:{free_port()}", "--insecure",
+                        "--port", str(free_port()), "--isolation", "process"],
+                       tmp_path / "node.log")
+        time.sleep(1.0)
+        assert node.poll() is None  # still waiting for its SuperLink
+        z.close()  # what the launcher's death does
+        assert z.proc.wait(timeout=30) is not None
+    stat = f"/proc/{node.pid}/stat"
+    assert not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] == "Z"
