@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
+from fedlap_privacy.audit.canary_steps import Change, OptimizerSetup
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["CanaryRun", "measured_noise_multiplier", "poisson_scores", "shuffle_scores",
@@ -50,9 +51,17 @@ _MAD_NORMAL = 0.6744897501960817
 @dataclass(frozen=True)
 class CanaryRun:
     """What the canaries saw: ``steps`` released steps, the sampling rule (``sample_rate``,
-    and ``steps_per_epoch`` for shuffled batches, None for Poisson), the noise multiplier and
-    clipping norm the optimiser used (single values, or None when they changed), and the
-    noise multiplier measured on the block (units of ``C``)."""
+    the rate the run was set up to be accounted at per step, and ``steps_per_epoch`` for
+    shuffled batches, None for Poisson), the noise multiplier and clipping norm the
+    optimiser used (single values, or None when they changed), and the noise multiplier
+    measured on the block (units of ``C``).
+
+    ``route``: where the canaries entered (``optimizer``, ``data pipeline``, ``plain
+    loop``); ``setup``: what the Opacus optimiser was set up with (None in a plain loop);
+    ``set_up_noise_multiplier``: the claimed noise (the set-up one, or a plain loop's first
+    step's); ``changes``: what differed from the set-up values, and when. With canary
+    records: ``canary_records`` placed in the dataset, ``canary_draws`` of them the model
+    saw in training, ``accounted_draws`` due at the rates the steps were accounted at."""
 
     canaries: int
     steps: int
@@ -61,6 +70,13 @@ class CanaryRun:
     noise_multiplier: float | None
     max_grad_norm: float | None
     measured_noise_multiplier: float
+    route: str = "plain loop"
+    setup: OptimizerSetup | None = None
+    set_up_noise_multiplier: float | None = None
+    changes: tuple[Change, ...] = ()
+    canary_records: int | None = None
+    canary_draws: int | None = None
+    accounted_draws: float | None = None
 
     @property
     def sampling(self) -> str:
@@ -70,7 +86,13 @@ class CanaryRun:
         return {"canaries": self.canaries, "steps": self.steps, "sampling": self.sampling,
                 "sample_rate": self.sample_rate, "steps_per_epoch": self.steps_per_epoch,
                 "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
-                "measured_noise_multiplier": self.measured_noise_multiplier}
+                "measured_noise_multiplier": self.measured_noise_multiplier,
+                "route": self.route,
+                "set_up": None if self.setup is None else self.setup.to_json(),
+                "set_up_noise_multiplier": self.set_up_noise_multiplier,
+                "changes": [c.to_json() for c in self.changes],
+                "canary_records": self.canary_records, "canary_draws": self.canary_draws,
+                "accounted_draws": self.accounted_draws}
 
 
 def _releases(releases: np.ndarray) -> np.ndarray:
