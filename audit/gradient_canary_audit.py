@@ -17,11 +17,12 @@ accumulated into a step), over the steps released, accounted by an accountant of
 another kind). Opacus's own epsilon, which follows whatever the training changed, is
 reported beside it, with each change (:mod:`.canary_steps`). ``claimed_epsilon`` replaces
 the claim; a plain loop (no optimiser attached) needs it or ``accountant=`` (then its
-``get_epsilon``). The claimed mechanism, for the curve test: the one given; otherwise the
-set-up one (a plain loop: the noise multiplier it ran, when it never changed); when that
-noise would not give the claimed epsilon (by this package's PLD accountant, more than 1%
-above the claim), the noise multiplier that gives exactly the claimed epsilon instead, since
-that is the DP-SGD the claim describes. Under shuffled batches the mechanism is still the
+``get_epsilon``). The claimed mechanism, for the curve test: the one given; otherwise, with
+the set-up claim, the set-up mechanism; with a claim given (or read from a plain loop's
+``accountant=``), the noise multiplier that ran (when it never changed) unless it would not
+give the claimed epsilon (by this package's PLD accountant, more than 1% above the claim):
+then the noise multiplier that gives exactly the claimed epsilon, since that is the DP-SGD
+the claim describes. Under shuffled batches the mechanism is still the
 Poisson one Opacus accounts: the audit then tests the shuffled run against the Poisson claim.
 """
 
@@ -257,22 +258,24 @@ def _calibrated(claimed_epsilon: float, delta: float, q: float, steps: int,
     return hi
 
 
-def described_mechanism(run: CanaryRun, claimed_epsilon: float,
-                        delta: float) -> tuple[ClaimedMechanism | None, str]:
+def described_mechanism(run: CanaryRun, claimed_epsilon: float, delta: float,
+                        set_up: bool = False) -> tuple[ClaimedMechanism | None, str]:
     """The claimed mechanism of a run when none is given (module docstring) and where it
-    came from; ``(None, "none")`` when a plain loop's noise multiplier changed."""
+    came from. ``set_up``: the claim is the set-up one, whose mechanism it is. Otherwise the
+    noise multiplier that ran, unless it spends more than the claim (then the one calibrated
+    to it); ``(None, "none")`` when that noise multiplier changed during the run."""
     q, steps = run.sample_rate, run.steps
-    if run.setup is not None:
-        sigma, source = run.setup.noise_multiplier, "set up"
-    else:
-        sigma, source = run.noise_multiplier, "optimizer"
+    if set_up and run.setup is not None:
+        return ClaimedMechanism(run.setup.noise_multiplier, q, steps), "set up"
+    sigma = run.noise_multiplier
     if sigma is None:
         return None, "none"
     if claimed_epsilon <= 0.0:
-        return (ClaimedMechanism(sigma, q, steps), source) if sigma > 0 else (None, "none")
+        return (ClaimedMechanism(sigma, q, steps), "optimizer") if sigma > 0 \
+            else (None, "none")
     if sigma > 0.0 and ClaimedMechanism(sigma, q, steps).epsilon(delta) <= \
             claimed_epsilon * _SLACK:
-        return ClaimedMechanism(sigma, q, steps), source
+        return ClaimedMechanism(sigma, q, steps), "optimizer"
     return (ClaimedMechanism(_calibrated(claimed_epsilon, delta, q, steps, sigma), q, steps),
             "calibrated to the claimed epsilon")
 
@@ -304,7 +307,8 @@ def audit_gradient_canaries(
     if mechanism is not None:
         source = "given"
     else:
-        mechanism, source = described_mechanism(run, float(claim), float(delta))
+        mechanism, source = described_mechanism(run, float(claim), float(delta),
+                                                set_up=claim_source == "set up")
     scores = canaries.scores()
     title = (f"{run.canaries} gradient canaries ({run.route}), {run.steps} steps, "
              f"{run.sampling} sampling at rate {run.sample_rate:.4g}")
