@@ -26,7 +26,6 @@ what an ``nn.Sequential`` computes. :func:`remove_canary_block` gives the model 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,11 +68,6 @@ def _canary_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows = (code == whole) & (whole >= 1) & (whole <= m) & (flat == flat[:, :1]).all(dim=1)
     coords = torch.where(rows, whole - 1.0, torch.zeros_like(whole)).long()
     return rows, coords
-
-
-def _transformed(x: torch.Tensor) -> bool:
-    """True inside a ``torch.func`` transform (no Python number can be read there)."""
-    return bool(torch._C._functorch.is_functorch_wrapped_tensor(x))
 
 
 def _first_input(value: Any) -> torch.Tensor | None:
@@ -123,19 +117,6 @@ class _Push(torch.autograd.Function):
         return torch.full_like(grad, _PUSH)
 
 
-@dataclass
-class CanaryTally:
-    """Canary records the wrapped model saw in training (grad enabled, training mode):
-    ``rows`` in ``forwards`` forward passes. Shared by copies of the model (Opacus's
-    ``ModuleValidator.fix`` clones it)."""
-
-    rows: int = 0
-    forwards: int = 0
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> CanaryTally:
-        return self
-
-
 class CanaryBlockModel(nn.Module):
     """``model`` with a canary block (module docstring): ``forward`` returns ``model``'s
     output, canary records' rows zeroed and routed to the block."""
@@ -152,7 +133,6 @@ class CanaryBlockModel(nn.Module):
         weight = getattr(self, BLOCK_NAME).weight
         nn.init.zeros_(weight)
         weight.fedlap_canary_block = True  # kept by Opacus's clone_module (ModuleValidator.fix)
-        self.fedlap_canary_tally = CanaryTally()
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         block = getattr(self, BLOCK_NAME)
@@ -169,17 +149,12 @@ class CanaryBlockModel(nn.Module):
         batch = output.shape[0]
         z = output.new_zeros(batch, block.in_features, dtype=block.weight.dtype)
         shape = (batch, *([1] * (output.dim() - 1)))
-        counting = self.training and torch.is_grad_enabled() and not _transformed(output)
         if rows is not None and coords is not None:
             if rows.shape[0] != batch:
                 raise ConfigError(f"canary records need one output row per input row, got "
                                   f"{batch} outputs for {rows.shape[0]} inputs")
             output = output * (~rows).reshape(shape).to(output.dtype)
             z = z.scatter(1, coords[:, None], rows[:, None].to(z.dtype))
-            if counting:
-                self.fedlap_canary_tally.rows += int(rows.sum())
-        if counting:
-            self.fedlap_canary_tally.forwards += 1
         pushed = _Push.apply(block(z))
         return output + pushed.reshape(shape).to(output.dtype)
 

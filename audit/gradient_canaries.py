@@ -57,7 +57,6 @@ from torch import nn
 
 from fedlap_privacy.audit import gradient_canary_scores as gcs
 from fedlap_privacy.audit.canary_block import (
-    CanaryTally,
     add_canary_block,
     canary_block,
     remove_canary_block,
@@ -107,7 +106,6 @@ class GradientCanaries:
         self._included = _secret_coins(self.m)
         self._generator = _step_generator()
         self._block: nn.Linear | None = None
-        self._tally: CanaryTally | None = None
         self._records: CanaryRecords | None = None
         self._optimizer: Any = None
         self._route = "plain loop"
@@ -121,6 +119,7 @@ class GradientCanaries:
         self._releases: list[np.ndarray] = []
         self._steps: list[StepRecord] = []
         self._sampled = np.zeros(self.m, dtype=np.int64)
+        self._drawn: list[int] = []  # canary records in each released step's clipped sum
 
     # -- Opacus -----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -131,7 +130,6 @@ class GradientCanaries:
             raise ConfigError("these canaries already wrapped a model (one model each)")
         wrapped = add_canary_block(model, self.m)
         self._block = canary_block(wrapped)
-        self._tally = wrapped.fedlap_canary_tally
         return wrapped
 
     @staticmethod
@@ -230,6 +228,9 @@ class GradientCanaries:
                                     f"data_loader samples them at the rate Opacus accounts")
         if self._route == "data pipeline":
             self._open(np.zeros(self.m, dtype=bool), rate)
+            with torch.no_grad():
+                total = float(clipped_sum.reshape(-1)[:self.m].double().sum())
+            self._drawn.append(round(total / float(max_grad_norm)))
             return
         self._add(clipped_sum, max_grad_norm, rate)
 
@@ -373,9 +374,7 @@ class GradientCanaries:
 
         set_up = self._set_up_step()
         records = None if self._records is None else len(self._records.coordinates)
-        draws = None
-        if records is not None and self._tally is not None:
-            draws = self._tally.rows
+        draws = sum(self._drawn[:len(self._steps)]) if records is not None else None
         return CanaryRun(
             self.m, len(releases), set_up.sample_rate, self._epoch,
             single([s.noise_multiplier for s in self._steps]),

@@ -24,6 +24,12 @@ give the claimed epsilon (by this package's PLD accountant, more than 1% above t
 then the noise multiplier that gives exactly the claimed epsilon, since that is the DP-SGD
 the claim describes. Under shuffled batches the mechanism is still the
 Poisson one Opacus accounts: the audit then tests the shuffled run against the Poisson claim.
+
+With canary records (``wrap_dataset``) a second test joins, at a tenth of the level
+(:class:`SamplingTest`): how often the released steps drew the canary records against the
+rates the steps were accounted at. A loader that draws records more often than the
+accountant assumes (a larger batch than accounted, a weighted sampler) makes the claimed
+mechanism false whatever the noise; the verdict is then a violation.
 """
 
 from __future__ import annotations
@@ -49,13 +55,53 @@ if TYPE_CHECKING:
     from fedlap_privacy.audit.gradient_canaries import GradientCanaries
     from fedlap_privacy.audit.privacy_report import Block
 
-__all__ = ["AUDIT_SCORE", "GradientCanaryAudit", "audit_gradient_canaries",
-           "described_mechanism", "run_blocks"]
+__all__ = ["AUDIT_SCORE", "SAMPLING_SHARE", "GradientCanaryAudit", "SamplingTest",
+           "audit_gradient_canaries", "described_mechanism", "run_blocks"]
 
 #: the score the verdict is drawn from
 AUDIT_SCORE = "likelihood ratio (measured noise)"
 #: a claim this much below the optimiser's own mechanism's epsilon is not that mechanism
 _SLACK = 1.01
+#: the share of the audit's level (1 - confidence) the sampling test of canary records takes
+SAMPLING_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class SamplingTest:
+    """How often the run drew its canary records against the rates it was accounted at.
+
+    Under the claimed mechanism each record enters each step independently with the step's
+    accounted rate ``q_t``, so the ``k`` canary records' draws ``D`` over the released steps
+    are a sum of independent Bernoulli variables with mean ``mu = k sum_t q_t``. The p-value
+    of ``draws`` (one-sided: more draws than accounted) is the Chernoff bound
+    ``P[D >= (1 + d) mu] <= exp(-mu ((1 + d) ln(1 + d) - d))``, valid for any ``q_t``; a
+    shuffled loader, each record once an epoch, draws exactly ``mu``. ``level``: its share of
+    the audit's level (:data:`SAMPLING_SHARE`)."""
+
+    draws: int
+    accounted: float
+    level: float
+
+    @property
+    def ratio(self) -> float:
+        return self.draws / self.accounted if self.accounted > 0 else math.inf
+
+    @property
+    def p_value(self) -> float:
+        if self.draws <= self.accounted:
+            return 1.0
+        if self.accounted <= 0.0:
+            return 0.0
+        d = self.draws / self.accounted - 1.0
+        return math.exp(-self.accounted * ((1.0 + d) * math.log1p(d) - d))
+
+    @property
+    def rejected(self) -> bool:
+        return self.p_value < self.level
+
+    def to_json(self) -> dict[str, Any]:
+        return {"draws": self.draws, "accounted": self.accounted, "ratio": self.ratio,
+                "p_value": self.p_value, "level": self.level, "rejected": self.rejected}
 
 
 @dataclass(frozen=True)
@@ -72,14 +118,19 @@ class GradientCanaryAudit:
     mechanism_source: str
     claim_source: str = "given"
     opacus_epsilon: float | None = None
+    sampling: SamplingTest | None = None
 
     @property
     def verdict(self) -> str:
+        """The score audit's verdict, or ``violation`` when the sampling test rejects the
+        accounted rates (the claimed mechanism then does not describe the run)."""
+        if self.sampling is not None and self.sampling.rejected:
+            return "violation"
         return self.audit.verdict
 
     @property
     def violation(self) -> bool:
-        return self.audit.violation
+        return self.verdict == "violation"
 
     @property
     def epsilon_lower_bound(self) -> float:
@@ -99,7 +150,8 @@ class GradientCanaryAudit:
 
     def to_json(self) -> dict[str, Any]:
         """The score audit's report with the canaries' run added (``gradient_canaries``)."""
-        return {**self.audit.to_json(),
+        return {**self.audit.to_json(), "verdict": self.verdict, "violation": self.violation,
+                "sampling_test": None if self.sampling is None else self.sampling.to_json(),
                 "gradient_canaries": {**self.run.to_json(), "score": AUDIT_SCORE,
                                       "mechanism_source": self.mechanism_source,
                                       "claim_source": self.claim_source,
@@ -174,13 +226,17 @@ def run_blocks(result: GradientCanaryAudit) -> list[Block]:
                      + note)
     lines.append(f"Noise multiplier measured on the canary block: "
                  f"{fmt(run.measured_noise_multiplier)}.")
-    if run.canary_records is not None:
-        ratio = (run.canary_draws / run.accounted_draws
-                 if run.canary_draws is not None and run.accounted_draws else None)
-        lines.append(f"Canary records in the training set: {run.canary_records}; the model "
-                     f"saw them {fmt(run.canary_draws)} times in training, "
-                     f"{fmt(ratio)} times what the accounted rates give "
-                     f"({fmt(run.accounted_draws)}).")
+    test = result.sampling
+    if run.canary_records is not None and test is not None:
+        lines.append(f"Canary records in the training set: {run.canary_records}; the "
+                     f"released steps drew them {test.draws} times, {fmt(test.ratio)} times "
+                     f"the {fmt(test.accounted)} the accounted rates give on average "
+                     f"(sampling test: p-value {fmt(test.p_value)}, a violation below "
+                     f"{fmt(test.level)}).")
+        if test.rejected:
+            lines.append("VIOLATION of the accounted sampling: your loader draws records "
+                         "more often than the accountant assumes, so the claimed epsilon "
+                         "does not hold for this run.")
     if run.changes:
         changed = [describe_change(c, run.steps) + "." for c in run.changes]
         lines.append("Changed during training (the claim tested stays the set-up one):")
@@ -309,13 +365,20 @@ def audit_gradient_canaries(
     else:
         mechanism, source = described_mechanism(run, float(claim), float(delta),
                                                 set_up=claim_source == "set up")
+    if not (isinstance(confidence, int | float) and 0.0 < confidence < 1.0):
+        raise ConfigError(f"confidence must lie in (0, 1), got {confidence!r}")
+    sampling = None
+    if run.canary_draws is not None and run.accounted_draws is not None:
+        level = (1.0 - confidence) * SAMPLING_SHARE
+        sampling = SamplingTest(run.canary_draws, run.accounted_draws, level)
+        confidence = 1.0 - (1.0 - confidence) * (1.0 - SAMPLING_SHARE)
     scores = canaries.scores()
     title = (f"{run.canaries} gradient canaries ({run.route}), {run.steps} steps, "
              f"{run.sampling} sampling at rate {run.sample_rate:.4g}")
     result = audit_canary_scores({AUDIT_SCORE: scores[AUDIT_SCORE]}, canaries.included,
                                  claimed_epsilon=float(claim), delta=float(delta),
                                  mechanism=mechanism, confidence=confidence, title=title)
-    audit = GradientCanaryAudit(result, run, source, claim_source, opacus_epsilon)
+    audit = GradientCanaryAudit(result, run, source, claim_source, opacus_epsilon, sampling)
     if out is not None:
         audit.write(out)
     return audit

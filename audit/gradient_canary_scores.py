@@ -60,8 +60,9 @@ class CanaryRun:
     loop``); ``setup``: what the Opacus optimiser was set up with (None in a plain loop);
     ``set_up_noise_multiplier``: the claimed noise (the set-up one, or a plain loop's first
     step's); ``changes``: what differed from the set-up values, and when. With canary
-    records: ``canary_records`` placed in the dataset, ``canary_draws`` of them the model
-    saw in training, ``accounted_draws`` due at the rates the steps were accounted at."""
+    records: ``canary_records`` placed in the dataset, ``canary_draws``: how many of them the
+    released steps' clipped sums held (``C`` each on the block), ``accounted_draws``: how
+    many the rates the steps were accounted at give on average."""
 
     canaries: int
     steps: int

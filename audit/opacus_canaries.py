@@ -14,7 +14,8 @@ to the wrapped optimiser. A skipped step (virtual batches) returns before ``add_
 * ``add_noise``: first adds the canaries sampled at this step to the canary block's
   ``summed_grad`` (``C`` on each one's coordinate), exactly where a record's clipped gradient
   has entered, then runs Opacus's own ``add_noise`` (canary records drawn by the data loader,
-  ``GradientCanaries.wrap_dataset``, are already in that sum: nothing is added);
+  ``GradientCanaries.wrap_dataset``, are already in that sum, ``C`` each: nothing is added,
+  and the sum over the block, over ``C``, counts the canary records the step drew);
 * ``pre_step``: after Opacus's own (noise, scaling, accounting), records the block's ``p.grad``,
   the value the optimiser releases to its update, times the scaling ``scale_grad`` applied,
   in units of ``C``, with the step's noise multiplier, clipping norm, accumulated

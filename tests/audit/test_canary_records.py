@@ -6,6 +6,8 @@ caught, a correct Poisson run is consistent. Synthetic data, coins seeded."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from torch import nn
 
 from fedlap_privacy.audit import GradientCanaries
 from fedlap_privacy.audit.canary_block import canary_mark
+from fedlap_privacy.audit.gradient_canary_audit import SamplingTest
 from fedlap_privacy.errors import ConfigError
 
 
@@ -67,7 +70,7 @@ def test_a_correct_poisson_run_is_consistent(monkeypatch, seed, tmp_path):
     (_, q, steps), = run.history
     assert (result.mechanism.sample_rate, result.mechanism.steps) == (q, steps)
     draws, due = result.run.canary_draws, result.run.accounted_draws
-    assert abs(draws / due - 1.0) < 0.1
+    assert abs(draws / due - 1.0) < 0.05 and not result.sampling.rejected
     assert "Canary records in the training set" in (tmp_path / "report.md").read_text()
 
 
@@ -79,8 +82,8 @@ def test_a_loader_of_3x_the_accounted_batch_is_caught_at_a_claim_near_1(monkeypa
     run = train_synthetic(32, records=True, loader="3x", sigma=2.0)
     result = run.canaries.audit(delta=DELTA)
     assert 0.5 < result.claimed_epsilon < 1.2
-    assert result.violation
-    assert result.run.canary_draws / result.run.accounted_draws == pytest.approx(3.0, rel=0.1)
+    assert result.violation and result.sampling.rejected and result.sampling.p_value < 1e-100
+    assert result.sampling.ratio == pytest.approx(3.0, rel=0.05)
 
 
 def test_a_weighted_sampler_far_from_the_accounted_rate_is_caught(monkeypatch):
@@ -91,7 +94,18 @@ def test_a_weighted_sampler_far_from_the_accounted_rate_is_caught(monkeypatch):
                           epochs=3, batch=200)
     result = run.canaries.audit(delta=DELTA)
     assert result.claimed_epsilon < 1.5 and result.violation
-    assert result.run.canary_draws > 4 * result.run.accounted_draws
+    assert result.sampling.rejected and result.sampling.ratio > 4
+    assert result.audit.violation  # the canaries' releases alone show it too
+
+
+def test_the_sampling_test_of_canary_records():
+    """The Chernoff bound by hand; as many draws as accounted (a shuffled loader) is never
+    evidence; the test's level is its share of the audit's."""
+    test = SamplingTest(draws=150, accounted=100.0, level=0.005)
+    assert test.p_value == pytest.approx(math.exp(-100 * (1.5 * math.log(1.5) - 0.5)))
+    assert test.rejected and test.ratio == 1.5
+    assert SamplingTest(100, 100.0, 0.005).p_value == 1.0
+    assert not SamplingTest(110, 100.0, 0.005).rejected  # p 0.61: within the noise
 
 
 def test_tuple_list_and_dict_records():
