@@ -117,7 +117,8 @@ def test_audit_refusals():
 
 
 
-@pytest.mark.parametrize("name", ["opacus_audit.py", "plain_dp_sgd_audit.py"])
+@pytest.mark.parametrize("name", ["opacus_audit.py", "plain_dp_sgd_audit.py",
+                                  "opacus_records_audit.py"])
 def test_the_documented_scripts_run(name, monkeypatch, tmp_path, capsys):
     """docs/auditing.md's scripts as a reader copies them (coins seeded, so that the
     verdict is the documented one on every run)."""
@@ -131,6 +132,9 @@ def test_the_documented_scripts_run(name, monkeypatch, tmp_path, capsys):
     assert printed.startswith("consistent"), printed
     if name == "opacus_audit.py":
         assert (tmp_path / "runs" / "opacus-audit" / "report.html").exists()
+    if name == "opacus_records_audit.py":
+        assert "records drawn 1.0" in printed or "records drawn 0.9" in printed, printed
+        assert (tmp_path / "runs" / "opacus-records-audit" / "report.html").exists()
 
 
 def test_a_plain_loop_that_releases_without_noise_is_a_violation():
