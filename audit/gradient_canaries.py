@@ -403,24 +403,29 @@ class GradientCanaries:
     def scores(self, sigma: float | None = None) -> dict[str, np.ndarray]:
         """Every score of the canaries by name (:mod:`.gradient_canary_scores`): the
         likelihood ratio at ``sigma`` (the claimed noise multiplier) and at the noise
-        measured on the block, and the summed release. Poisson ratios use the rate each
-        step was accounted at."""
+        measured on the block (per group of steps the optimiser ran with the same noise
+        multiplier and clipping norm), and the summed release. Poisson ratios use the rate
+        each step was accounted at."""
         releases = self.releases()
         run = self.run()
         rates = np.array([s.sample_rate for s in self._steps])
-        ratio: Callable[[float], np.ndarray]
+        ratio: Callable[[float | np.ndarray], np.ndarray]
         if run.steps_per_epoch is None:
-            def ratio(s: float) -> np.ndarray:
+            def ratio(s: float | np.ndarray) -> np.ndarray:
                 return gcs.poisson_scores(releases, rates, s)
         else:
-            def ratio(s: float) -> np.ndarray:
+            def ratio(s: float | np.ndarray) -> np.ndarray:
                 return gcs.shuffle_scores(releases, int(run.steps_per_epoch), s)
         out = {}
         if sigma is not None:
             out["likelihood ratio (claimed noise)"] = ratio(sigma)
-        # a noiseless release measures 0: any small scale then separates the canaries
-        out["likelihood ratio (measured noise)"] = ratio(max(run.measured_noise_multiplier,
-                                                             1e-3))
+        # one scale per group of steps the optimiser ran alike (a noise changed mid-run is
+        # scored at each part's own); a noiseless release measures 0: any small scale then
+        # separates the canaries
+        groups = np.unique([(s.noise_multiplier, s.max_grad_norm) for s in self._steps],
+                           axis=0, return_inverse=True)[1].reshape(-1)
+        measured = gcs.measured_noise_by_step(releases, groups)
+        out["likelihood ratio (measured noise)"] = ratio(np.maximum(measured, 1e-3))
         out["summed release"] = gcs.summed_scores(releases)
         return out
 

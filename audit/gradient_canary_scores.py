@@ -22,11 +22,13 @@ Scores (higher = more likely included):
 
 ``s`` is the noise multiplier the score assumes: the claimed one, or the one measured on the
 block (:func:`measured_noise_multiplier`: a robust scale of all ``m T`` released values,
-most of which are pure noise). Any function of the releases alone is a valid one-run score
-(Steinke, Nasr, Jagielski 2023, the guesser may post-process the output freely); the measured
-scale never looks at the secret coins. With the scale of the noise that actually ran the
-ratio is the most powerful test of each canary's inclusion (Neyman-Pearson), so a run whose
-noise is too small is seen as such.
+most of which are pure noise; :func:`measured_noise_by_step`: the same over the steps the
+optimiser ran with the same noise multiplier and clipping norm, one scale per step). Any
+function of the releases alone is a valid one-run score (Steinke, Nasr, Jagielski 2023, the
+guesser may post-process the output freely); the measured scale never looks at the secret
+coins, nor do the groups (the optimiser's own values). With the scale of the noise that
+actually ran the ratio is the most powerful test of each canary's inclusion
+(Neyman-Pearson), so a run whose noise is too small is seen as such.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ from scipy.special import logsumexp
 from fedlap_privacy.audit.canary_steps import Change, OptimizerSetup
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["CanaryRun", "measured_noise_multiplier", "poisson_scores", "shuffle_scores",
-           "summed_scores"]
+__all__ = ["CanaryRun", "measured_noise_by_step", "measured_noise_multiplier", "poisson_scores",
+           "shuffle_scores", "summed_scores"]
 
 #: MAD of a standard normal (Phi^-1(3/4)): MAD / this estimates its scale
 _MAD_NORMAL = 0.6744897501960817
@@ -107,12 +109,6 @@ def _releases(releases: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _scale(sigma: float) -> float:
-    if not (math.isfinite(sigma) and sigma > 0.0):
-        raise ConfigError(f"the score needs a noise multiplier > 0, got {sigma}")
-    return float(sigma)
-
-
 def measured_noise_multiplier(releases: np.ndarray) -> float:
     """The noise multiplier the releases show: the median absolute deviation of every
     released value about its median, over ``Phi^-1(3/4)`` (a consistent estimate of a
@@ -124,11 +120,38 @@ def measured_noise_multiplier(releases: np.ndarray) -> float:
     return mad / _MAD_NORMAL
 
 
-def poisson_scores(releases: np.ndarray, rates: np.ndarray | float, sigma: float) -> np.ndarray:
-    """Per-canary log-likelihood ratio of a canary Poisson-sampled at ``rates`` (one per
-    step, or one for all) under noise multiplier ``sigma`` (module docstring)."""
+def measured_noise_by_step(releases: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """One noise multiplier per step: :func:`measured_noise_multiplier` of the steps that
+    share the step's group (steps the optimiser ran with the same noise multiplier and
+    clipping norm), so that a run whose noise changed is scored step by step at the noise
+    each part actually had."""
     arr = _releases(releases)
-    s2 = _scale(sigma) ** 2
+    keys = np.asarray(groups)
+    if keys.shape != (arr.shape[0],):
+        raise ConfigError(f"one group per step needed: {arr.shape[0]} steps, got shape "
+                          f"{keys.shape}")
+    out = np.empty(arr.shape[0])
+    for key in np.unique(keys):
+        rows = keys == key
+        out[rows] = measured_noise_multiplier(arr[rows])
+    return out
+
+
+def _scales(sigma: float | np.ndarray, steps: int) -> np.ndarray:
+    """``sigma`` (one, or one per step) as a column of per-step variances."""
+    values = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (steps,))
+    if not np.all(np.isfinite(values) & (values > 0.0)):
+        raise ConfigError(f"the score needs noise multipliers > 0, got {sigma}")
+    return (values ** 2)[:, None]
+
+
+def poisson_scores(releases: np.ndarray, rates: np.ndarray | float,
+                   sigma: float | np.ndarray) -> np.ndarray:
+    """Per-canary log-likelihood ratio of a canary Poisson-sampled at ``rates`` (one per
+    step, or one for all) under noise multiplier ``sigma`` (one per step, or one for all;
+    module docstring)."""
+    arr = _releases(releases)
+    s2 = _scales(sigma, arr.shape[0])
     q = np.broadcast_to(np.asarray(rates, dtype=np.float64), (arr.shape[0],))
     if not np.all((q > 0.0) & (q <= 1.0)):
         raise ConfigError("every sample rate must lie in (0, 1]")
@@ -138,14 +161,16 @@ def poisson_scores(releases: np.ndarray, rates: np.ndarray | float, sigma: float
     return np.logaddexp(stay, np.log(q)[:, None] + gain).sum(axis=0)
 
 
-def shuffle_scores(releases: np.ndarray, steps_per_epoch: int, sigma: float) -> np.ndarray:
+def shuffle_scores(releases: np.ndarray, steps_per_epoch: int,
+                   sigma: float | np.ndarray) -> np.ndarray:
     """Per-canary log-likelihood ratio of a canary that enters exactly one uniformly chosen
-    step of each epoch of ``steps_per_epoch`` steps (module docstring)."""
+    step of each epoch of ``steps_per_epoch`` steps, under noise multiplier ``sigma`` (one per
+    step, or one for all; module docstring)."""
     arr = _releases(releases)
     k = int(steps_per_epoch)
     if k < 1:
         raise ConfigError(f"an epoch needs at least one step, got {steps_per_epoch}")
-    gain = (arr - 0.5) / _scale(sigma) ** 2
+    gain = (arr - 0.5) / _scales(sigma, arr.shape[0])
     total = np.zeros(arr.shape[1])
     for start in range(0, arr.shape[0], k):
         part = gain[start:start + k]

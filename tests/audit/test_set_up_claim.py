@@ -6,11 +6,13 @@ the same on every run)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from opacus_runs import DELTA, SIGMA, seeded_coins, synthetic, train_synthetic
 
 from fedlap_privacy.audit import GradientCanaries
+from fedlap_privacy.audit import gradient_canary_scores as gcs
 from fedlap_privacy.audit.canary_steps import Change, StepRecord, changes, describe_change
 from fedlap_privacy.errors import ConfigError
 
@@ -55,6 +57,26 @@ def test_a_correct_run_is_consistent_and_says_nothing_changed(monkeypatch, tmp_p
     assert result.verdict == "consistent" and result.run.changes == ()
     assert result.claimed_epsilon == pytest.approx(result.opacus_epsilon)
     assert "Nothing changed during training" in (tmp_path / "report.md").read_text()
+
+
+def test_a_noise_cut_mid_training_is_caught_scored_at_each_part_s_own_noise(monkeypatch):
+    """40 steps at the set-up noise, then 80 at 0.3x: the measured noise of the block as a
+    whole (a mixture) would drown the first part's steps; each group of steps the optimiser
+    ran alike is scored at its own."""
+    seeded_coins(monkeypatch, 27)
+    run = train_synthetic(27, cut=0.3, cut_after=40)
+    result = run.canaries.audit(delta=DELTA)
+    assert result.run.changes[0].first_step == 41 and result.violation
+
+
+def test_the_noise_is_measured_per_group_of_steps():
+    rng = np.random.default_rng(0)
+    releases = np.vstack([rng.normal(0, 1.0, (50, 2000)), rng.normal(0, 0.3, (50, 2000))])
+    measured = gcs.measured_noise_by_step(releases, np.repeat([0, 1], 50))
+    assert np.allclose(measured[:50], 1.0, atol=0.02) and np.allclose(measured[50:], 0.3,
+                                                                       atol=0.01)
+    both = gcs.poisson_scores(releases[:1], 0.5, measured[:1])
+    assert np.allclose(both, gcs.poisson_scores(releases[:1], 0.5, float(measured[0])))
 
 
 def test_a_change_mid_training_is_reported_with_its_steps():
