@@ -145,3 +145,33 @@ def test_virtual_steps_of_batch_memory_manager_are_one_step_each():
     (_, q, steps), = engine.accountant.history
     assert canaries.steps == steps and steps >= 8
     assert {s.sample_rate for s in canaries.step_records()} == {q}
+
+
+@pytest.mark.parametrize("kind", ["rdp", "prv"])
+def test_make_private_with_epsilon_claims_its_target(kind):
+    """The noise Opacus chose for a target epsilon is the set-up noise: trained for the
+    planned epochs, the set-up claim is the target (Opacus's tolerance 0.01), whatever the
+    noise was changed to afterwards; accounted by the kind of accountant the engine used."""
+    from opacus import PrivacyEngine
+
+    torch.manual_seed(28)
+    canaries = GradientCanaries(m=100)
+    model = canaries.wrap(torch.nn.Linear(20, 2))
+    loader = torch.utils.data.DataLoader(synthetic(900), batch_size=100)
+    engine = PrivacyEngine(accountant=kind)
+    model, optimizer, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=loader, target_epsilon=2.0, target_delta=DELTA, epochs=3,
+        max_grad_norm=1.0)
+    canaries.attach(optimizer)
+    set_up = optimizer.noise_multiplier
+    optimizer.noise_multiplier = 0.3 * set_up
+    for _ in range(3):
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    result = canaries.audit(delta=DELTA)
+    assert result.claimed_epsilon == pytest.approx(2.0, abs=0.02)
+    assert result.mechanism.noise_multiplier == set_up
+    assert result.opacus_epsilon > 5 * result.claimed_epsilon
