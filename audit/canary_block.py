@@ -34,7 +34,7 @@ from torch import nn
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["BLOCK_NAME", "MARK_DTYPES", "CanaryBlockModel", "add_canary_block", "canary_block",
-           "canary_mark", "canary_model", "remove_canary_block"]
+           "canary_mark", "remove_canary_block"]
 
 #: name of the canary block's submodule on the wrapped model
 BLOCK_NAME = "fedlap_canary_block"
@@ -149,10 +149,12 @@ class CanaryBlockModel(nn.Module):
         batch = output.shape[0]
         z = output.new_zeros(batch, block.in_features, dtype=block.weight.dtype)
         shape = (batch, *([1] * (output.dim() - 1)))
-        if rows is not None and coords is not None:
-            if rows.shape[0] != batch:
+        if rows is not None and rows.shape[0] != batch:
+            if bool(rows.any()):  # a model whose input is not batch-first: nothing to route
                 raise ConfigError(f"canary records need one output row per input row, got "
                                   f"{batch} outputs for {rows.shape[0]} inputs")
+            rows = None
+        if rows is not None and coords is not None:
             output = output * (~rows).reshape(shape).to(output.dtype)
             z = z.scatter(1, coords[:, None], rows[:, None].to(z.dtype))
         pushed = _Push.apply(block(z))
@@ -163,12 +165,6 @@ class CanaryBlockModel(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(super().__getattr__("model"), name)
-
-
-def canary_model(model: nn.Module) -> CanaryBlockModel | None:
-    """The :class:`CanaryBlockModel` ``model`` is (or the one an Opacus wrapper holds)."""
-    inner = getattr(model, "_module", model) if _is_dp_wrapped(model) else model
-    return inner if isinstance(inner, CanaryBlockModel) else None
 
 
 def canary_block(model: nn.Module) -> nn.Linear | None:

@@ -58,6 +58,7 @@ class CanaryRecords(torch.utils.data.Dataset):
         self.dataset = dataset
         self.coordinates = np.asarray(coordinates, dtype=np.int64)
         self._n = n
+        self._length = n + len(self.coordinates)
         self._template = dataset[0]
         self._key = self._input_key(self._template, input_key)
 
@@ -88,14 +89,16 @@ class CanaryRecords(torch.utils.data.Dataset):
                           f"dict ({what})")
 
     def __len__(self) -> int:
-        return self._n + len(self.coordinates)
+        return self._length
 
     def __getitem__(self, index: int) -> Any:
+        if 0 <= index < self._n:
+            return self.dataset[index]
         index = int(index)
         if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(f"record {index} of {len(self)}")
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(f"record {index} of {self._length}")
         if index < self._n:
             return self.dataset[index]
         j = int(self.coordinates[index - self._n])

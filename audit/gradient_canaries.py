@@ -39,7 +39,7 @@ batch of the clipped per-record gradients, before noise) and on its noisy sum::
 What it tests: the noise and clipping step as it runs (a missing, mis-scaled or misplaced
 noise, a normalisation that differs from the accounting) against the claim; with
 ``wrap_dataset``, also the sampling (a loader whose real rate exceeds the accounted one, a
-record drawn twice, more steps than accounted). What it cannot test: a claim above the
+record drawn twice in a step). What it cannot test: a claim above the
 audit's ceiling; without ``wrap_dataset``, anything before the clipped sum.
 """
 

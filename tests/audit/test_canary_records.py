@@ -210,3 +210,23 @@ def test_a_sampler_that_never_draws_a_canary_record_is_refused():
         optimizer.step()
     with pytest.raises(ConfigError, match="no canary record reached the model"):
         canaries.audit(delta=DELTA)
+
+
+def test_a_model_whose_input_is_not_batch_first_still_wraps():
+    """Sequence-first input, batch-first output: no canary record to route, no refusal;
+    a canary record in such an input is refused in one line."""
+    class SequenceFirst(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # (seq, batch, 4)
+            return self.fc(x.mean(dim=0))
+
+    canaries = GradientCanaries(m=20)
+    model = canaries.wrap(SequenceFirst())
+    x = torch.randn(7, 3, 4)
+    assert torch.equal(model(x), model.model(x))
+    x[2] = canary_mark(0)
+    with pytest.raises(ConfigError, match="one output row per input row"):
+        model(x)
