@@ -113,6 +113,7 @@ class GradientCanaries:
         self._unmodelled: str | None = None
         self._rate: float | None = None
         self._epoch: int | None = None  # steps per epoch under shuffled batches
+        self._epoch_accumulated = 1  # micro-batches per step under shuffled batches
         self._slots: np.ndarray | None = None
         self._pending: np.ndarray | None = None  # canaries added at the open step
         self._pending_rate = 0.0
@@ -169,7 +170,9 @@ class GradientCanaries:
         accumulated into the step), or per micro-batch at ``sample_rate``; a
         ``data_loader`` that is not Poisson (``poisson_sampling=False``) makes each included
         canary enter exactly one uniformly chosen step of each epoch of ``len(data_loader)``
-        steps, as a shuffled record does (without accumulation).
+        batches, as a shuffled record does (with ``a`` micro-batches accumulated into every
+        step, an epoch of ``len(data_loader) / a`` steps; any other accumulation cannot be
+        modelled so, and the audit refuses it).
         """
         from fedlap_privacy.audit import opacus_canaries
 
@@ -220,12 +223,21 @@ class GradientCanaries:
         if self._epoch is None:
             rate = min(1.0, self._rate * accumulated)
         else:
+            if (not self._steps and self._epoch_accumulated == 1 and accumulated > 1
+                    and self._epoch % accumulated == 0):
+                # every step accumulates the same micro-batches: an epoch of len(loader)
+                # batches is len(loader) / accumulated steps, each record in exactly one
+                self._epoch //= accumulated
+                self._rate = 1.0 / self._epoch
+                self._epoch_accumulated = accumulated
             rate = self._rate
-            if accumulated != 1 and self._unmodelled is None:
+            if accumulated != self._epoch_accumulated and self._unmodelled is None:
                 self._unmodelled = (f"a step over {accumulated} accumulated micro-batches "
                                     f"while the canaries follow shuffled epochs of "
-                                    f"{self._epoch} batches: attach(optimizer) without "
-                                    f"data_loader samples them at the rate Opacus accounts")
+                                    f"{self._epoch * self._epoch_accumulated} batches in "
+                                    f"steps of {self._epoch_accumulated}: attach(optimizer) "
+                                    f"without data_loader samples them at the rate Opacus "
+                                    f"accounts")
         if self._route == "data pipeline":
             self._open(np.zeros(self.m, dtype=bool), rate)
             with torch.no_grad():

@@ -115,10 +115,20 @@ def test_manual_accumulation_of_4_micro_batches_is_modelled_as_opacus_accounts(m
     assert cut.canaries.audit(delta=DELTA).violation
 
 
-def test_shuffled_epochs_with_accumulation_are_refused_in_one_line():
-    run = train_synthetic(25, m=100, accumulate=4, epochs=1, attach_loader=True)
-    with pytest.raises(ConfigError, match="cannot model this run: a step over 4 accumulated"):
-        run.canaries.audit(delta=DELTA)
+def test_shuffled_epochs_follow_a_fixed_accumulation_and_refuse_any_other():
+    """``attach(data_loader=...)`` of a shuffled loader of 60 batches, 4 a step: each canary
+    enters exactly one of each epoch's 15 steps, at the rate Opacus accounts (4/60); 7 a
+    step does not divide the epoch's 106 batches: refused in one line, not mis-modelled."""
+    run = train_synthetic(25, m=200, accumulate=4, epochs=2, attach_loader=True)
+    canaries = run.canaries
+    (_, q, steps), = run.history
+    assert steps == canaries.steps == 30 and canaries.run().steps_per_epoch == 15
+    assert canaries.run().sample_rate == q
+    assert np.all(canaries._sampled[canaries.included] == 2)
+    assert canaries.audit(delta=DELTA).mechanism.sample_rate == q
+    odd = train_synthetic(25, m=100, accumulate=7, epochs=1, attach_loader=True)
+    with pytest.raises(ConfigError, match="cannot model this run: a step over"):
+        odd.canaries.audit(delta=DELTA)
 
 
 def test_virtual_steps_of_batch_memory_manager_are_one_step_each():
