@@ -239,11 +239,13 @@ def run_blocks(result: GradientCanaryAudit) -> list[Block]:
                          "does not hold for this run.")
     if run.changes:
         changed = [describe_change(c, run.steps) + "." for c in run.changes]
-        lines.append("Changed during training (the claim tested stays the set-up one):")
+        kept = ("the claim tested stays the set-up one" if result.claim_source == "set up"
+                else "the claim tested is the one given")
+        lines.append(f"Changed during training ({kept}):")
         items = [(x,) for x in lines] + [(f"  {x}",) for x in changed]
     else:
         lines.append("Nothing changed during training: every released step ran with the "
-                     "set-up values.")
+                     + ("set-up values." if run.setup is not None else "first step's values."))
         items = [(x,) for x in lines]
     return [Block("heading", "The run"), Block("bullets", items=tuple(items))]
 
