@@ -57,15 +57,18 @@ def canary_mark(j: int) -> float:
     return -_MARK_BASE * (1.0 + (j + 1) / _MARK_STEPS)
 
 
-def _canary_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _canary_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Which rows of ``x`` are canary records (booleans) and, on those rows, their
-    canaries' coordinates (0 on the others). No data-dependent branch: ``torch.func``
-    transforms (a plain loop's ``vmap(grad(...))``) run it too."""
+    canaries' coordinates (0 on the others); None when no row's first entry is a mark
+    (outside ``torch.func`` transforms, whose plain loop's ``vmap(grad(...))`` allows no
+    data-dependent branch and so always takes the full path)."""
     flat = x.detach().reshape(x.shape[0], -1)
-    first = flat[:, 0].double()
-    code = (first / -_MARK_BASE - 1.0) * _MARK_STEPS
+    code = (flat[:, 0].double() / -_MARK_BASE - 1.0) * _MARK_STEPS
     whole = torch.round(code)
-    rows = (code == whole) & (whole >= 1) & (whole <= m) & (flat == flat[:, :1]).all(dim=1)
+    rows = (code == whole) & (whole >= 1) & (whole <= m)
+    if not torch._C._functorch.is_functorch_wrapped_tensor(x) and not bool(rows.any()):
+        return None
+    rows = rows & (flat == flat[:, :1]).all(dim=1)
     coords = torch.where(rows, whole - 1.0, torch.zeros_like(whole)).long()
     return rows, coords
 
@@ -139,9 +142,11 @@ class CanaryBlockModel(nn.Module):
         x = _first_input((args, kwargs))
         rows = coords = None
         if x is not None and x.dtype in MARK_DTYPES and x.shape[0] > 0 and x[0].numel() > 0:
-            rows, coords = _canary_rows(x, block.in_features)
-            clean = x.masked_fill(rows.reshape(-1, *([1] * (x.dim() - 1))), 0.0)
-            args, kwargs = _swap((args, kwargs), x, clean)
+            found = _canary_rows(x, block.in_features)
+            if found is not None:
+                rows, coords = found
+                clean = x.masked_fill(rows.reshape(-1, *([1] * (x.dim() - 1))), 0.0)
+                args, kwargs = _swap((args, kwargs), x, clean)
         output = self.model(*args, **kwargs)
         if not isinstance(output, torch.Tensor) or output.dim() < 1:
             raise ConfigError("gradient canaries need a model whose output is one tensor "
