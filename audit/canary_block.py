@@ -63,12 +63,12 @@ def _canary_rows(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor] |
     (outside ``torch.func`` transforms, whose plain loop's ``vmap(grad(...))`` allows no
     data-dependent branch and so always takes the full path)."""
     flat = x.detach().reshape(x.shape[0], -1)
+    if (not torch._C._functorch.is_functorch_wrapped_tensor(x)
+            and not bool((flat[:, 0] < -_MARK_BASE).any())):
+        return None
     code = (flat[:, 0].double() / -_MARK_BASE - 1.0) * _MARK_STEPS
     whole = torch.round(code)
-    rows = (code == whole) & (whole >= 1) & (whole <= m)
-    if not torch._C._functorch.is_functorch_wrapped_tensor(x) and not bool(rows.any()):
-        return None
-    rows = rows & (flat == flat[:, :1]).all(dim=1)
+    rows = (code == whole) & (whole >= 1) & (whole <= m) & (flat == flat[:, :1]).all(dim=1)
     coords = torch.where(rows, whole - 1.0, torch.zeros_like(whole)).long()
     return rows, coords
 
@@ -162,6 +162,8 @@ class CanaryBlockModel(nn.Module):
         if rows is not None and coords is not None:
             output = output * (~rows).reshape(shape).to(output.dtype)
             z = z.scatter(1, coords[:, None], rows[:, None].to(z.dtype))
+        if rows is None:  # no canary record: the block's output times 0 (cheaper, same)
+            return output + 0.0 * block(z).reshape(shape).to(output.dtype)
         pushed = _Push.apply(block(z))
         return output + pushed.reshape(shape).to(output.dtype)
 
