@@ -256,7 +256,10 @@ def _accounted_epsilon(accountant: Any, sigma: float, q: float, steps: int,
     by a fresh accountant of ``accountant``'s kind (Opacus's RDP / PRV / GDP), or by this
     package's PLD accountant when there is none."""
     if accountant is not None:
-        fresh = type(accountant)()
+        try:
+            fresh = type(accountant)()
+        except TypeError:  # not one that starts empty: this package's accountant instead
+            return ClaimedMechanism(sigma, q, steps).epsilon(delta)
         fresh.history = [(float(sigma), float(q), int(steps))]
         return float(fresh.get_epsilon(delta=delta))
     return ClaimedMechanism(sigma, q, steps).epsilon(delta)
