@@ -1,5 +1,7 @@
-"""A tiny real Opacus DP-SGD run on scikit-learn's digits, with gradient canaries: what the
-gradient-canary tests train (an MLP 64-16-10, Poisson rate 1/15, one thread)."""
+"""Tiny real Opacus DP-SGD runs with gradient canaries, what the gradient-canary tests
+train (one thread): scikit-learn's digits with an MLP 64-16-10 at Poisson rate 1/15
+(:func:`train`), and synthetic data with an MLP 20-16-2 whose noise, accumulation or loader
+goes wrong after ``make_private`` (:func:`train_synthetic`)."""
 
 from __future__ import annotations
 
