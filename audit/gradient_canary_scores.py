@@ -18,7 +18,7 @@ Scores (higher = more likely included):
   ``sum_epochs log((k - n)/k + (1/k) sum_{t in epoch} exp((u_t - 1/2) / s^2))`` (``n`` steps of
   the epoch observed; ``k - n`` slots after the end of an unfinished epoch release nothing);
 * :func:`summed_scores`: ``sum_t u_t``, the total update on the coordinate (what a
-  final-model auditor sees; the score of the issue's first measurement).
+  final-model auditor sees).
 
 ``s`` is the noise multiplier the score assumes: the claimed one, or the one measured on the
 block (:func:`measured_noise_multiplier`: a robust scale of all ``m T`` released values,
