@@ -12,13 +12,22 @@ releases (:mod:`.gradient_canary_scores`) and the scores are audited against the
 :func:`~fedlap_privacy.audit.score_audit.audit_canary_scores` (Steinke's bound, the f-DP
 bound, and the test against the claimed mechanism's own trade-off curve).
 
-Opacus::
+Opacus, the canaries as records of the user's data (drawn by the user's own loader and
+sampler, so that what the data pipeline does is audited too)::
 
     canaries = GradientCanaries(m=1000)
     model = canaries.wrap(model)                     # before make_private
-    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer, ...)
+    train_set = canaries.wrap_dataset(train_set)     # included canaries become records
+    loader = DataLoader(train_set, batch_size=b)     # or any sampler you have
+    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,
+                                                   data_loader=loader, ...)
     canaries.attach(optimizer)                       # the training loop stays as it is
-    result = canaries.audit(claimed_epsilon=eps, delta=1e-5, out="runs/opacus-audit")
+    result = canaries.audit(delta=1e-5, out="runs/opacus-audit")
+
+Without ``wrap_dataset`` the canaries enter at the optimiser instead (added to the block's
+clipped sum, sampled at the rate Opacus accounts). ``attach`` records what the optimiser was
+set up with and every released step's actual values (:mod:`.canary_steps`); by default the
+audit tests the set-up claim, whatever the training changed afterwards.
 
 A plain torch DP-SGD loop calls, per step, on the block's clipped sum (the sum over the
 batch of the clipped per-record gradients, before noise) and on its noisy sum::
@@ -28,10 +37,10 @@ batch of the clipped per-record gradients, before noise) and on its noisy sum::
     canaries.record_release(noisy, noise_multiplier=sigma, max_grad_norm=C)
 
 What it tests: the noise and clipping step as it runs (a missing, mis-scaled or misplaced
-noise, a normalisation that differs from the accounting) against the claim, for canaries
-sampled at the rate the accountant was given. What it cannot test: the data pipeline (the
-canaries are not records: a sampler whose real rate differs from the accounted one, or a
-record used twice, is invisible to them), and a claim above the audit's ceiling.
+noise, a normalisation that differs from the accounting) against the claim; with
+``wrap_dataset``, also the sampling (a loader whose real rate exceeds the accounted one, a
+record drawn twice in a step). What it cannot test: a claim above the
+audit's ceiling; without ``wrap_dataset``, anything before the clipped sum.
 """
 
 from __future__ import annotations
@@ -47,7 +56,13 @@ import torch
 from torch import nn
 
 from fedlap_privacy.audit import gradient_canary_scores as gcs
-from fedlap_privacy.audit.canary_block import add_canary_block, canary_block, remove_canary_block
+from fedlap_privacy.audit.canary_block import (
+    add_canary_block,
+    canary_block,
+    remove_canary_block,
+)
+from fedlap_privacy.audit.canary_dataset import CanaryRecords
+from fedlap_privacy.audit.canary_steps import OptimizerSetup, StepRecord, changes
 from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
 from fedlap_privacy.errors import ConfigError
 
@@ -57,6 +72,8 @@ __all__ = ["MAX_CANARIES", "MIN_CANARIES", "CanaryRun", "GradientCanaries"]
 MAX_CANARIES = 1 << 20
 #: the fewest canaries an audit accepts
 MIN_CANARIES = 10
+#: below this many expected draws of canary records, none drawn is no evidence of a fault
+_MIN_EXPECTED_DRAWS = 5.0
 
 
 def _secret_coins(m: int) -> np.ndarray:
@@ -74,7 +91,8 @@ class GradientCanaries:
     """``m`` white-box gradient canaries (module docstring).
 
     The inclusion coins are drawn here, from the operating system, and never leave this
-    object except in the audit (after training). No seed can be given: coins an auditor or a
+    object except in the audit (after training) and, with :meth:`wrap_dataset`, as the
+    records of the included canaries. No seed can be given: coins an auditor or a
     configuration could predict would void the audit.
     """
 
@@ -88,15 +106,21 @@ class GradientCanaries:
         self._included = _secret_coins(self.m)
         self._generator = _step_generator()
         self._block: nn.Linear | None = None
+        self._records: CanaryRecords | None = None
         self._optimizer: Any = None
+        self._route = "plain loop"
+        self._setup: OptimizerSetup | None = None
+        self._unmodelled: str | None = None
         self._rate: float | None = None
         self._epoch: int | None = None  # steps per epoch under shuffled batches
+        self._epoch_accumulated = 1  # micro-batches per step under shuffled batches
         self._slots: np.ndarray | None = None
         self._pending: np.ndarray | None = None  # canaries added at the open step
+        self._pending_rate = 0.0
         self._releases: list[np.ndarray] = []
-        self._sigmas: list[float] = []
-        self._clips: list[float] = []
+        self._steps: list[StepRecord] = []
         self._sampled = np.zeros(self.m, dtype=np.int64)
+        self._drawn: list[int] = []  # canary records in each released step's clipped sum
 
     # -- Opacus -----------------------------------------------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -115,16 +139,40 @@ class GradientCanaries:
         from the Opacus module around it): what to save or deploy after training."""
         return remove_canary_block(model)
 
+    def wrap_dataset(self, dataset: Any, *, input_key: str | None = None) -> CanaryRecords:
+        """``dataset`` with one record per included canary after its own records
+        (:class:`~.canary_dataset.CanaryRecords`): build the data loader (and any sampler)
+        from what this returns, before ``make_private``. The wrapped model routes each
+        canary record the loader draws to the canary's coordinate of the block; the
+        optimiser then adds nothing (:meth:`attach`). ``input_key``: for dict records, the
+        key of the model's input."""
+        if self._block is None:
+            raise ConfigError("wrap the model first: canaries.wrap(model), then "
+                              "wrap_dataset(train_set)")
+        if self._records is not None:
+            raise ConfigError("these canaries are already records of a dataset (wrap one "
+                              "training set)")
+        if self._optimizer is not None:
+            raise ConfigError("wrap_dataset before make_private and attach")
+        self._records = CanaryRecords(dataset, np.flatnonzero(self._included), input_key)
+        return self._records
+
     def attach(self, optimizer: Any, *, data_loader: Any = None,
                sample_rate: float | None = None) -> None:
-        """Enter the Opacus ``DPOptimizer`` ``optimizer`` (:mod:`.opacus_canaries`).
+        """Enter the Opacus ``DPOptimizer`` ``optimizer`` (:mod:`.opacus_canaries`) and
+        record what it is set up with (noise multiplier, clipping norm, the accountant's
+        sample rate, expected batch size): the claim the audit tests by default.
 
-        The canaries are sampled as the optimiser's records: Poisson at ``sample_rate``, or
-        at the rate of ``data_loader`` (an Opacus ``DPDataLoader``), or at the rate
-        ``make_private`` gave the optimiser's accountant (the default). A ``data_loader``
-        that is not Poisson (``poisson_sampling=False``) makes each included canary enter
-        exactly one uniformly chosen step of each epoch of ``len(data_loader)`` steps, as a
-        shuffled record does.
+        With :meth:`wrap_dataset` the canaries are records: the loader draws them, and each
+        released step is scored at the rate Opacus accounts for it. Otherwise they enter at
+        the optimiser, sampled as its records: Poisson at the rate Opacus accounts for each
+        released step (``make_private``'s ``1 / len(data_loader)`` times the micro-batches
+        accumulated into the step), or per micro-batch at ``sample_rate``; a
+        ``data_loader`` that is not Poisson (``poisson_sampling=False``) makes each included
+        canary enter exactly one uniformly chosen step of each epoch of ``len(data_loader)``
+        batches, as a shuffled record does (with ``a`` micro-batches accumulated into every
+        step, an epoch of ``len(data_loader) / a`` steps; any other accumulation cannot be
+        modelled so, and the audit refuses it).
         """
         from fedlap_privacy.audit import opacus_canaries
 
@@ -135,6 +183,16 @@ class GradientCanaries:
             raise ConfigError("wrap the model first: canaries.wrap(model) before "
                               "make_private, then attach(optimizer)")
         opacus_canaries.check_dp_optimizer(optimizer)
+        records = self._records is not None
+        if records and data_loader is not None:
+            raise ConfigError("the canaries are records of your dataset: your loader draws "
+                              "them; attach(optimizer) without data_loader=")
+        names = [cls.__name__ for cls in type(optimizer).__mro__]
+        if records and any("FastGradientClipping" in n for n in names):
+            raise ConfigError("canary records need per-sample gradients "
+                              "(grad_sample_mode='hooks'); ghost clipping rescales the "
+                              "loss, not the records' gradients: drop wrap_dataset to put "
+                              "the canaries at the optimiser")
         if sample_rate is not None:
             rate, epoch = sample_rate, None
         elif data_loader is not None:
@@ -146,8 +204,64 @@ class GradientCanaries:
                                   "rate from: pass attach(optimizer, sample_rate=q)")
             rate, epoch = found, None
         self._set_sampling(rate, epoch)
+        self._setup = opacus_canaries.optimizer_setup(optimizer)
+        self._route = "data pipeline" if records else "optimizer"
         opacus_canaries.hook_dp_optimizer(self, optimizer, self._block.weight)
         self._optimizer = optimizer
+
+    @property
+    def step_open(self) -> bool:
+        """True between :meth:`enter_step` and :meth:`release_step`."""
+        return self._pending is not None
+
+    def enter_step(self, clipped_sum: torch.Tensor, *, max_grad_norm: float,
+                   accumulated: int = 1) -> None:
+        """Open a released step of the attached optimiser (its ``add_noise``): draw the
+        canaries at the rate the step is accounted at and add them to the block's clipped
+        sum (none are added when they are records of the dataset: the loader drew them)."""
+        assert self._rate is not None
+        if self._epoch is None:
+            rate = min(1.0, self._rate * accumulated)
+        else:
+            if (not self._steps and self._epoch_accumulated == 1 and accumulated > 1
+                    and self._epoch % accumulated == 0):
+                # every step accumulates the same micro-batches: an epoch of len(loader)
+                # batches is len(loader) / accumulated steps, each record in exactly one
+                self._epoch //= accumulated
+                self._rate = 1.0 / self._epoch
+                self._epoch_accumulated = accumulated
+            rate = self._rate
+            if accumulated != self._epoch_accumulated and self._unmodelled is None:
+                self._unmodelled = (f"a step over {accumulated} accumulated micro-batches "
+                                    f"while the canaries follow shuffled epochs of "
+                                    f"{self._epoch * self._epoch_accumulated} batches in "
+                                    f"steps of {self._epoch_accumulated}: attach(optimizer) "
+                                    f"without data_loader samples them at the rate Opacus "
+                                    f"accounts")
+        if self._route == "data pipeline":
+            self._open(np.zeros(self.m, dtype=bool), rate)
+            with torch.no_grad():
+                total = float(clipped_sum.reshape(-1)[:self.m].double().sum())
+            self._drawn.append(round(total / float(max_grad_norm)))
+            return
+        self._add(clipped_sum, max_grad_norm, rate)
+
+    def release_step(self, noisy_sum: torch.Tensor, *, noise_multiplier: float,
+                     max_grad_norm: float, accumulated: int = 1,
+                     expected_batch_size: float | None = None) -> None:
+        """Close the open step: record the block's release (the clipped sum plus the noise,
+        in the sum's units, first ``m`` entries) and the values the step ran with."""
+        if self._pending is None:
+            raise ConfigError("record_release needs add_to_clipped_sum first (one of each "
+                              "per step)")
+        if not isinstance(noisy_sum, torch.Tensor) or noisy_sum.numel() < self.m:
+            raise ConfigError(f"the released block must hold at least {self.m} entries")
+        values = noisy_sum.detach().reshape(-1)[:self.m].double().cpu().numpy()
+        self._releases.append((values / float(max_grad_norm)).astype(np.float32))
+        self._steps.append(StepRecord(float(noise_multiplier), float(max_grad_norm),
+                                      self._pending_rate, int(accumulated),
+                                      expected_batch_size))
+        self._pending = None
 
     # -- any DP-SGD loop --------------------------------------------------------------------
     def _set_sampling(self, rate: float | None, epoch: int | None) -> None:
@@ -163,17 +277,42 @@ class GradientCanaries:
                               f"{self._rate}, steps per epoch {self._epoch})")
         self._rate, self._epoch = float(rate), None if epoch is None else int(epoch)
 
-    def _draw(self) -> np.ndarray:
+    def _draw(self, rate: float) -> np.ndarray:
         """Which canaries enter the open step: included and sampled by the rule."""
-        assert self._rate is not None
         step = len(self._releases)
         if self._epoch is None:
-            sampled = self._generator.random(self.m) < self._rate
+            sampled = self._generator.random(self.m) < rate
         else:
             if step % self._epoch == 0 or self._slots is None:
                 self._slots = self._generator.integers(0, self._epoch, self.m)
             sampled = self._slots == step % self._epoch
         return self._included & sampled
+
+    def _open(self, added: np.ndarray, rate: float) -> None:
+        if self._pending is not None:
+            raise ConfigError("record_release was not called after the last "
+                              "add_to_clipped_sum (one of each per step)")
+        self._pending = added
+        self._pending_rate = float(rate)
+        self._sampled += added
+
+    def _add(self, clipped_sum: torch.Tensor, max_grad_norm: float, rate: float) -> None:
+        if not isinstance(clipped_sum, torch.Tensor) or clipped_sum.numel() < self.m:
+            size = clipped_sum.numel() if isinstance(clipped_sum, torch.Tensor) else "no"
+            raise ConfigError(f"{self.m} canaries need a block of at least {self.m} entries, "
+                              f"got {size}")
+        if not (isinstance(max_grad_norm, int | float) and math.isfinite(max_grad_norm)
+                and max_grad_norm > 0):
+            raise ConfigError(f"max_grad_norm must be > 0, got {max_grad_norm!r}")
+        if self._pending is not None:
+            raise ConfigError("record_release was not called after the last "
+                              "add_to_clipped_sum (one of each per step)")
+        added = self._draw(rate)
+        self._open(added, rate)
+        index = torch.from_numpy(np.flatnonzero(added)).to(clipped_sum.device)
+        with torch.no_grad():
+            flat = clipped_sum.view(-1)
+            flat[index] += float(max_grad_norm)
 
     def add_to_clipped_sum(self, clipped_sum: torch.Tensor, *, max_grad_norm: float,
                            sample_rate: float | None = None,
@@ -190,13 +329,6 @@ class GradientCanaries:
         if self._pending is not None:
             raise ConfigError("record_release was not called after the last "
                               "add_to_clipped_sum (one of each per step)")
-        if not isinstance(clipped_sum, torch.Tensor) or clipped_sum.numel() < self.m:
-            size = clipped_sum.numel() if isinstance(clipped_sum, torch.Tensor) else "no"
-            raise ConfigError(f"{self.m} canaries need a block of at least {self.m} entries, "
-                              f"got {size}")
-        if not (isinstance(max_grad_norm, int | float) and math.isfinite(max_grad_norm)
-                and max_grad_norm > 0):
-            raise ConfigError(f"max_grad_norm must be > 0, got {max_grad_norm!r}")
         if sample_rate is not None or steps_per_epoch is not None:
             if sample_rate is not None and steps_per_epoch is not None:
                 raise ConfigError("give sample_rate (Poisson) or steps_per_epoch (shuffled "
@@ -204,29 +336,16 @@ class GradientCanaries:
             self._set_sampling(sample_rate, steps_per_epoch)
         elif self._rate is None:
             raise ConfigError("the first step needs sample_rate= or steps_per_epoch=")
-        added = self._draw()
-        self._pending = added
-        self._sampled += added
-        index = torch.from_numpy(np.flatnonzero(added)).to(clipped_sum.device)
-        with torch.no_grad():
-            flat = clipped_sum.view(-1)
-            flat[index] += float(max_grad_norm)
+        assert self._rate is not None
+        self._add(clipped_sum, max_grad_norm, self._rate)
         return clipped_sum
 
     def record_release(self, noisy_sum: torch.Tensor, *, noise_multiplier: float,
                        max_grad_norm: float) -> None:
         """Record the step's release on the canary block: the clipped sum plus the noise, in
         the sum's units (before dividing by a batch size), first ``m`` entries."""
-        if self._pending is None:
-            raise ConfigError("record_release needs add_to_clipped_sum first (one of each "
-                              "per step)")
-        if not isinstance(noisy_sum, torch.Tensor) or noisy_sum.numel() < self.m:
-            raise ConfigError(f"the released block must hold at least {self.m} entries")
-        values = noisy_sum.detach().reshape(-1)[:self.m].double().cpu().numpy()
-        self._releases.append((values / float(max_grad_norm)).astype(np.float32))
-        self._sigmas.append(float(noise_multiplier))
-        self._clips.append(float(max_grad_norm))
-        self._pending = None
+        self.release_step(noisy_sum, noise_multiplier=noise_multiplier,
+                          max_grad_norm=max_grad_norm)
 
     # -- after training ---------------------------------------------------------------------
     @property
@@ -243,6 +362,20 @@ class GradientCanaries:
             raise ConfigError(f"no step was recorded: {hint}")
         return np.vstack(self._releases).astype(np.float64)
 
+    def step_records(self) -> list[StepRecord]:
+        """What each released step ran with (:class:`~.canary_steps.StepRecord`)."""
+        return list(self._steps)
+
+    def _set_up_step(self) -> StepRecord:
+        """The step as set up: the optimiser's values at ``attach`` (a plain loop: its first
+        step's), at the rate the first released step was accounted at."""
+        first = self._steps[0]
+        if self._setup is None:
+            return first
+        return StepRecord(self._setup.noise_multiplier, self._setup.max_grad_norm,
+                          first.sample_rate, first.accumulated_iterations,
+                          self._setup.expected_batch_size)
+
     def run(self) -> CanaryRun:
         """The run as the canaries saw it (:class:`CanaryRun`)."""
         releases = self.releases()
@@ -251,28 +384,60 @@ class GradientCanaries:
         def single(values: list[float]) -> float | None:
             return values[0] if len(set(values)) == 1 else None
 
-        return CanaryRun(self.m, len(releases), self._rate, self._epoch, single(self._sigmas),
-                         single(self._clips), gcs.measured_noise_multiplier(releases))
+        set_up = self._set_up_step()
+        records = None if self._records is None else len(self._records.coordinates)
+        draws = sum(self._drawn[:len(self._steps)]) if records is not None else None
+        return CanaryRun(
+            self.m, len(releases), set_up.sample_rate, self._epoch,
+            single([s.noise_multiplier for s in self._steps]),
+            single([s.max_grad_norm for s in self._steps]),
+            gcs.measured_noise_multiplier(releases), route=self._route, setup=self._setup,
+            set_up_noise_multiplier=set_up.noise_multiplier,
+            changes=changes(set_up, self._steps), canary_records=records,
+            canary_draws=draws,
+            accounted_draws=None if records is None
+            else records * float(sum(s.sample_rate for s in self._steps)))
+
+    def check_modelled(self) -> None:
+        """A one-line ConfigError where the run cannot be modelled: the canaries' rule did
+        not follow the optimiser's steps, or no canary record reached the model though
+        several were due."""
+        if self._unmodelled is not None:
+            raise ConfigError(f"the canaries cannot model this run: {self._unmodelled}")
+        run = self.run()
+        if (run.canary_draws == 0 and run.accounted_draws is not None
+                and run.accounted_draws >= _MIN_EXPECTED_DRAWS):
+            raise ConfigError(f"no canary record reached the model in training "
+                              f"({run.accounted_draws:.0f} were due at the accounted rate): "
+                              f"build the loader and sampler from the dataset wrap_dataset "
+                              f"returned, and hand the model its input unchanged")
 
     def scores(self, sigma: float | None = None) -> dict[str, np.ndarray]:
         """Every score of the canaries by name (:mod:`.gradient_canary_scores`): the
         likelihood ratio at ``sigma`` (the claimed noise multiplier) and at the noise
-        measured on the block, and the summed release."""
+        measured on the block (per group of steps the optimiser ran with the same noise
+        multiplier and clipping norm), and the summed release. Poisson ratios use the rate
+        each step was accounted at."""
         releases = self.releases()
         run = self.run()
-        ratio: Callable[[float], np.ndarray]
+        rates = np.array([s.sample_rate for s in self._steps])
+        ratio: Callable[[float | np.ndarray], np.ndarray]
         if run.steps_per_epoch is None:
-            def ratio(s: float) -> np.ndarray:
-                return gcs.poisson_scores(releases, run.sample_rate, s)
+            def ratio(s: float | np.ndarray) -> np.ndarray:
+                return gcs.poisson_scores(releases, rates, s)
         else:
-            def ratio(s: float) -> np.ndarray:
+            def ratio(s: float | np.ndarray) -> np.ndarray:
                 return gcs.shuffle_scores(releases, int(run.steps_per_epoch), s)
         out = {}
         if sigma is not None:
             out["likelihood ratio (claimed noise)"] = ratio(sigma)
-        # a noiseless release measures 0: any small scale then separates the canaries
-        out["likelihood ratio (measured noise)"] = ratio(max(run.measured_noise_multiplier,
-                                                             1e-3))
+        # one scale per group of steps the optimiser ran alike (a noise changed mid-run is
+        # scored at each part's own); a noiseless release measures 0: any small scale then
+        # separates the canaries
+        groups = np.unique([(s.noise_multiplier, s.max_grad_norm) for s in self._steps],
+                           axis=0, return_inverse=True)[1].reshape(-1)
+        measured = gcs.measured_noise_by_step(releases, groups)
+        out["likelihood ratio (measured noise)"] = ratio(np.maximum(measured, 1e-3))
         out["summed release"] = gcs.summed_scores(releases)
         return out
 
@@ -296,3 +461,4 @@ class GradientCanaries:
 
         return audit_gradient_canaries(self, claimed_epsilon, delta, accountant=accountant,
                                        mechanism=mechanism, confidence=confidence, out=out)
+

@@ -18,15 +18,17 @@ Scores (higher = more likely included):
   ``sum_epochs log((k - n)/k + (1/k) sum_{t in epoch} exp((u_t - 1/2) / s^2))`` (``n`` steps of
   the epoch observed; ``k - n`` slots after the end of an unfinished epoch release nothing);
 * :func:`summed_scores`: ``sum_t u_t``, the total update on the coordinate (what a
-  final-model auditor sees; the score of the issue's first measurement).
+  final-model auditor sees).
 
 ``s`` is the noise multiplier the score assumes: the claimed one, or the one measured on the
 block (:func:`measured_noise_multiplier`: a robust scale of all ``m T`` released values,
-most of which are pure noise). Any function of the releases alone is a valid one-run score
-(Steinke, Nasr, Jagielski 2023, the guesser may post-process the output freely); the measured
-scale never looks at the secret coins. With the scale of the noise that actually ran the
-ratio is the most powerful test of each canary's inclusion (Neyman-Pearson), so a run whose
-noise is too small is seen as such.
+most of which are pure noise; :func:`measured_noise_by_step`: the same over the steps the
+optimiser ran with the same noise multiplier and clipping norm, one scale per step). Any
+function of the releases alone is a valid one-run score (Steinke, Nasr, Jagielski 2023, the
+guesser may post-process the output freely); the measured scale never looks at the secret
+coins, nor do the groups (the optimiser's own values). With the scale of the noise that
+actually ran the ratio is the most powerful test of each canary's inclusion
+(Neyman-Pearson), so a run whose noise is too small is seen as such.
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from typing import Any
 import numpy as np
 from scipy.special import logsumexp
 
+from fedlap_privacy.audit.canary_steps import Change, OptimizerSetup
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["CanaryRun", "measured_noise_multiplier", "poisson_scores", "shuffle_scores",
-           "summed_scores"]
+__all__ = ["CanaryRun", "measured_noise_by_step", "measured_noise_multiplier", "poisson_scores",
+           "shuffle_scores", "summed_scores"]
 
 #: MAD of a standard normal (Phi^-1(3/4)): MAD / this estimates its scale
 _MAD_NORMAL = 0.6744897501960817
@@ -50,9 +53,18 @@ _MAD_NORMAL = 0.6744897501960817
 @dataclass(frozen=True)
 class CanaryRun:
     """What the canaries saw: ``steps`` released steps, the sampling rule (``sample_rate``,
-    and ``steps_per_epoch`` for shuffled batches, None for Poisson), the noise multiplier and
-    clipping norm the optimiser used (single values, or None when they changed), and the
-    noise multiplier measured on the block (units of ``C``)."""
+    the rate the run was set up to be accounted at per step, and ``steps_per_epoch`` for
+    shuffled batches, None for Poisson), the noise multiplier and clipping norm the
+    optimiser used (single values, or None when they changed), and the noise multiplier
+    measured on the block (units of ``C``).
+
+    ``route``: where the canaries entered (``optimizer``, ``data pipeline``, ``plain
+    loop``); ``setup``: what the Opacus optimiser was set up with (None in a plain loop);
+    ``set_up_noise_multiplier``: the claimed noise (the set-up one, or a plain loop's first
+    step's); ``changes``: what differed from the set-up values, and when. With canary
+    records: ``canary_records`` placed in the dataset, ``canary_draws``: how many of them the
+    released steps' clipped sums held (``C`` each on the block), ``accounted_draws``: how
+    many the rates the steps were accounted at give on average."""
 
     canaries: int
     steps: int
@@ -61,6 +73,13 @@ class CanaryRun:
     noise_multiplier: float | None
     max_grad_norm: float | None
     measured_noise_multiplier: float
+    route: str = "plain loop"
+    setup: OptimizerSetup | None = None
+    set_up_noise_multiplier: float | None = None
+    changes: tuple[Change, ...] = ()
+    canary_records: int | None = None
+    canary_draws: int | None = None
+    accounted_draws: float | None = None
 
     @property
     def sampling(self) -> str:
@@ -70,7 +89,13 @@ class CanaryRun:
         return {"canaries": self.canaries, "steps": self.steps, "sampling": self.sampling,
                 "sample_rate": self.sample_rate, "steps_per_epoch": self.steps_per_epoch,
                 "noise_multiplier": self.noise_multiplier, "max_grad_norm": self.max_grad_norm,
-                "measured_noise_multiplier": self.measured_noise_multiplier}
+                "measured_noise_multiplier": self.measured_noise_multiplier,
+                "route": self.route,
+                "set_up": None if self.setup is None else self.setup.to_json(),
+                "set_up_noise_multiplier": self.set_up_noise_multiplier,
+                "changes": [c.to_json() for c in self.changes],
+                "canary_records": self.canary_records, "canary_draws": self.canary_draws,
+                "accounted_draws": self.accounted_draws}
 
 
 def _releases(releases: np.ndarray) -> np.ndarray:
@@ -84,12 +109,6 @@ def _releases(releases: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _scale(sigma: float) -> float:
-    if not (math.isfinite(sigma) and sigma > 0.0):
-        raise ConfigError(f"the score needs a noise multiplier > 0, got {sigma}")
-    return float(sigma)
-
-
 def measured_noise_multiplier(releases: np.ndarray) -> float:
     """The noise multiplier the releases show: the median absolute deviation of every
     released value about its median, over ``Phi^-1(3/4)`` (a consistent estimate of a
@@ -101,11 +120,38 @@ def measured_noise_multiplier(releases: np.ndarray) -> float:
     return mad / _MAD_NORMAL
 
 
-def poisson_scores(releases: np.ndarray, rates: np.ndarray | float, sigma: float) -> np.ndarray:
-    """Per-canary log-likelihood ratio of a canary Poisson-sampled at ``rates`` (one per
-    step, or one for all) under noise multiplier ``sigma`` (module docstring)."""
+def measured_noise_by_step(releases: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """One noise multiplier per step: :func:`measured_noise_multiplier` of the steps that
+    share the step's group (steps the optimiser ran with the same noise multiplier and
+    clipping norm), so that a run whose noise changed is scored step by step at the noise
+    each part actually had."""
     arr = _releases(releases)
-    s2 = _scale(sigma) ** 2
+    keys = np.asarray(groups)
+    if keys.shape != (arr.shape[0],):
+        raise ConfigError(f"one group per step needed: {arr.shape[0]} steps, got shape "
+                          f"{keys.shape}")
+    out = np.empty(arr.shape[0])
+    for key in np.unique(keys):
+        rows = keys == key
+        out[rows] = measured_noise_multiplier(arr[rows])
+    return out
+
+
+def _scales(sigma: float | np.ndarray, steps: int) -> np.ndarray:
+    """``sigma`` (one, or one per step) as a column of per-step variances."""
+    values = np.broadcast_to(np.asarray(sigma, dtype=np.float64), (steps,))
+    if not np.all(np.isfinite(values) & (values > 0.0)):
+        raise ConfigError(f"the score needs noise multipliers > 0, got {sigma}")
+    return (values ** 2)[:, None]
+
+
+def poisson_scores(releases: np.ndarray, rates: np.ndarray | float,
+                   sigma: float | np.ndarray) -> np.ndarray:
+    """Per-canary log-likelihood ratio of a canary Poisson-sampled at ``rates`` (one per
+    step, or one for all) under noise multiplier ``sigma`` (one per step, or one for all;
+    module docstring)."""
+    arr = _releases(releases)
+    s2 = _scales(sigma, arr.shape[0])
     q = np.broadcast_to(np.asarray(rates, dtype=np.float64), (arr.shape[0],))
     if not np.all((q > 0.0) & (q <= 1.0)):
         raise ConfigError("every sample rate must lie in (0, 1]")
@@ -115,14 +161,16 @@ def poisson_scores(releases: np.ndarray, rates: np.ndarray | float, sigma: float
     return np.logaddexp(stay, np.log(q)[:, None] + gain).sum(axis=0)
 
 
-def shuffle_scores(releases: np.ndarray, steps_per_epoch: int, sigma: float) -> np.ndarray:
+def shuffle_scores(releases: np.ndarray, steps_per_epoch: int,
+                   sigma: float | np.ndarray) -> np.ndarray:
     """Per-canary log-likelihood ratio of a canary that enters exactly one uniformly chosen
-    step of each epoch of ``steps_per_epoch`` steps (module docstring)."""
+    step of each epoch of ``steps_per_epoch`` steps, under noise multiplier ``sigma`` (one per
+    step, or one for all; module docstring)."""
     arr = _releases(releases)
     k = int(steps_per_epoch)
     if k < 1:
         raise ConfigError(f"an epoch needs at least one step, got {steps_per_epoch}")
-    gain = (arr - 0.5) / _scale(sigma) ** 2
+    gain = (arr - 0.5) / _scales(sigma, arr.shape[0])
     total = np.zeros(arr.shape[1])
     for start in range(0, arr.shape[0], k):
         part = gain[start:start + k]

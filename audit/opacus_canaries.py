@@ -13,12 +13,20 @@ to the wrapped optimiser. A skipped step (virtual batches) returns before ``add_
 
 * ``add_noise``: first adds the canaries sampled at this step to the canary block's
   ``summed_grad`` (``C`` on each one's coordinate), exactly where a record's clipped gradient
-  has entered, then runs Opacus's own ``add_noise``;
+  has entered, then runs Opacus's own ``add_noise`` (canary records drawn by the data loader,
+  ``GradientCanaries.wrap_dataset``, are already in that sum, ``C`` each: nothing is added,
+  and the sum over the block, over ``C``, counts the canary records the step drew);
 * ``pre_step``: after Opacus's own (noise, scaling, accounting), records the block's ``p.grad``,
   the value the optimiser releases to its update, times the scaling ``scale_grad`` applied,
-  in units of ``C``.
+  in units of ``C``, with the step's noise multiplier, clipping norm, accumulated
+  micro-batches and expected batch size (:class:`~.canary_steps.StepRecord`).
 
-Nothing else of the optimiser changes: records, clipping, noise and accounting are Opacus's.
+Only released steps count: a step skipped by ``signal_skip_step`` (``BatchMemoryManager``'s
+virtual batches) returns before ``add_noise``, and a step over micro-batches accumulated by
+hand (``poisson_sampling=False``, several ``backward`` before one ``step``) is one step,
+accounted by Opacus at ``sample_rate * accumulated_iterations``: the canaries are sampled at
+that rate for that step. Nothing else of the optimiser changes: records, clipping, noise and
+accounting are Opacus's.
 """
 
 from __future__ import annotations
@@ -30,10 +38,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedlap_privacy.audit.canary_steps import OptimizerSetup
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["accountant_of", "attach_to_parameter", "check_dp_optimizer", "hook_dp_optimizer",
-           "loader_sampling", "optimizer_sample_rate"]
+           "loader_sampling", "optimizer_sample_rate", "optimizer_setup"]
 
 _REQUIRED = ("add_noise", "pre_step", "original_optimizer", "noise_multiplier", "max_grad_norm",
              "loss_reduction", "expected_batch_size", "accumulated_iterations")
@@ -60,6 +69,26 @@ def accountant_of(optimizer: Any) -> Any | None:
     """The Opacus accountant whose hook ``make_private`` attached to ``optimizer``, if any."""
     owner = _hook_closure(optimizer).get("self")
     return owner if callable(getattr(owner, "get_epsilon", None)) else None
+
+
+def optimizer_setup(optimizer: Any) -> OptimizerSetup:
+    """What ``optimizer`` (a checked ``DPOptimizer``) is set up with now: read at ``attach``."""
+    accountant = accountant_of(optimizer)
+    mechanism = getattr(accountant, "mechanism", None)
+    expected = optimizer.expected_batch_size
+    return OptimizerSetup(float(optimizer.noise_multiplier), float(optimizer.max_grad_norm),
+                          optimizer_sample_rate(optimizer),
+                          None if expected is None else float(expected),
+                          str(optimizer.loss_reduction),
+                          str(mechanism()) if callable(mechanism) else None)
+
+
+def _accumulated(optimizer: Any) -> int:
+    """Micro-batches accumulated into the open step (Opacus's ``accumulated_iterations``)."""
+    try:
+        return max(1, int(optimizer.accumulated_iterations))
+    except (ValueError, TypeError, AttributeError):
+        return 1
 
 
 def loader_sampling(data_loader: Any) -> tuple[float, int | None]:
@@ -120,7 +149,7 @@ def _join(optimizer: Any, block: nn.Parameter) -> nn.Parameter:
 def hook_dp_optimizer(canaries: Any, optimizer: Any, block: nn.Parameter) -> None:
     """Wrap ``optimizer.add_noise`` and ``optimizer.pre_step`` (module docstring) so that
     ``canaries`` (a :class:`~.gradient_canaries.GradientCanaries`) enter and record each
-    step; ``block`` is the canary block's weight."""
+    released step; ``block`` is the canary block's weight."""
     check_dp_optimizer(optimizer)
     block = _join(optimizer, block)
     opacus_add_noise = optimizer.add_noise
@@ -130,19 +159,25 @@ def hook_dp_optimizer(canaries: Any, optimizer: Any, block: nn.Parameter) -> Non
         if block.summed_grad is None:
             raise ConfigError("the canary block received no clipped sum: is it a parameter "
                               "of the model passed to make_private?")
-        canaries.add_to_clipped_sum(block.summed_grad, max_grad_norm=optimizer.max_grad_norm)
+        canaries.enter_step(block.summed_grad, max_grad_norm=optimizer.max_grad_norm,
+                            accumulated=_accumulated(optimizer))
         opacus_add_noise()
 
     def pre_step(closure: Any = None) -> Any:
         released = opacus_pre_step(closure)
-        if released:
+        if released and canaries.step_open:
+            accumulated = _accumulated(optimizer)
             scale = 1.0
             if optimizer.loss_reduction == "mean":
-                scale = float(optimizer.expected_batch_size * optimizer.accumulated_iterations)
+                scale = float(optimizer.expected_batch_size * accumulated)
             with torch.no_grad():
                 noisy_sum = block.grad.detach() * scale
-            canaries.record_release(noisy_sum, noise_multiplier=optimizer.noise_multiplier,
-                                    max_grad_norm=optimizer.max_grad_norm)
+            expected = optimizer.expected_batch_size
+            canaries.release_step(noisy_sum, noise_multiplier=float(optimizer.noise_multiplier),
+                                  max_grad_norm=float(optimizer.max_grad_norm),
+                                  accumulated=accumulated,
+                                  expected_batch_size=None if expected is None
+                                  else float(expected))
         return released
 
     optimizer.add_noise = add_noise
@@ -159,5 +194,6 @@ def attach_to_parameter(canaries: Any, optimizer: Any, parameter: nn.Parameter,
         raise ConfigError(f"{canaries.m} canaries need a parameter of at least "
                           f"{canaries.m} entries, got {parameter.numel()}")
     canaries._set_sampling(sample_rate, None)
+    canaries._route = "optimizer"
     hook_dp_optimizer(canaries, optimizer, parameter)
     canaries._optimizer = optimizer

@@ -34,7 +34,8 @@ def test_a_correct_run_is_consistent_and_writes_its_report(monkeypatch, tmp_path
     result = run.canaries.audit(accountant=run.engine, delta=DELTA, out=tmp_path / "audit")
     assert result.verdict == "consistent" and not result.violation
     assert result.claimed_epsilon == pytest.approx(run.engine.get_epsilon(DELTA))
-    assert result.mechanism_source == "optimizer"
+    assert result.mechanism_source == "set up" and result.claim_source == "set up"
+    assert result.opacus_epsilon == pytest.approx(result.claimed_epsilon)
     assert result.mechanism.noise_multiplier == SIGMA and result.mechanism.steps == 120
     assert result.claim_curve_p_value > 0.05
     assert 0.3 < result.epsilon_lower_bound < result.claimed_epsilon
@@ -72,7 +73,7 @@ def test_a_canary_added_to_the_released_gradient_after_the_noise_is_caught(monke
 
     seeded_coins(monkeypatch, 11)
     late: dict[str, torch.Tensor] = {}
-    enter = GradientCanaries.add_to_clipped_sum
+    enter = GradientCanaries.enter_step
 
     def into_scratch(self, clipped_sum, **kwargs):
         late["sum"] = torch.zeros_like(clipped_sum)
@@ -85,7 +86,7 @@ def test_a_canary_added_to_the_released_gradient_after_the_noise_is_caught(monke
         block = next(p for p in self.params if p.shape == late["sum"].shape)
         block.grad += late["sum"]
 
-    monkeypatch.setattr(GradientCanaries, "add_to_clipped_sum", into_scratch)
+    monkeypatch.setattr(GradientCanaries, "enter_step", into_scratch)
     monkeypatch.setattr(DPOptimizer, "scale_grad", scale_then_add)
     run = train(11, epochs=EPOCHS)
     assert run.canaries.audit(accountant=run.engine, delta=DELTA).violation
@@ -116,7 +117,8 @@ def test_audit_refusals():
 
 
 
-@pytest.mark.parametrize("name", ["opacus_audit.py", "plain_dp_sgd_audit.py"])
+@pytest.mark.parametrize("name", ["opacus_audit.py", "plain_dp_sgd_audit.py",
+                                  "opacus_records_audit.py"])
 def test_the_documented_scripts_run(name, monkeypatch, tmp_path, capsys):
     """docs/auditing.md's scripts as a reader copies them (coins seeded, so that the
     verdict is the documented one on every run)."""
@@ -130,6 +132,9 @@ def test_the_documented_scripts_run(name, monkeypatch, tmp_path, capsys):
     assert printed.startswith("consistent"), printed
     if name == "opacus_audit.py":
         assert (tmp_path / "runs" / "opacus-audit" / "report.html").exists()
+    if name == "opacus_records_audit.py":
+        assert "records drawn 1.0" in printed or "records drawn 0.9" in printed, printed
+        assert (tmp_path / "runs" / "opacus-records-audit" / "report.html").exists()
 
 
 def test_a_plain_loop_that_releases_without_noise_is_a_violation():
