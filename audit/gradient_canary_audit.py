@@ -19,6 +19,11 @@ optimiser was set up with less noise than the claim needs), with the noise multi
 gives exactly the claimed epsilon instead, since that is the DP-SGD the claim describes.
 Under shuffled batches the mechanism is still the Poisson one Opacus accounts: the audit
 then tests the shuffled run against the Poisson claim.
+
+With a claimed mechanism the releases themselves are also tested for its noise
+(:mod:`.noise_check`): a release with far less noise than claimed (none at all, or the
+averaged update recorded instead of the noisy sum, where every score ties) is a violation
+even though no canary can be told from another.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedlap_privacy.atomic import write_text_atomic
+from fedlap_privacy.audit.canary_verdicts import audit_once
 from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
+from fedlap_privacy.audit.noise_check import NoiseSample
+from fedlap_privacy.audit.report_folder import ReportFolder
 from fedlap_privacy.audit.score_audit import (
     ClaimedMechanism,
     ScoreAuditResult,
@@ -94,9 +101,9 @@ class GradientCanaryAudit:
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """The score audit's files, and ``canaries.json`` (the run the canaries saw)."""
         paths = self.audit.write(out_dir)
-        path = Path(out_dir) / "canaries.json"
-        write_text_atomic(path, json.dumps(json_safe(self.to_json()["gradient_canaries"]),
-                                           indent=2) + "\n")
+        with ReportFolder(out_dir) as folder:
+            path = folder.write_text("canaries.json", json.dumps(
+                json_safe(self.to_json()["gradient_canaries"]), indent=2) + "\n")
         return {**paths, "canaries": path}
 
 
@@ -181,9 +188,13 @@ def audit_gradient_canaries(
              f"measured on the block {run.measured_noise_multiplier:.3g}"
              + ("" if run.noise_multiplier is None
                 else f" (the optimiser's {run.noise_multiplier:.3g})"))
-    result = audit_canary_scores({AUDIT_SCORE: scores[AUDIT_SCORE]}, canaries.included,
-                                 claimed_epsilon=float(claim), delta=float(delta),
-                                 mechanism=mechanism, confidence=confidence, title=title)
+    noise = None if mechanism is None else NoiseSample.from_releases(
+        canaries.releases(), mechanism.validate().noise_multiplier,
+        run.measured_noise_multiplier)
+    result = audit_once(canaries, float(claim), float(delta), lambda: audit_canary_scores(
+        {AUDIT_SCORE: scores[AUDIT_SCORE]}, canaries.included, claimed_epsilon=float(claim),
+        delta=float(delta), mechanism=mechanism, confidence=confidence, title=title,
+        noise=noise))
     audit = GradientCanaryAudit(result, run, source)
     if out is not None:
         audit.write(out)

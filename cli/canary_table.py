@@ -20,7 +20,7 @@ def render_one_run(one_run: dict[str, Any]) -> None:
     """The canary audits: every method's bound (or p-value), ceiling and verdict per audit."""
     table = Table(title=f"one-run canary audits ({one_run['kind']} canaries)")
     for column in ("audit", "canaries", "guesses", "correct", "Steinke LB", "ceiling",
-                   "f-DP LB", "ceiling", "claim-curve p", "claimed", "verdict"):
+                   "f-DP LB", "ceiling", "claim-curve p", "level", "claimed", "verdict"):
         table.add_column(column, justify="left" if column in ("audit", "verdict") else "right")
     colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
     for a in one_run["audits"]:
@@ -39,10 +39,16 @@ def render_one_run(one_run: dict[str, Any]) -> None:
         table.add_row(
             name, str(steinke["canaries"]), str(steinke["guesses"]), str(steinke["correct"]),
             _fmt(steinke["epsilon_lower_bound"]), _fmt(steinke["ceiling"]), *fdp_cells,
-            "-" if curve is None else f"{curve['p_value']:.2g}", _fmt(a["claimed_epsilon"]),
+            "-" if curve is None else f"{curve['p_value']:.2g}",
+            "-" if steinke.get("level") is None else f"{steinke['level']:.2g}",
+            _fmt(a["claimed_epsilon"]),
             f"[{colour[a['verdict']]}]{a['verdict']}[/] ({a.get('verdict_method', 'steinke')})",
         )
     console.print(table)
+    for a in one_run["audits"]:
+        if a.get("reason"):
+            console.print(f"{a['audit']}: {a['verdict']}: {a['reason']}", highlight=False,
+                          markup=False)
     for a in one_run["audits"]:
         if a.get("epsilon_estimate_skipped"):
             console.print(f"{a['audit']}: no epsilon estimate (the bounds do not need it): "
@@ -51,7 +57,9 @@ def render_one_run(one_run: dict[str, Any]) -> None:
         "Steinke LB: Steinke-Nasr-Jagielski one-run bound; f-DP LB: Mahloujifar-Melis-"
         "Chaudhuri bound of the Gaussian trade-off family (* : the claimed mechanism is not "
         "that Gaussian-private, so its verdict does not count); claim-curve p: p-value of the "
-        "counts under the ledger's own trade-off curve; every test at confidence "
-        f"{one_run['confidence']:.3g}; ceiling: the largest bound an audit could reach; "
-        "inconclusive: the claim is above it; verdict: the strongest valid one (its method)",
+        "counts under the ledger's own trade-off curve; level: each test's share of the "
+        "family's level (a p-value below it, or a bound above the claim, is a violation); "
+        "ceiling: the largest bound a perfect score reaches with the coins drawn; "
+        "inconclusive: the claim is above every ceiling; verdict: a violation of any test, "
+        "else consistent where one could have refuted the claim (its method)",
         highlight=False)
