@@ -173,3 +173,24 @@ def test_a_mechanism_beyond_the_pld_budget_names_no_flag_audit_lacks(tmp_path) -
                                       "--sample-rate", "1", "--steps", "1"])
     assert result.exit_code == 2
     assert "--accountant" not in result.stderr and "without describing" in result.stderr
+
+
+def test_the_report_prints_the_p_value_and_the_level_that_decided(tmp_path) -> None:
+    """report.md printed a per-test p-value (0.0417) beside "a violation below 0.05" while
+    the verdict used 0.0167: now the deciding sentence names the test's p-value and the
+    level it was compared with, and the table gives every test's own level."""
+    rng = np.random.default_rng(11)
+    coins = rng.random(M) < 0.5
+    scores = coins / 0.4 + rng.standard_normal(M)  # a Gaussian step at 0.4x the noise
+    result = audit_canary_scores(scores, coins, claimed_epsilon=1.0, delta=DELTA,
+                                 mechanism=ClaimedMechanism(1.0, 1.0, 1), out=tmp_path)
+    assert result.verdict == "violation"
+    audit = result.strongest
+    method = audit.methods()[audit.strongest]
+    level = 0.05 / 3
+    assert method["level"] == pytest.approx(level)
+    md = (tmp_path / "report.md").read_text()
+    decided = next(line for line in md.splitlines() if line.startswith("- Decided by"))
+    assert f"{level:.4g}" in decided and ("below its level" in decided
+                                          or "exceeds the claim" in decided)
+    assert "a violation below 0.05" not in md
