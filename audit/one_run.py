@@ -272,27 +272,25 @@ def one_run_candidate_grid(m: int) -> list[tuple[int, int]]:
     """The fixed, data-independent ``(k+, k-)`` candidates searched by the audit.
 
     Total guesses ``r`` on the geometric grid ``m, m/2, m/4, ...`` down to 16 (or ``m``
-    if smaller); for each ``r`` a balanced split ``(ceil(r/2), floor(r/2))`` and, when
-    ``r <= m/2``, the one-sided ``(r, 0)`` and ``(0, r)``. Depends on ``m`` only: 16
-    candidates for ``m = 1000``, 37 for ``m = 10^5``.
+    if smaller), each made even and split evenly, ``(r/2, r/2)``: as many "in" as "out"
+    guesses. Balanced guesses are what makes the test hold for the coins actually drawn:
+    when the scores tell nothing (all tied, or unrelated to the coins) the expected number
+    of right guesses is ``r/2`` whatever the count ``k`` of included canaries, and its
+    spread at most the fair binomial's, while a one-sided guess of ``r`` "in" is right
+    ``r k / m`` times on average and so scores the coins' imbalance as evidence (527 of
+    1,000 included gave bounds above 0 in 4% of audits of tied scores at 95%). Depends on
+    ``m`` only: 6 candidates for ``m = 1000``, 13 for ``m = 10^5``.
     """
-    if m < 1:
-        raise ConfigError(f"the audit needs at least one canary, got m={m}")
-    sizes: list[int] = []
+    if m < 2:
+        raise ConfigError(f"the audit needs at least two canaries, got m={m}")
+    grid: list[tuple[int, int]] = []
     r = m
     while r >= min(_MIN_GUESSES, m):
-        if not sizes or r != sizes[-1]:
-            sizes.append(r)
+        half = r // 2
+        if not grid or (half, half) != grid[-1]:
+            grid.append((half, half))
         r //= 2
-    grid: list[tuple[int, int]] = []
-    for r in sizes:
-        grid.append(((r + 1) // 2, r // 2))
-        if 2 * r <= m:
-            grid.append((r, 0))
-            grid.append((0, r))
     return grid
-
-
 
 
 @dataclass(frozen=True)

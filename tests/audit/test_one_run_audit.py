@@ -133,10 +133,9 @@ def test_p_value_rejects_bad_input() -> None:
 
 def test_candidate_grid_is_fixed_and_sized() -> None:
     grid = one_run_candidate_grid(1000)
-    assert grid[0] == (500, 500)
-    assert (250, 0) in grid and (0, 250) in grid and (16, 15) in grid
-    assert len(grid) == 16 and len(one_run_candidate_grid(100_000)) == 37
-    assert all(1 <= a + b <= 1000 for a, b in grid)
+    assert grid == [(500, 500), (250, 250), (125, 125), (62, 62), (31, 31), (15, 15)]
+    assert len(one_run_candidate_grid(100_000)) == 13
+    assert one_run_candidate_grid(1001)[0] == (500, 500)  # always as many in as out
 
 
 def test_result_record_json_and_verdict() -> None:
@@ -149,7 +148,7 @@ def test_result_record_json_and_verdict() -> None:
         assert key in data
     assert data["canaries"] == 1000 and data["confidence"] == 0.95
     assert data["guesses"] == data["k_plus"] + data["k_minus"]
-    assert data["selection"] == "bonferroni" and data["candidates"] == 16
+    assert data["selection"] == "bonferroni" and data["candidates"] == 6
     assert 0 < result.epsilon_lower_bound <= result.ceiling
     with pytest.raises(AttributeError):
         result.correct = 0  # type: ignore[misc]  # frozen
@@ -198,14 +197,14 @@ def test_audit_rejects_bad_input() -> None:
 def test_noise_free_mechanism_reaches_the_ceiling() -> None:
     # Scores perfectly separated (no noise). With exactly half the canaries included every
     # guess is right and the bound is the ceiling of the largest candidate (all 1000
-    # guesses, Bonferroni level 0.05 / 16).
+    # guesses, Bonferroni level 0.05 / 6).
     rng = np.random.default_rng(3)
     included = rng.permutation(1000) < 500
     scores = included + 1e-3 * rng.random(1000)
     result = one_run_audit(scores, included, DELTA)
     assert result.correct == result.guesses == 1000
     assert result.epsilon_lower_bound == pytest.approx(result.ceiling, rel=1e-9)
-    assert result.ceiling == pytest.approx(one_run_ceiling(1000, 1000, DELTA, 1 - 0.05 / 16))
+    assert result.ceiling == pytest.approx(one_run_ceiling(1000, 1000, DELTA, 1 - 0.05 / 6))
     assert 4.9 < result.ceiling < one_run_ceiling(1000, 1000, DELTA, 0.95)
     # Independent bits: the balanced guesses make a few errors, the bound stays near its
     # ceiling; likewise on the reporting half of the split selection.
