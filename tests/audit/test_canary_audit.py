@@ -215,3 +215,4 @@ def test_audit_reports_every_method_beside_the_claim_near_epsilon_8(tmp_path: Pa
     table = runner.invoke(app, ["audit", "--model", str(run / CHECKPOINT),
                                 "--max-per-half", "60", "--attacks", "loss"])
     assert "f-DP LB" in table.stdout and "claim-curve p" in table.stdout
+    assert "level" in table.stdout and f"{audit['audit']}: {one_run['verdict']}" in table.stdout
