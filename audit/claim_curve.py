@@ -34,10 +34,11 @@ from scipy.special import expit
 from fedlap_privacy.accountant.pld_fft import ComposedPLD, compose
 from fedlap_privacy.accountant.pld_sgm import sgm_pld
 from fedlap_privacy.audit.fdp import Inverse, curve_p_value
+from fedlap_privacy.audit.one_run import perfect_counts
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.vocabulary import Notion, ThreatModel
 
-__all__ = ["ClaimCurve", "ClaimCurveTest", "claim_curve_test", "ledger_steps"]
+__all__ = ["ClaimCurve", "ClaimCurveTest", "beyond_pld", "claim_curve_test", "ledger_steps"]
 
 Steps = Mapping[tuple[float, float], int]
 
@@ -48,6 +49,17 @@ MAX_EPSILONS = 1500
 #: Power values r where fbar^-1 is tabulated: logit(r) evenly from -LOGIT to +LOGIT.
 LOGIT = 40.0
 TABLE_POINTS = 8001
+
+
+def beyond_pld(steps: Steps) -> str:
+    """The line for a claimed mechanism beyond the PLD accountant's memory budget (what an
+    audit can do instead: it takes no other accountant)."""
+    described = ", ".join(f"{n} steps of sigma {s:g} at rate {q:g}"
+                          for (s, q), n in sorted(steps.items()))
+    return (f"the claimed mechanism ({described}) is beyond what the PLD accountant can "
+            "discretise within its memory budget, so the audit cannot form its trade-off "
+            "curve or its epsilon: audit the claimed epsilon alone, without describing the "
+            "mechanism")
 
 
 def _profile(pld: ComposedPLD) -> tuple[np.ndarray, np.ndarray]:
@@ -91,8 +103,12 @@ class ClaimCurve:
             raise ConfigError(f"every step needs sigma > 0 and 0 < q <= 1, got {sorted(clean)}")
         directions = []
         for remove in (True, False):
-            parts = [(sgm_pld(s, q, remove, CURVE_INTERVAL), n) for (s, q), n in clean.items()]
-            pld = compose(parts, delta)
+            try:
+                parts = [(sgm_pld(s, q, remove, CURVE_INTERVAL), n)
+                         for (s, q), n in clean.items()]
+                pld = compose(parts, delta)
+            except ConfigError:
+                raise ConfigError(beyond_pld(clean)) from None
             directions.append((*_profile(pld), pld.infinity))
         # common eps grid: indices both directions cover (above its window a direction's
         # delta is its mass at infinity)
@@ -169,8 +185,9 @@ class ClaimCurveTest:
     """Counts of a one-run audit tested against the claimed mechanism's curve.
 
     ``p_value``: Bonferroni over ``candidates`` (the smallest candidate p-value times their
-    number, at most 1); ``floor``: the p-value had every guess been right (the best this
-    audit could show: ``inconclusive`` when it is not below ``1 - confidence``).
+    number, at most 1); ``floor``: the p-value a perfect score would have given with the
+    coins that were drawn (``included`` of ``canaries``; the best this audit could show,
+    known before the scores are read: ``inconclusive`` when it is not below the level).
     """
 
     p_value: float
@@ -183,6 +200,7 @@ class ClaimCurveTest:
     k_minus: int
     candidates: int
     confidence: float
+    included: int
     method: str = "claim-curve"
 
     def to_json(self) -> dict[str, Any]:
@@ -194,11 +212,17 @@ def claim_curve_test(
     canaries: int,
     counts: list[tuple[int, int, int, int]],
     confidence: float,
+    *,
+    included: int,
 ) -> ClaimCurveTest:
     """Test ``(k_plus, k_minus, r, v)`` counts, chosen before the bits were seen (a fixed
-    grid, Bonferroni) or on another half (one entry), against ``curve`` at ``confidence``."""
+    grid, Bonferroni) or on another half (one entry), against ``curve`` at ``confidence``;
+    ``included``: how many of the ``canaries`` coins came up included (the floor's perfect
+    score, :func:`~fedlap_privacy.audit.one_run.perfect_counts`)."""
     if not counts:
         raise ConfigError("the claim-curve test needs at least one candidate")
+    if not 0 <= included <= canaries:
+        raise ConfigError(f"included must lie in 0..{canaries}, got {included}")
     inverse = curve.inverse if isinstance(curve, ClaimCurve) else curve
     n = len(counts)
     best_p, best = math.inf, counts[0]
@@ -209,7 +233,9 @@ def claim_curve_test(
             best_p, best = p, entry
     kp, km, r, v = best
     p_value = min(1.0, best_p * n)
-    floor = min(1.0, n * min(curve_p_value(inverse, canaries, k, k) for _, _, k, _ in counts))
+    floor = min(1.0, n * min(curve_p_value(inverse, canaries,
+                                           *perfect_counts(a, b, canaries, included))
+                             for a, b, _, _ in counts))
     level = 1.0 - confidence
     if p_value < level:
         verdict = "violation"
@@ -217,4 +243,5 @@ def claim_curve_test(
         verdict = "inconclusive"
     else:
         verdict = "consistent"
-    return ClaimCurveTest(p_value, floor, verdict, canaries, r, v, kp, km, n, confidence)
+    return ClaimCurveTest(p_value, floor, verdict, canaries, r, v, kp, km, n, confidence,
+                          included)

@@ -63,11 +63,11 @@ import torch
 
 from fedlap_privacy.accountant.pld import pld_epsilons
 from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.audit.canary_verdicts import CanaryAudit
-from fedlap_privacy.audit.claim_curve import ClaimCurve
+from fedlap_privacy.audit.canary_verdicts import CanaryAudit, audit_once, strongest_audit
+from fedlap_privacy.audit.claim_curve import ClaimCurve, beyond_pld
+from fedlap_privacy.audit.report_folder import ReportFolder
 from fedlap_privacy.audit.score_audit import ClaimedMechanism, ScoreAuditResult
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.canary_state import CanaryState
 from fedlap_privacy.state.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import CanaryKind
@@ -121,10 +121,8 @@ class FlowerAudit:
 
     @property
     def verdict(self) -> str:
-        """The strongest verdict over the scores (a violation over consistent over
-        inconclusive)."""
-        rank = {"violation": 2, "consistent": 1, "inconclusive": 0}
-        return max((a.verdict for a in self.audits), key=rank.__getitem__)
+        """The family's verdict over the scores (:func:`~.canary_verdicts.strongest_audit`)."""
+        return strongest_audit(self.audits).verdict
 
     @property
     def violation(self) -> bool:
@@ -177,16 +175,14 @@ class FlowerAudit:
         ``report.md``, ``report.html``, ``scores.png``) and ``flower-canaries.json`` (this
         record: the claim, the canaries' participation) into ``out``; the paths by kind."""
         c = self.claim
+        mechanism = ClaimedMechanism(c.noise_multiplier, c.sample_rate, c.rounds)
         report = ScoreAuditResult(
-            self.audits, c.epsilon, c.delta,
-            ClaimedMechanism(c.noise_multiplier, c.sample_rate, c.rounds),
-            title="Flower canary clients", mechanism_epsilon=c.epsilon)
+            self.audits, c.epsilon, c.delta, mechanism,
+            title="Flower canary clients", mechanism_epsilon=mechanism.epsilon(c.delta))
         paths = report.write(out)
-        path = Path(out) / "flower-canaries.json"
-        try:
-            write_text_atomic(path, json.dumps(json_safe(self.to_json()), indent=2))
-        except OSError as exc:
-            raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
+        with ReportFolder(out) as folder:
+            path = folder.write_text("flower-canaries.json",
+                                     json.dumps(json_safe(self.to_json()), indent=2))
         return {**paths, "flower": path}
 
 
@@ -284,7 +280,10 @@ class CanaryClientRounds:
         if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
             raise ConfigError(f"the claimed noise multiplier must be > 0, got {noise_multiplier}")
         if claimed_epsilon is None:
-            claimed_epsilon = pld_epsilons([{(noise_multiplier, rate): steps}], delta)[0]
+            try:
+                claimed_epsilon = pld_epsilons([{(noise_multiplier, rate): steps}], delta)[0]
+            except ConfigError:
+                raise ConfigError(beyond_pld({(noise_multiplier, rate): steps})) from None
         return FlowerClaim(float(noise_multiplier), rate, steps, float(delta),
                            float(claimed_epsilon))
 
@@ -320,8 +319,9 @@ class CanaryClientRounds:
                                       delta)
         state = self.state()
         audits = [a if a.name != LIKELIHOOD else replace(a, estimate=None)  # not a cosine
-                  for a in run_canary_audits(state, None, claim.epsilon, delta, confidence,
-                                             extra_scores=scores, curve=curve)]
+                  for a in audit_once(self, claim.epsilon, delta, lambda: run_canary_audits(
+                      state, None, claim.epsilon, delta, confidence, extra_scores=scores,
+                      curve=curve))]
         included = self.included
         return FlowerAudit(claim, audits, self.size, int(included.sum()),
                            len(self.projections), int(self.dimension or 0),

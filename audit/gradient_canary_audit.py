@@ -30,6 +30,12 @@ With canary records (``wrap_dataset``) a second test joins, at a tenth of the le
 rates the steps were accounted at. A loader that draws records more often than the
 accountant assumes (a larger batch than accounted, a weighted sampler) makes the claimed
 mechanism false whatever the noise; the verdict is then a violation.
+
+With a claimed mechanism the releases themselves are also tested for its noise
+(:mod:`.noise_check`): a release with far less noise than claimed (none at all, or the
+averaged update recorded instead of the noisy sum, where every score ties) is a violation
+even though no canary can be told from another. One claim per set of canaries
+(:func:`~.canary_verdicts.audit_once`).
 """
 
 from __future__ import annotations
@@ -41,14 +47,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedlap_privacy.audit.canary_steps import describe_change
+from fedlap_privacy.audit.canary_verdicts import audit_once
 from fedlap_privacy.audit.gradient_canary_scores import CanaryRun
+from fedlap_privacy.audit.noise_check import NoiseSample
+from fedlap_privacy.audit.report_folder import ReportFolder
 from fedlap_privacy.audit.score_audit import (
     ClaimedMechanism,
     ScoreAuditResult,
     audit_canary_scores,
 )
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.jsonsafe import json_safe
 
 if TYPE_CHECKING:
@@ -149,8 +157,17 @@ class GradientCanaryAudit:
         return self.audit.mechanism
 
     def to_json(self) -> dict[str, Any]:
-        """The score audit's report with the canaries' run added (``gradient_canaries``)."""
+        """The score audit's report with the canaries' run added (``gradient_canaries``);
+        ``decided_by`` names the sampling test where it overrode the score audit."""
+        decided = None
+        if self.sampling is not None and self.sampling.rejected:
+            s = self.sampling
+            decided = {"test": "sampling", "reason": (
+                f"the released steps drew the canary records {s.draws} times, {s.ratio:.3g} "
+                f"times the {s.accounted:.4g} the accounted rates give: p-value "
+                f"{s.p_value:.3g}, below its level {s.level:.3g}")}
         return {**self.audit.to_json(), "verdict": self.verdict, "violation": self.violation,
+                "decided_by": decided,
                 "sampling_test": None if self.sampling is None else self.sampling.to_json(),
                 "gradient_canaries": {**self.run.to_json(), "score": AUDIT_SCORE,
                                       "mechanism_source": self.mechanism_source,
@@ -159,27 +176,15 @@ class GradientCanaryAudit:
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """The score audit's files with the run the canaries saw added to ``report.json``,
-        ``report.md`` and ``report.html`` (:func:`run_blocks`), and ``canaries.json``."""
-        from fedlap_privacy.audit.privacy_report import to_html, to_markdown
-        from fedlap_privacy.audit.score_report import FIGURE, render_score_blocks
+        ``report.md`` and ``report.html`` (:func:`run_blocks`), and ``canaries.json``, all
+        through the report folder's descriptor (:class:`~.report_folder.ReportFolder`)."""
+        from fedlap_privacy.audit.score_report import write_score_report
 
-        paths = self.audit.write(out_dir)
         report = json_safe(self.to_json())
-        blocks = render_score_blocks(report)
-        at = next((i for i, b in enumerate(blocks) if b.kind == "heading" and i > 1),
-                  len(blocks))
-        at = next((i for i, b in enumerate(blocks) if b.kind == "heading" and i > at), at)
-        blocks[at:at] = run_blocks(self)
-        out = Path(out_dir)
-        try:
-            write_text_atomic(paths["json"], json.dumps(report, indent=2))
-            write_text_atomic(paths["md"], to_markdown(blocks))
-            write_text_atomic(paths["html"], to_html(blocks,
-                                                     {FIGURE: paths["png"].read_bytes()}))
-            path = out / "canaries.json"
-            write_text_atomic(path, json.dumps(report["gradient_canaries"], indent=2) + "\n")
-        except OSError as exc:
-            raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
+        paths = write_score_report(report, out_dir, sections=run_blocks(self))
+        with ReportFolder(out_dir) as folder:
+            path = folder.write_text("canaries.json",
+                                     json.dumps(report["gradient_canaries"], indent=2) + "\n")
         return {**paths, "canaries": path}
 
 
@@ -380,9 +385,13 @@ def audit_gradient_canaries(
     scores = canaries.scores()
     title = (f"{run.canaries} gradient canaries ({run.route}), {run.steps} steps, "
              f"{run.sampling} sampling at rate {run.sample_rate:.4g}")
-    result = audit_canary_scores({AUDIT_SCORE: scores[AUDIT_SCORE]}, canaries.included,
-                                 claimed_epsilon=float(claim), delta=float(delta),
-                                 mechanism=mechanism, confidence=confidence, title=title)
+    noise = None if mechanism is None else NoiseSample.from_releases(
+        canaries.releases(), mechanism.validate().noise_multiplier,
+        run.measured_noise_multiplier)
+    result = audit_once(canaries, float(claim), float(delta), lambda: audit_canary_scores(
+        {AUDIT_SCORE: scores[AUDIT_SCORE]}, canaries.included, claimed_epsilon=float(claim),
+        delta=float(delta), mechanism=mechanism, confidence=confidence, title=title,
+        noise=noise))
     audit = GradientCanaryAudit(result, run, source, claim_source, opacus_epsilon, sampling)
     if out is not None:
         audit.write(out)

@@ -35,6 +35,7 @@ selection and its own ceiling. Only numpy / scipy are used (no torch).
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -42,21 +43,26 @@ from typing import Any, Literal
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import bdtrc, gammaln, log_expit
+from scipy.special import bdtr, bdtrc, gammaln, log_expit
 
 from fedlap_privacy.audit.fdp import fdp_lower_bound
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.state.canary_state import MIN_AUDIT_CANARIES
 
 __all__ = [
+    "COIN_TAIL",
     "METHODS",
     "OneRunResult",
+    "check_coins",
     "one_run_audit",
     "one_run_candidate_counts",
     "one_run_candidate_grid",
     "one_run_ceiling",
     "one_run_lower_bound",
+    "one_run_order",
     "one_run_p_value",
+    "perfect_counts",
+    "steinke_p_value",
 ]
 
 Selection = Literal["bonferroni", "split"]
@@ -66,6 +72,10 @@ METHODS: tuple[str, ...] = ("steinke", "fdp")
 
 _EPS_MAX = 500.0  # far beyond any bound a finite audit can report (log of ~1e217)
 _MIN_GUESSES = 16  # smallest r in the automatic grid (fewer guesses give tiny bounds)
+#: Coin vectors whose count of included canaries is this improbable under fair coins (two
+#: sides) are refused: the audit's guarantee is over fair coins, and a one-sided guess
+#: scores the imbalance itself as evidence.
+COIN_TAIL = 1e-6
 
 
 def _check_counts(m: int, r: int, v: int) -> None:
@@ -190,17 +200,24 @@ def one_run_lower_bound(
     return _bound(method, int(m), int(r), int(v), float(delta), 1.0 - confidence)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=8192)
+def _reach(m: int, r: int, v: int, delta: float, level: float, method: str = "steinke") -> float:
+    """The bound of ``v`` correct among ``r`` guesses (cached: the ceilings ask often)."""
+    return _bound(method, m, r, v, delta, level)
+
+
 def _ceiling(m: int, r: int, delta: float, level: float, method: str = "steinke") -> float:
-    return _bound(method, m, r, r, delta, level)
+    return _reach(m, r, r, delta, level, method)
 
 
 def one_run_ceiling(
     m: int, r: int, delta: float, confidence: float = 0.95, method: Method = "steinke"
 ) -> float:
-    """The bound reported when all ``r`` guesses are right: the most this audit can show.
+    """The bound reported when all ``r`` guesses are right: the most ``r`` guesses can show
+    whatever the coins (an audit's own ceiling also depends on the coins drawn:
+    :attr:`OneRunResult.ceiling`).
 
-    A claimed epsilon at or above the ceiling can never be refuted by an audit with these
+    A claimed epsilon at or above it can never be refuted with these
     ``(m, r, delta, confidence)``. Reference values (Steinke et al. 2023 setting, 95%,
     delta 1e-5): ``m = 1000`` with ``r = 1000`` gives 5.78; with ``r = 100``, 3.47
     (``method="fdp"``: 12.34 and 5.55).
@@ -212,28 +229,67 @@ def one_run_ceiling(
     return _ceiling(int(m), int(r), float(delta), 1.0 - confidence, method)
 
 
+def perfect_counts(k_plus: int, k_minus: int, m: int, included: int) -> tuple[int, int]:
+    """``(r, v)`` of the guesses ``(k_plus, k_minus)`` under a perfect score (the
+    ``included`` canaries scored above the others): every "in" guess is right while
+    included canaries last, every "out" guess while the others last. With unbalanced coins
+    a perfect score cannot make every guess right."""
+    return k_plus + k_minus, min(k_plus, included) + min(k_minus, m - included)
+
+
+def check_coins(included: np.ndarray) -> None:
+    """A one-line ConfigError when the count of included canaries is one that fair coins
+    give with probability below :data:`COIN_TAIL` (both sides): such bits were not drawn
+    as the audit assumes (each included independently with probability 1/2), and nothing
+    it could report would hold."""
+    m = len(included)
+    k = int(np.count_nonzero(included))
+    tail = min(1.0, 2.0 * float(bdtr(min(k, m - k), m, 0.5)))
+    if tail < COIN_TAIL:
+        raise ConfigError(
+            f"the inclusion bits are not fair coins: {k} of {m} canaries included, a count "
+            f"fair coins give with probability {tail:.1g}; draw each bit independently with "
+            "probability 1/2 from the operating system's randomness (e.g. secrets) before "
+            "training")
+
+
+def _os_generator() -> np.random.Generator:
+    """A generator seeded with 128 bits from the operating system: nothing a caller, a
+    configuration or the coins' own generator could predict or share."""
+    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
+
+
+def one_run_order(scores: np.ndarray) -> np.ndarray:
+    """Indices of ``scores`` in ascending order, tied scores in an order drawn from the
+    operating system's randomness. Tied canaries are exchangeable to the auditor: an order
+    from a fixed seed could repeat the generator that drew the coins (``default_rng(0)``
+    drawing both is the common idiom) and so guess the coins themselves."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.lexsort((_os_generator().random(len(scores)), scores))
+
+
 def one_run_candidate_grid(m: int) -> list[tuple[int, int]]:
     """The fixed, data-independent ``(k+, k-)`` candidates searched by the audit.
 
     Total guesses ``r`` on the geometric grid ``m, m/2, m/4, ...`` down to 16 (or ``m``
-    if smaller); for each ``r`` a balanced split ``(ceil(r/2), floor(r/2))`` and, when
-    ``r <= m/2``, the one-sided ``(r, 0)`` and ``(0, r)``. Depends on ``m`` only: 16
-    candidates for ``m = 1000``, 37 for ``m = 10^5``.
+    if smaller), each made even and split evenly, ``(r/2, r/2)``: as many "in" as "out"
+    guesses. Balanced guesses are what makes the test hold for the coins actually drawn:
+    when the scores tell nothing (all tied, or unrelated to the coins) the expected number
+    of right guesses is ``r/2`` whatever the count ``k`` of included canaries, and its
+    spread at most the fair binomial's, while a one-sided guess of ``r`` "in" is right
+    ``r k / m`` times on average and so scores the coins' imbalance as evidence (527 of
+    1,000 included gave bounds above 0 in 4% of audits of tied scores at 95%). Depends on
+    ``m`` only: 6 candidates for ``m = 1000``, 13 for ``m = 10^5``.
     """
-    if m < 1:
-        raise ConfigError(f"the audit needs at least one canary, got m={m}")
-    sizes: list[int] = []
+    if m < 2:
+        raise ConfigError(f"the audit needs at least two canaries, got m={m}")
+    grid: list[tuple[int, int]] = []
     r = m
     while r >= min(_MIN_GUESSES, m):
-        if not sizes or r != sizes[-1]:
-            sizes.append(r)
+        half = r // 2
+        if not grid or (half, half) != grid[-1]:
+            grid.append((half, half))
         r //= 2
-    grid: list[tuple[int, int]] = []
-    for r in sizes:
-        grid.append(((r + 1) // 2, r // 2))
-        if 2 * r <= m:
-            grid.append((r, 0))
-            grid.append((0, r))
     return grid
 
 
@@ -242,10 +298,11 @@ class OneRunResult:
     """Outcome of :func:`one_run_audit`.
 
     ``epsilon_lower_bound`` holds with probability >= ``confidence``; ``ceiling`` is the
-    bound the same audit would report had all ``guesses`` been right (same ``canaries``,
-    same confidence correction), i.e. the largest value it could report with this ``r``.
-    ``canaries`` is the ``m`` of the p-value (for ``selection="split"``, the size of the
-    reporting half); ``candidates`` is the number of ``(k+, k-)`` pairs the level was
+    largest bound this audit could have reported with the coins that were drawn
+    (``included`` of ``canaries``): the best candidate under a perfect score
+    (:func:`perfect_counts`), at the same confidence correction, computed from the coins
+    alone. ``canaries`` is the ``m`` of the p-value (for ``selection="split"``, the size of
+    the reporting half); ``candidates`` is the number of ``(k+, k-)`` pairs the level was
     split over (1 when fixed or split).
     """
 
@@ -261,6 +318,7 @@ class OneRunResult:
     delta: float
     candidates: int
     method: str = "steinke"
+    included: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict (JSON-serialisable) with every field."""
@@ -270,8 +328,8 @@ class OneRunResult:
         """``"violation"``, ``"inconclusive"`` or ``"consistent"`` for a claimed epsilon.
 
         Violation: the lower bound exceeds the claim. Inconclusive: no violation and the
-        claim is at or above the ceiling (this audit could never have refuted it).
-        Consistent: otherwise (the audit could have refuted the claim and did not).
+        claim is at or above the ceiling (with these coins this audit could never have
+        refuted it). Consistent: otherwise (it could have refuted the claim and did not).
         """
         if not math.isfinite(claimed_epsilon) or claimed_epsilon < 0:
             raise ConfigError(f"claimed epsilon must be finite and >= 0, got {claimed_epsilon}")
@@ -326,20 +384,29 @@ def _best_over_grid(
     return best, best_pair, best_rv[0], best_rv[1]
 
 
+def _grid_ceiling(m: int, included: int, grid: Sequence[tuple[int, int]], delta: float,
+                  level: float, method: str) -> float:
+    """The largest bound any pair of ``grid`` reaches under a perfect score."""
+    return max(_reach(m, *perfect_counts(a, b, m, included), delta, level, method)
+               for a, b in grid)
+
+
 def one_run_candidate_counts(
-    scores: np.ndarray, included: np.ndarray, seed: int | None = 0,
+    scores: np.ndarray, included: np.ndarray, order: np.ndarray | None = None,
     grid: Sequence[tuple[int, int]] | None = None,
 ) -> list[tuple[int, int, int, int]]:
     """``(k_plus, k_minus, r, v)`` at every pair of ``grid`` (default
-    :func:`one_run_candidate_grid`), ordered as :func:`one_run_audit` orders (same ``seed``):
-    the counts its ``"bonferroni"`` selection chooses from, for other tests of the same
-    guesses (:mod:`fedlap_privacy.audit.claim_curve`)."""
+    :func:`one_run_candidate_grid`), the canaries in ``order`` (from :func:`one_run_order`;
+    a fresh one when None): the counts the ``"bonferroni"`` selection of
+    :func:`one_run_audit` chooses from when given the same order, for other tests of the
+    same guesses (:mod:`fedlap_privacy.audit.claim_curve`)."""
     scores = np.asarray(scores, dtype=np.float64)
     included_arr = np.asarray(included).astype(bool)
     if scores.ndim != 1 or included_arr.shape != scores.shape or len(scores) < 2:
         raise ConfigError("scores and included must be 1-D arrays of the same length >= 2")
     m = len(scores)
-    order = np.lexsort((np.random.default_rng(seed).random(m), scores))
+    if order is None:
+        order = one_run_order(scores)
     pairs = one_run_candidate_grid(m) if grid is None else [(int(a), int(b)) for a, b in grid]
     return [(a, b, *_guess_counts(order, included_arr, a, b)) for a, b in pairs]
 
@@ -352,28 +419,31 @@ def one_run_audit(
     k_plus: int | None = None,
     k_minus: int | None = None,
     selection: Selection = "bonferroni",
-    seed: int | None = 0,
     grid: Sequence[tuple[int, int]] | None = None,
     method: Method = "steinke",
+    order: np.ndarray | None = None,
 ) -> OneRunResult:
     """One-run audit (Steinke, Nasr, Jagielski, NeurIPS 2023) from canary scores.
 
     ``scores``: any real-valued score per canary, higher = more likely included.
     ``included``: the secret inclusion bits (each drawn independently with probability
-    1/2 before training). Guesses "in" for the ``k_plus`` highest scores and "out" for the
-    ``k_minus`` lowest (ties broken by a random order drawn from ``seed``, which does not
-    look at the bits). With both ``k_plus`` and ``k_minus`` given they are used as is
-    (``selection="fixed"`` in the result). Otherwise:
+    1/2 before training; a count of included canaries that fair coins would almost never
+    give is refused, :func:`check_coins`). Guesses "in" for the ``k_plus`` highest scores
+    and "out" for the ``k_minus`` lowest, tied scores in an order from the operating
+    system's randomness (:func:`one_run_order`; ``order``: such an order drawn once, to
+    share the same guesses with another test). With both ``k_plus`` and ``k_minus`` given
+    they are used as is (``selection="fixed"`` in the result). Otherwise:
 
     * ``"bonferroni"``: every pair of ``grid`` (default :func:`one_run_candidate_grid`;
       a custom grid must be fixed before the scores are seen) is tried and the best bound
       is reported, each computed at level ``(1 - confidence) / len(grid)``;
-    * ``"split"``: the canaries are split at random (``seed``) into two halves; the pair
-      with the best bound on the first half (over :func:`one_run_candidate_grid` of that
-      half, no correction) is turned into score thresholds (its ``k+``-th highest and
-      ``k-``-th lowest scores), the second half guesses with those thresholds, and only
-      the second half's bound is reported (with ``m`` = its size; ``k_plus`` / ``k_minus``
-      are then the second half's counts, possibly 0 guesses and a bound of 0).
+    * ``"split"``: the canaries are split at random into two halves; the pair with the
+      best bound on the first half (over :func:`one_run_candidate_grid` of that half, no
+      correction) is turned into score thresholds (its ``k+``-th highest and ``k-``-th
+      lowest scores), the second half guesses with those thresholds, and only the second
+      half's bound is reported (with ``m`` = its size; ``k_plus`` / ``k_minus`` are then
+      the second half's counts, possibly 0 guesses and a bound of 0). Its ceiling is that
+      of every guess right, the coins of the second half aside.
 
     Which to use: the ``2 m delta alpha`` term of the p-value grows with ``m delta``. For
     ``m delta`` well below 1 (e.g. 1000 canaries at ``delta = 1e-5``) the Bonferroni split
@@ -400,9 +470,14 @@ def one_run_audit(
     m = len(scores)
     if m < MIN_AUDIT_CANARIES:
         raise ConfigError(f"the audit needs at least {MIN_AUDIT_CANARIES} canaries, got {m}")
-    rng = np.random.default_rng(seed)
-    # Sort by score, ties in a random order independent of the secret bits.
-    order = np.lexsort((rng.random(m), scores))
+    check_coins(included_arr)
+    k = int(included_arr.sum())
+    if order is None:
+        order = one_run_order(scores)
+    elif np.asarray(order).shape != (m,) or \
+            not np.array_equal(np.sort(order), np.arange(m)) or \
+            np.any(np.diff(scores[order]) < 0):
+        raise ConfigError("order must sort the scores (one_run_order)")
     level = 1.0 - confidence
 
     if (k_plus is None) != (k_minus is None):
@@ -416,7 +491,7 @@ def one_run_audit(
         r, v = _guess_counts(order, included_arr, int(k_plus), int(k_minus))
         return OneRunResult(
             epsilon_lower_bound=_bound(method, m, r, v, delta, level),
-            ceiling=_ceiling(m, r, delta, level, method),
+            ceiling=_grid_ceiling(m, k, [(int(k_plus), int(k_minus))], delta, level, method),
             canaries=m,
             guesses=r,
             correct=v,
@@ -427,6 +502,7 @@ def one_run_audit(
             delta=delta,
             candidates=1,
             method=method,
+            included=k,
         )
 
     if selection == "bonferroni":
@@ -440,7 +516,7 @@ def one_run_audit(
                                                 method)
         return OneRunResult(
             epsilon_lower_bound=bound,
-            ceiling=_ceiling(m, r, delta, level_each, method),
+            ceiling=_grid_ceiling(m, k, grid, delta, level_each, method),
             canaries=m,
             guesses=r,
             correct=v,
@@ -451,11 +527,13 @@ def one_run_audit(
             delta=delta,
             candidates=len(grid),
             method=method,
+            included=k,
         )
 
     if selection == "split":
         if m < 4:
             raise ConfigError(f"selection='split' needs at least 4 canaries, got {m}")
+        rng = _os_generator()
         perm = rng.permutation(m)
         half_a, half_b = np.sort(perm[: m // 2]), np.sort(perm[m // 2 :])
         m_a, m_b = len(half_a), len(half_b)
@@ -486,6 +564,18 @@ def one_run_audit(
             delta=delta,
             candidates=1,
             method=method,
+            included=int(included_arr[half_b].sum()),
         )
 
     raise ConfigError(f"selection must be 'bonferroni' or 'split', got {selection!r}")
+
+
+def steinke_p_value(claimed_epsilon: float, delta: float, m: int,
+                    counts: Sequence[tuple[int, int, int, int]]) -> float:
+    """The p-value of "``(claimed_epsilon, delta)``-DP" from the candidates' counts
+    ``(k_plus, k_minus, r, v)``: the smallest :func:`one_run_p_value` times their number
+    (Bonferroni), at most 1. Below a level exactly when the Bonferroni bound at that level
+    exceeds the claim."""
+    best = min(_p_value(float(claimed_epsilon), float(delta), int(m), int(r), int(v))
+               for _, _, r, v in counts)
+    return min(1.0, best * len(counts))

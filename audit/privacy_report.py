@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedlap_privacy.state.atomic import write_text_atomic
+from fedlap_privacy.audit.report_folder import ReportFolder
 from fedlap_privacy.state.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import NoiseKind, Notion, ThreatModel
 
@@ -49,6 +49,9 @@ NOTION_TEXT = {
              "in the model",
     Notion.NONE: "nothing: the method is not private",
 }
+#: each test's name in the report's tables
+METHOD_NAMES = {"steinke": "Steinke bound", "fdp": "f-DP bound",
+                "claim-curve": "claimed mechanism's curve", "noise": "noise in the releases"}
 METHOD_TEXT = {
     "steinke": "Steinke, Nasr and Jagielski's one-run (epsilon, delta) lower bound",
     "fdp": "the f-DP one-run lower bound of Mahloujifar, Melis and Chaudhuri (Gaussian "
@@ -57,13 +60,16 @@ METHOD_TEXT = {
     "claim-curve": "a test of the guesses against the trade-off curve of the exact mechanism "
                    "claimed (for a run of this package, the one its ledger describes; a "
                    "p-value below its level is a violation)",
+    "noise": "a test of the released values themselves: do they carry at least half the "
+             "claimed noise? (it can only find a violation, never support the claim)",
 }
 VERDICT_TEXT = {
     "violation": "VIOLATION: the audit shows more leakage than the claim allows",
     "consistent": "consistent: no evidence against the claim, and this test could have "
                   "refuted it",
-    "inconclusive": "inconclusive: the claim is above the most this test could ever show "
-                    "(its ceiling), so it can neither refute nor support it",
+    "inconclusive": "inconclusive: with the coins that were drawn, no test of this audit "
+                    "could have refuted the claim (it is above their ceilings), so it can "
+                    "neither refute nor support it",
 }
 
 
@@ -198,8 +204,9 @@ def _release(report: dict[str, Any]) -> list[Block]:
 
 
 def _attacks(report: dict[str, Any]) -> list[Block]:
-    rows: list[tuple[str, ...]] = [("feature / attack", "AUC", "`tpr_at_fpr_0.01`",
-                                    "eps lower bound")]
+    rows: list[tuple[str, ...]] = [("feature / attack", "AUC",
+                                    "true positives at 1% false positives",
+                                    "lower bound on epsilon")]
     for feature, by in report.get("attacks", {}).items():
         for kind, m in by.items():
             rows.append((f"{literal(feature)} / {literal(kind)}", fmt(m["auc"]),
@@ -225,15 +232,19 @@ def canary_blocks(report: dict[str, Any]) -> list[Block]:
         return [Block("heading", "Canary audits"),
                 Block("text", "The run has no canaries (train with canaries to audit it "
                               "in one run).")]
-    rows: list[tuple[str, ...]] = [("audit", "method", "eps lower bound", "ceiling",
-                                    "p-value", "verdict", "counts")]
+    rows: list[tuple[str, ...]] = [("score", "test", "lower bound on epsilon", "ceiling",
+                                    "p-value", "level", "verdict", "counts in the verdict",
+                                    "evidence")]
     for audit in one_run["audits"]:
         for name, m in audit["methods"].items():
-            rows.append((literal(audit["audit"]), literal(name),
+            counts = (f"{fmt(m['correct'])} of {fmt(m['guesses'])} guesses right"
+                      if "guesses" in m else f"{fmt(m['values'])} released values")
+            rows.append((literal(audit["audit"]), METHOD_NAMES.get(name) or literal(name),
                          fmt(m.get("epsilon_lower_bound")), fmt(m.get("ceiling")),
-                         fmt(m.get("p_value")), literal(m["verdict"]) + (
-                             "" if m.get("valid", True) else " (not counted)"),
-                         f"{fmt(m['correct'])} of {fmt(m['guesses'])} guesses right"))
+                         fmt(m.get("p_value")), fmt(m.get("level")), _word(m["verdict"],
+                                                                           VERDICT_TEXT),
+                         "yes" if m.get("valid", True) else "no", counts))
+    present = {name for audit in one_run["audits"] for name in audit["methods"]}
     out = [
         Block("heading", "Canary audits"),
         Block("text", f"{fmt(one_run['canaries'])} canaries of kind "
@@ -242,11 +253,15 @@ def canary_blocks(report: dict[str, Any]) -> list[Block]:
                       "observed. Each method turns the guesses "
                       "into evidence at a family-wise confidence of "
                       f"{fmt(report.get('confidence'))}:"),
-        Block("bullets", items=tuple((f"`{k}`: {v}",) for k, v in METHOD_TEXT.items())),
-        Block("text", "What they cannot show: a bound can never exceed its ceiling (the bound "
-                      "when every guess is right), so a claim above the ceiling is "
-                      "inconclusive; and no audit proves a guarantee, it can only fail to "
-                      "refute it."),
+        Block("bullets", items=tuple((f"{METHOD_NAMES[k]}: {v}",)
+                                     for k, v in METHOD_TEXT.items() if k in present)),
+        Block("text", "Each test runs at its own level, its share of the family's (the "
+                      "level column): a p-value below it, or a bound above the claim, is a "
+                      "violation. What they cannot show: a bound can never exceed its "
+                      "ceiling (the bound a perfect score would reach with the coins that "
+                      "were drawn, known before the scores are read), so a claim above the "
+                      "ceiling is inconclusive; and no audit proves a guarantee, it can only "
+                      "fail to refute it."),
         Block("table", items=tuple(rows)),
     ]
     for audit in one_run["audits"]:
@@ -286,7 +301,7 @@ def _verdict(report: dict[str, Any]) -> list[Block]:
     if one_run:
         lines.append(f"Canary audit: {VERDICT_TEXT[one_run['verdict']]} (lower bound "
                      f"{fmt(one_run['epsilon_lower_bound'])}, by {literal(one_run['method'])}; "
-                     f"verdict by {literal(one_run['verdict_method'])}).")
+                     f"decided by {literal(one_run['audit'])}: {one_run.get('reason', 'n/a')}).")
     return [Block("heading", "Verdict"), Block("bullets", items=tuple((x,) for x in lines))]
 
 
@@ -370,14 +385,15 @@ def to_html(blocks: list[Block], images: dict[str, bytes]) -> str:
             + "\n".join(body) + "</body></html>\n")
 
 
-def write_privacy_report(report: dict[str, Any], out_dir: str | Path,
-                         figure: Path | None) -> dict[str, Path]:
-    """Write ``report.md`` and ``report.html`` into ``out_dir`` (``figure``: the PNG that
-    the markdown links to and the HTML embeds)."""
-    out = Path(out_dir)
-    blocks = render_blocks(report, None if figure is None else figure.name)
-    images = {} if figure is None else {figure.name: figure.read_bytes()}
-    md, page = out / "report.md", out / "report.html"
-    write_text_atomic(md, to_markdown(blocks))
-    write_text_atomic(page, to_html(blocks, images))
-    return {"md": md, "html": page}
+def write_privacy_report(report: dict[str, Any], out: str | Path | ReportFolder,
+                         figure: tuple[str, bytes] | None) -> dict[str, Path]:
+    """Write ``report.md`` and ``report.html`` into ``out`` (a folder, or a
+    :class:`~.report_folder.ReportFolder` already open); ``figure``: the PNG's file name
+    (the markdown links to it) and its bytes (the HTML embeds them)."""
+    blocks = render_blocks(report, None if figure is None else figure[0])
+    images = {} if figure is None else {figure[0]: figure[1]}
+    if not isinstance(out, ReportFolder):
+        with ReportFolder(out) as folder:
+            return write_privacy_report(report, folder, figure)
+    return {"md": out.write_text("report.md", to_markdown(blocks)),
+            "html": out.write_text("report.html", to_html(blocks, images))}

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from fedlap_privacy.audit.canary_verdicts import audit_once
 from fedlap_privacy.audit.score_audit import (
     ClaimedMechanism,
     ScoreAuditResult,
@@ -171,10 +172,12 @@ class RecordCanaries:
               mechanism: ClaimedMechanism | None = None,
               confidence: float = 0.95) -> ScoreAuditResult:
         """The one-run audit of the scores against ``(claimed_epsilon, delta)``
-        (:func:`~fedlap_privacy.audit.score_audit.audit_canary_scores`)."""
+        (:func:`~fedlap_privacy.audit.score_audit.audit_canary_scores`); one claim per set
+        of canaries (:func:`~fedlap_privacy.audit.canary_verdicts.audit_once`)."""
         if self.scores is None:
             raise ConfigError("score the canaries first (score or score_losses)")
-        return audit_canary_scores(
-            {f"records/{self.kind}": self.scores}, self.included,
+        scores = self.scores
+        return audit_once(self, claimed_epsilon, delta, lambda: audit_canary_scores(
+            {f"records/{self.kind}": scores}, self.included,
             claimed_epsilon=claimed_epsilon, delta=delta, mechanism=mechanism,
-            confidence=confidence, out=out, title=f"{self.m} {self.kind} record canaries")
+            confidence=confidence, out=out, title=f"{self.m} {self.kind} record canaries"))

@@ -34,6 +34,7 @@ import torch
 
 from fedlap_privacy.audit.attacks import ATTACK_MODELS, make_attack
 from fedlap_privacy.audit.canary_audit import run_canary_audits
+from fedlap_privacy.audit.canary_verdicts import strongest_audit
 from fedlap_privacy.audit.claim import config_delta, privacy_claim
 from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
 from fedlap_privacy.audit.features import FEATURES, compute_features
@@ -43,6 +44,7 @@ from fedlap_privacy.audit.privacy_report import ledger_summary
 from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
 from fedlap_privacy.audit.report_files import write_report
 from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
+from fedlap_privacy.audit.score_audit import score_summary
 from fedlap_privacy.data.datasets import CUSTOM, DATASETS, Dataset
 from fedlap_privacy.data.user_data import load_run_data
 from fedlap_privacy.errors import CheckpointError, ConfigError, DataError
@@ -441,12 +443,10 @@ def _canary_report(target: AuditTarget, claim: PrivacyClaim,
                                extra_scores=extra, curve=_claim_curve(target, state.kind))
     if not audits:
         return None
-    entries = [{**a.to_json(), "scores_in": a.scores_in, "scores_out": a.scores_out}
-               for a in audits]
-    rank = {"violation": 2, "consistent": 1, "inconclusive": 0}
-    best = max(range(len(audits)),
-               key=lambda i: (rank[audits[i].verdict], audits[i].epsilon_lower_bound))
-    primary = {k: v for k, v in entries[best].items() if k not in ("scores_in", "scores_out")}
+    entries = [{**a.to_json(), **score_summary(a.scores_in, a.scores_out)} for a in audits]
+    best = audits.index(strongest_audit(audits))
+    primary = {k: v for k, v in entries[best].items()
+               if k not in ("scores_in", "scores_out", "histogram")}
     return {**primary, "kind": state.kind, "audits": entries}
 
 

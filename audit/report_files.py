@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 
 from fedlap_privacy.audit.privacy_report import figure_text, write_privacy_report
+from fedlap_privacy.audit.report_folder import ReportFolder, figure_png
 from fedlap_privacy.audit.results import AuditReport
-from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.state.atomic import write_figure, write_text_atomic
 from fedlap_privacy.state.jsonsafe import json_safe
 
 __all__ = ["plot_canary_scores", "plot_roc", "write_report"]
@@ -21,39 +20,38 @@ __all__ = ["plot_canary_scores", "plot_roc", "write_report"]
 
 def write_report(report: AuditReport, out_dir: str | Path) -> dict[str, Path]:
     """Write ``report.json`` (non-finite numbers as null), ``roc.png`` and the readable
-    ``report.md`` / ``report.html`` (:mod:`.privacy_report`) into ``out_dir``."""
-    out = Path(out_dir)
+    ``report.md`` / ``report.html`` (:mod:`.privacy_report`) into ``out_dir`` (a
+    :class:`~.report_folder.ReportFolder`: a link, a training run's folder or another
+    user's is refused; the HTML embeds the figure from the bytes written)."""
     raw = report.to_json()
     data = json_safe(raw)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        json_path = out / "report.json"
-        write_text_atomic(json_path, json.dumps(data, indent=2))
-        png_path = out / "roc.png"
-        plot_roc(raw, png_path)
-        readable = write_privacy_report(data, out, png_path)
-    except OSError as exc:
-        raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
+    png = plot_roc(raw)
+    with ReportFolder(out_dir) as folder:
+        json_path = folder.write_text("report.json", json.dumps(data, indent=2))
+        png_path = folder.write("roc.png", png)
+        readable = write_privacy_report(data, folder, ("roc.png", png))
     return {"json": json_path, "png": png_path, **readable}
 
 
 def plot_canary_scores(ax: Any, audit: dict[str, Any], prefix: str = "") -> None:
-    """One canary audit's scores on ``ax``: included against not included, its bound and
-    verdict in the title (``prefix`` before the audit's name)."""
-    both = np.asarray(audit["scores_in"] + audit["scores_out"], dtype=np.float64)
-    bins = np.histogram_bin_edges(both, bins=40) if both.size else 10
-    ax.hist(audit["scores_in"], bins=bins, alpha=0.6, label=f"in ({len(audit['scores_in'])})")
-    ax.hist(audit["scores_out"], bins=bins, alpha=0.6,
-            label=f"out ({len(audit['scores_out'])})")
+    """One canary audit's scores on ``ax`` (their histogram in report.json): included
+    against not included, its bound and verdict in the title (``prefix`` before the
+    audit's name)."""
+    histogram = audit["histogram"]
+    edges = np.asarray(histogram["edges"], dtype=np.float64)
+    for side in ("in", "out"):
+        counts = np.asarray(histogram[side], dtype=np.float64)
+        ax.stairs(counts, edges, fill=True, alpha=0.6, label=f"{side} ({int(counts.sum())})")
     ax.set_title(f"{prefix}{figure_text(audit['audit'])}: eps LB "
                  f"{audit['epsilon_lower_bound']:.2f} ({audit['verdict']})", fontsize=8)
     ax.set_xlabel("score")
     ax.legend(fontsize=7)
 
 
-def plot_roc(report: dict[str, Any], path: str | Path) -> None:
+def plot_roc(report: dict[str, Any]) -> bytes:
     """Linear ROC and log-log ROC (Carlini et al. 2022), diagonal, AUC in legend; beside
-    them, when the run has canaries, the histogram of each canary audit's scores, in vs out."""
+    them, when the run has canaries, the histogram of each canary audit's scores, in vs out;
+    as PNG bytes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -94,4 +92,4 @@ def plot_roc(report: dict[str, Any], path: str | Path) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    write_figure(fig, path)
+    return figure_png(fig)

@@ -38,14 +38,42 @@ from fedlap_privacy.audit.canary_verdicts import (
     bonferroni_factor,
     strongest_audit,
 )
-from fedlap_privacy.audit.claim_curve import ClaimCurve
+from fedlap_privacy.audit.claim_curve import ClaimCurve, beyond_pld
+from fedlap_privacy.audit.noise_check import NoiseSample
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["MIN_CANARIES", "ClaimedMechanism", "ScoreAuditResult", "audit_canary_scores",
-           "check_bits", "check_claim", "check_scores"]
+__all__ = ["LISTED_SCORES", "MAX_CANARIES", "MIN_CANARIES", "ClaimedMechanism",
+           "ScoreAuditResult", "audit_canary_scores", "check_bits", "check_claim",
+           "check_scores", "score_summary"]
 
 #: fewest canaries an audit of scores accepts (below it no bound can exceed a tiny epsilon)
 MIN_CANARIES = 10
+#: most canaries an audit of scores accepts (2^20, as many as gradient canaries can be; the
+#: published one-run audits use up to 10^6): a few seconds and well under 1 GB, where 10^7
+#: took minutes and gigabytes
+MAX_CANARIES = 1 << 20
+#: most scores report.json lists one by one (beyond it, the histogram alone)
+LISTED_SCORES = 10_000
+#: bins of the score histograms report.json keeps
+HISTOGRAM_BINS = 40
+
+
+def score_summary(scores_in: list[float], scores_out: list[float]) -> dict[str, Any]:
+    """What report.json keeps of one audit's scores: a histogram of the included and the
+    other canaries on common bins (``edges``, ``in``, ``out``), and the scores themselves
+    (``scores_in`` / ``scores_out``) only up to :data:`LISTED_SCORES` of them, so that the
+    file stays small whatever the number of canaries."""
+    values_in = np.asarray(scores_in, dtype=np.float64)
+    values_out = np.asarray(scores_out, dtype=np.float64)
+    both = np.concatenate([values_in, values_out])
+    edges = np.histogram_bin_edges(both, bins=HISTOGRAM_BINS) if both.size else \
+        np.linspace(0.0, 1.0, HISTOGRAM_BINS + 1)
+    out: dict[str, Any] = {"histogram": {
+        "edges": edges.tolist(), "in": np.histogram(values_in, edges)[0].tolist(),
+        "out": np.histogram(values_out, edges)[0].tolist()}}
+    if both.size <= LISTED_SCORES:
+        out.update(scores_in=values_in.tolist(), scores_out=values_out.tolist())
+    return out
 
 
 def _is_number(value: Any) -> bool:
@@ -100,7 +128,10 @@ class ClaimedMechanism:
 
         self.validate()
         key = (float(self.noise_multiplier), float(self.sample_rate))
-        return pld_epsilons([{key: int(self.steps)}], delta)[0]
+        try:
+            return pld_epsilons([{key: int(self.steps)}], delta)[0]
+        except ConfigError:
+            raise ConfigError(beyond_pld({key: int(self.steps)})) from None
 
     def to_json(self) -> dict[str, Any]:
         return {"noise_multiplier": float(self.noise_multiplier),
@@ -162,10 +193,11 @@ class ScoreAuditResult:
     def to_json(self) -> dict[str, Any]:
         """``report.json``: the claim, the verdict, and every audit with its scores in / out
         (``one_run``, the shape of ``audit --json``'s canary audits)."""
-        entries = [{**a.to_json(), "scores_in": a.scores_in, "scores_out": a.scores_out}
+        entries = [{**a.to_json(), **score_summary(a.scores_in, a.scores_out)}
                    for a in self.audits]
         best = self.audits.index(self.strongest)
-        primary = {k: v for k, v in entries[best].items() if k not in ("scores_in", "scores_out")}
+        primary = {k: v for k, v in entries[best].items()
+                   if k not in ("scores_in", "scores_out", "histogram")}
         return {
             "source": self.title,
             "claim": {"epsilon": self.claimed_epsilon, "delta": self.delta,
@@ -245,6 +277,7 @@ def audit_canary_scores(
     confidence: float = 0.95,
     out: str | Path | None = None,
     title: str = "canary scores",
+    noise: NoiseSample | None = None,
 ) -> ScoreAuditResult:
     """Audit a claimed ``(claimed_epsilon, delta)`` from canary scores (module docstring).
 
@@ -252,7 +285,9 @@ def audit_canary_scores(
     arrays by name (each is an audit; the level is shared among them). ``included``: the
     secret bits (booleans or 0/1), one per canary. ``mechanism``: the claimed mechanism, for
     the claim-curve test. ``out``: a folder for ``report.json`` / ``report.md`` /
-    ``report.html`` / ``scores.png``. Bad input is a one-line ConfigError.
+    ``report.html`` / ``scores.png``. ``noise``: the releases the scores came from against
+    the claimed noise multiplier (:mod:`.noise_check`), when the caller has them. Bad input
+    is a one-line ConfigError.
     """
     check_claim(claimed_epsilon, delta, confidence)
     named = dict(scores) if isinstance(scores, Mapping) else {"scores": scores}
@@ -269,6 +304,8 @@ def audit_canary_scores(
     bits = check_bits(included, m)
     if m < MIN_CANARIES:
         raise ConfigError(f"the audit needs at least {MIN_CANARIES} canaries, got {m}")
+    if m > MAX_CANARIES:
+        raise ConfigError(f"the audit takes at most {MAX_CANARIES:,} canaries, got {m:,}")
     curve = mechanism_eps = None
     if mechanism is not None:
         if not isinstance(mechanism, ClaimedMechanism):
@@ -276,7 +313,7 @@ def audit_canary_scores(
         curve = mechanism.validate().curve(delta)
         mechanism_eps = mechanism.epsilon(delta)
     audits = audit_scores(checked, bits, float(claimed_epsilon), float(delta),
-                          float(confidence), curve)
+                          float(confidence), curve, noise)
     result = ScoreAuditResult(audits, float(claimed_epsilon), float(delta), mechanism,
                               float(confidence), title, mechanism_eps)
     if out is not None:

@@ -19,14 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedlap_privacy.audit.score_audit import check_bits, check_scores
+from fedlap_privacy.audit.score_audit import MAX_CANARIES, check_bits, check_scores
 from fedlap_privacy.data.npz_reader import NpyHeader, NpzArchive, NpzLimits, open_npz
 from fedlap_privacy.errors import ConfigError, DataError
 
 __all__ = ["MAX_CANARIES", "MAX_FILE_BYTES", "load_score_file"]
 
-#: most canaries a score file may hold (each a float64 score and a bit)
-MAX_CANARIES = 10_000_000
 #: largest score file read (bytes on disk)
 MAX_FILE_BYTES = 256 * 2**20
 _KINDS = {"scores": "fiu", "included": "biu"}
@@ -45,7 +43,7 @@ def _check_header(path: Path, key: str, header: NpyHeader) -> None:
         raise DataError(f"{path}: array {key!r} must hold {want}, got dtype {dtype}")
     if shape[0] > MAX_CANARIES:
         raise DataError(f"{path}: array {key!r} declares {shape[0]:,} canaries, more than "
-                        f"the {MAX_CANARIES:,} a score file may hold")
+                        f"the {MAX_CANARIES:,} an audit takes")
 
 
 def _arrays(path: Path, archive: NpzArchive) -> tuple[np.ndarray, np.ndarray]:

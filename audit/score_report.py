@@ -9,6 +9,7 @@ three files never disagree.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,7 @@ from fedlap_privacy.audit.privacy_report import (
     to_markdown,
 )
 from fedlap_privacy.audit.report_files import plot_canary_scores
-from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.state.atomic import write_figure, write_text_atomic
+from fedlap_privacy.audit.report_folder import ReportFolder, figure_png
 from fedlap_privacy.state.jsonsafe import json_safe
 
 __all__ = ["render_score_blocks", "write_score_report"]
@@ -53,20 +53,24 @@ def _claim(report: dict[str, Any]) -> list[Block]:
 
 
 def _verdict(report: dict[str, Any]) -> list[Block]:
+    """The verdict and what decided it: the one-run audits', or a test of the run itself
+    that decided over them (``report['decided_by']``: the sampling test of canary records)."""
+    decided = report.get("decided_by") or {"test": report["one_run"]["audit"],
+                                           "reason": report["one_run"].get("reason", "n/a")}
     lines = [VERDICT_TEXT[report["verdict"]] + ".",
-             f"Largest lower bound on epsilon: {fmt(report['epsilon_lower_bound'])} at "
-             f"confidence {fmt(report['confidence'])} (claimed {fmt(report['claim']['epsilon'])})."]
-    if report.get("claim_curve_p_value") is not None:
-        lines.append(f"p-value of \"the training is the claimed mechanism\" (family-adjusted): "
-                     f"{fmt(report['claim_curve_p_value'])}; a violation below "
-                     f"{fmt(1.0 - report['confidence'])}.")
+             f"Decided by {literal(decided['test'])}: {decided['reason']}.",
+             f"Largest lower bound on epsilon: {fmt(report['epsilon_lower_bound'])}, every "
+             f"test at its share of the level {fmt(1.0 - report['confidence'])} "
+             f"(claimed {fmt(report['claim']['epsilon'])})."]
     return [Block("heading", "Verdict"), Block("bullets", items=tuple((x,) for x in lines))]
 
 
-def render_score_blocks(report: dict[str, Any], figure: str | None = FIGURE) -> list[Block]:
-    """The report's content, from ``report.json``'s dict alone."""
+def render_score_blocks(report: dict[str, Any], figure: str | None = FIGURE,
+                        sections: Sequence[Block] = ()) -> list[Block]:
+    """The report's content, from ``report.json``'s dict alone; ``sections`` (the run the
+    canaries saw, :func:`~.gradient_canary_audit.run_blocks`) follow the claim."""
     blocks = [Block("title", f"Privacy audit: {literal(report['source'])}")]
-    blocks += _verdict(report) + _claim(report) + canary_blocks(report)
+    blocks += _verdict(report) + _claim(report) + list(sections) + canary_blocks(report)
     blocks.append(Block("text", "The bounds hold only if each canary's bit was a secret fair "
                                 "coin drawn before training and the scores were computed "
                                 "without looking at the bits."))
@@ -77,8 +81,9 @@ def render_score_blocks(report: dict[str, Any], figure: str | None = FIGURE) -> 
     return blocks
 
 
-def plot_scores(report: dict[str, Any], path: Path) -> None:
-    """One histogram per audit: the scores of the included canaries against the others."""
+def plot_scores(report: dict[str, Any]) -> bytes:
+    """One histogram per audit (the included canaries' scores against the others'), as
+    PNG bytes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -89,23 +94,20 @@ def plot_scores(report: dict[str, Any], path: Path) -> None:
     for ax, audit in zip(axes, audits, strict=True):
         plot_canary_scores(ax, audit)
     fig.tight_layout()
-    write_figure(fig, path)
+    return figure_png(fig)
 
 
-def write_score_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+def write_score_report(report: dict[str, Any], out_dir: str | Path,
+                       sections: Sequence[Block] = ()) -> dict[str, Path]:
     """Write ``report.json`` (non-finite numbers as null), ``scores.png``, ``report.md`` and
-    ``report.html`` into ``out_dir``; the paths by kind."""
-    out = Path(out_dir)
+    ``report.html`` into ``out_dir`` (a :class:`~.report_folder.ReportFolder`: a link, a
+    training run's folder or another user's is refused; the HTML embeds the figure from
+    the bytes written, never read back); the paths by kind."""
     data = json_safe(report)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        paths = {"json": out / "report.json", "png": out / FIGURE,
-                 "md": out / "report.md", "html": out / "report.html"}
-        write_text_atomic(paths["json"], json.dumps(data, indent=2))
-        plot_scores(report, paths["png"])
-        blocks = render_score_blocks(data)
-        write_text_atomic(paths["md"], to_markdown(blocks))
-        write_text_atomic(paths["html"], to_html(blocks, {FIGURE: paths["png"].read_bytes()}))
-    except OSError as exc:
-        raise ConfigError(f"cannot write the audit report to {out}: {exc}") from None
-    return paths
+    png = plot_scores(report)
+    blocks = render_score_blocks(data, sections=sections)
+    with ReportFolder(out_dir) as folder:
+        return {"json": folder.write_text("report.json", json.dumps(data, indent=2)),
+                "png": folder.write(FIGURE, png),
+                "md": folder.write_text("report.md", to_markdown(blocks)),
+                "html": folder.write_text("report.html", to_html(blocks, {FIGURE: png}))}

@@ -212,7 +212,10 @@ def audit(
 
     guarded(lambda: apply_cpu_policy(threads))
     if out is not None:
+        from fedlap_privacy.audit.report_folder import check_report_folder
+
         guarded(lambda: check_writable(out, probe=not dry_run))
+        guarded(lambda: check_report_folder(out))
 
     external = members is not None or nonmembers is not None
 

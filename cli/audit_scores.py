@@ -45,7 +45,10 @@ def audit_scores_command(
         sigma, q, steps = mechanism
         claimed = guarded(lambda: ClaimedMechanism(sigma, q, steps).validate())  # type: ignore[arg-type]
     if out is not None:
+        from fedlap_privacy.audit.report_folder import check_report_folder
+
         guarded(lambda: check_writable(out, probe=not dry_run))
+        guarded(lambda: check_report_folder(out))
     scores, included = guarded(lambda: load_score_file(path))
     if dry_run:
         guarded(lambda: check_claim(claimed_eps, delta, 0.95))
@@ -71,13 +74,12 @@ def audit_scores_command(
         print_json(result.to_json())
     else:
         render_one_run(result.to_json()["one_run"])
-        p = result.claim_curve_p_value
         colour = {"violation": "bold red", "consistent": "green", "inconclusive": "yellow"}
         console.print(
             f"[{colour[result.verdict]}]{result.verdict}[/]: epsilon lower bound "
             f"{result.epsilon_lower_bound:.3f} against the claim {claimed_eps:g} at delta "
-            f"{delta:g} (family-wise {result.confidence:.0%})"
-            + ("" if p is None else f"; claim-curve p-value {p:.3g}")
+            f"{delta:g} (family-wise {result.confidence:.0%}); "
+            f"{result.strongest.reason}"
             + ("" if result.mechanism_epsilon is None else
                f"; the claimed mechanism is ({result.mechanism_epsilon:.3f}, {delta:g})-DP"),
             highlight=False)

@@ -81,14 +81,15 @@ def test_white_box_audit_catches_a_broken_dp_step(fault: str, monkeypatch) -> No
 
 
 def test_claim_curve_catches_a_noise_deficit_the_bounds_miss(monkeypatch) -> None:
-    """Noise at 0.3 times the ledger's (benchmarks/audit_power.py --deficit, 20 seeds):
-    Steinke's bound finds 6, the f-DP bound 17, the claim-curve test 19."""
+    """Noise at 0.3 times the ledger's (benchmarks/audit_power.py --deficit, 20 seeds): the
+    claim-curve test finds it in (nearly) every seed, more often than Steinke's bound (with
+    the balanced guesses, measured 15, the f-DP bound 19, the claim-curve test 20)."""
     _noise_scaled(monkeypatch, 0.3)
     audits = [_white_box_audit(seed) for seed in range(20)]
     found = {name: sum(a.methods()[name]["verdict"] == "violation" for a in audits)
              for name in ("steinke", "fdp", "claim-curve")}
-    assert found["steinke"] <= 9 and found["claim-curve"] >= 16, found
-    assert found["claim-curve"] > found["steinke"] + 6, found
+    assert found["claim-curve"] >= 18, found
+    assert found["claim-curve"] > found["steinke"], found
     assert sum(a.verdict == "violation" for a in audits) >= found["claim-curve"]
 
 
@@ -214,3 +215,4 @@ def test_audit_reports_every_method_beside_the_claim_near_epsilon_8(tmp_path: Pa
     table = runner.invoke(app, ["audit", "--model", str(run / CHECKPOINT),
                                 "--max-per-half", "60", "--attacks", "loss"])
     assert "f-DP LB" in table.stdout and "claim-curve p" in table.stdout
+    assert "level" in table.stdout and f"{audit['audit']}: {one_run['verdict']}" in table.stdout

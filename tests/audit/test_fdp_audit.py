@@ -180,7 +180,7 @@ def test_claim_curve_test_on_a_gaussian_mechanism() -> None:
         for sigma in verdicts:
             scores = included / sigma + noise
             test = claim_curve_test(curve, 1000, one_run_candidate_counts(scores, included),
-                                    0.95)
+                                    0.95, included=int(included.sum()))
             verdicts[sigma].append((test.verdict, test.p_value))
     assert all(v != "violation" for v, _ in verdicts[1.0]), verdicts[1.0]
     assert all(v == "violation" for v, _ in verdicts[0.4]), verdicts[0.4]

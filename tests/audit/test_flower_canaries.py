@@ -149,3 +149,23 @@ def test_the_report_is_written(tmp_path):
         "clients/final", "clients/all-iterates", "clients/round-likelihood"}
     assert ours["claim"]["rounds"] == 5
     assert (tmp_path / "audit" / "report.html").exists()
+
+
+def test_the_report_states_the_mechanisms_own_epsilon_and_one_claim(tmp_path):
+    """A claim of 0.1 for sigma 1 at rate 0.5 over 5 rounds: the report said the mechanism
+    was "(0.1, 1e-05)-DP", the claim, not what the mechanism spends. A second claim on the
+    same canaries is refused."""
+    import json
+
+    strategy = CanaryClients(legacy.DifferentialPrivacyServerSideFixedClipping(
+        legacy.FedAvg(fraction_fit=0.5), noise_multiplier=1.0, clipping_norm=1.0,
+        num_sampled_clients=5), m=40, seed=1)
+    rehearse_flower(strategy, 5, population=10, dimension=100, seed=1)
+    strategy.audit(claimed_epsilon=0.1, out=tmp_path / "audit")
+    report = json.loads((tmp_path / "audit" / "report.json").read_text())
+    assert report["claim"]["epsilon"] == 0.1
+    assert report["claim"]["mechanism_epsilon"] > 2.0
+    assert "(0.1, 1e-05)-DP" not in (tmp_path / "audit" / "report.md").read_text()
+    strategy.audit(claimed_epsilon=0.1)  # the same claim again: allowed
+    with pytest.raises(ConfigError, match=r"already audited against epsilon 0\.1"):
+        strategy.audit(claimed_epsilon=5.0)

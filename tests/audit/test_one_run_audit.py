@@ -133,10 +133,9 @@ def test_p_value_rejects_bad_input() -> None:
 
 def test_candidate_grid_is_fixed_and_sized() -> None:
     grid = one_run_candidate_grid(1000)
-    assert grid[0] == (500, 500)
-    assert (250, 0) in grid and (0, 250) in grid and (16, 15) in grid
-    assert len(grid) == 16 and len(one_run_candidate_grid(100_000)) == 37
-    assert all(1 <= a + b <= 1000 for a, b in grid)
+    assert grid == [(500, 500), (250, 250), (125, 125), (62, 62), (31, 31), (15, 15)]
+    assert len(one_run_candidate_grid(100_000)) == 13
+    assert one_run_candidate_grid(1001)[0] == (500, 500)  # always as many in as out
 
 
 def test_result_record_json_and_verdict() -> None:
@@ -149,7 +148,7 @@ def test_result_record_json_and_verdict() -> None:
         assert key in data
     assert data["canaries"] == 1000 and data["confidence"] == 0.95
     assert data["guesses"] == data["k_plus"] + data["k_minus"]
-    assert data["selection"] == "bonferroni" and data["candidates"] == 16
+    assert data["selection"] == "bonferroni" and data["candidates"] == 6
     assert 0 < result.epsilon_lower_bound <= result.ceiling
     with pytest.raises(AttributeError):
         result.correct = 0  # type: ignore[misc]  # frozen
@@ -198,28 +197,29 @@ def test_audit_rejects_bad_input() -> None:
 def test_noise_free_mechanism_reaches_the_ceiling() -> None:
     # Scores perfectly separated (no noise). With exactly half the canaries included every
     # guess is right and the bound is the ceiling of the largest candidate (all 1000
-    # guesses, Bonferroni level 0.05 / 16).
+    # guesses, Bonferroni level 0.05 / 6).
     rng = np.random.default_rng(3)
     included = rng.permutation(1000) < 500
     scores = included + 1e-3 * rng.random(1000)
     result = one_run_audit(scores, included, DELTA)
     assert result.correct == result.guesses == 1000
     assert result.epsilon_lower_bound == pytest.approx(result.ceiling, rel=1e-9)
-    assert result.ceiling == pytest.approx(one_run_ceiling(1000, 1000, DELTA, 1 - 0.05 / 16))
+    assert result.ceiling == pytest.approx(one_run_ceiling(1000, 1000, DELTA, 1 - 0.05 / 6))
     assert 4.9 < result.ceiling < one_run_ceiling(1000, 1000, DELTA, 0.95)
     # Independent bits: the balanced guesses make a few errors, the bound stays near its
     # ceiling; likewise on the reporting half of the split selection.
-    for seed in range(5):
+    for _ in range(5):
         included = rng.random(1000) < 0.5
         scores = included + 1e-3 * rng.random(1000)
         for selection in ("bonferroni", "split"):
-            result = one_run_audit(scores, included, DELTA, selection=selection, seed=seed)
+            result = one_run_audit(scores, included, DELTA, selection=selection)
             assert result.epsilon_lower_bound > 0.85 * result.ceiling, result
             assert result.epsilon_lower_bound > 4.0
 
 
 def test_null_mechanism_gives_zero() -> None:
-    # Scores independent of the inclusion bits: the bound must be 0 in >= 95% of runs.
+    # Scores independent of the inclusion bits: the bound must be 0 in >= 95% of runs
+    # (the ties and the split come from the OS: at most 20 of 200 nonzero, a 0.2% tail).
     rng = np.random.default_rng(4)
     zero = {"bonferroni": 0, "split": 0}
     for _ in range(200):
@@ -228,7 +228,7 @@ def test_null_mechanism_gives_zero() -> None:
         for selection in zero:
             bound = one_run_audit(scores, included, DELTA, selection=selection).epsilon_lower_bound
             zero[selection] += bound == 0.0
-    assert zero["bonferroni"] >= 190 and zero["split"] >= 190, zero
+    assert zero["bonferroni"] >= 180 and zero["split"] >= 180, zero
 
 
 @pytest.mark.parametrize("sigma", [1.0, 2.0])
@@ -236,12 +236,12 @@ def test_bound_never_exceeds_the_gaussian_mechanisms_epsilon(sigma: float) -> No
     true_eps = gaussian_epsilon(sigma, DELTA)
     rng = np.random.default_rng(int(10 * sigma))
     bounds = {"bonferroni": [], "split": []}
-    for seed in range(200):
+    for _ in range(200):
         scores, included = _gaussian_canaries(rng, 1000, sigma)
         for selection, found in bounds.items():
             found.append(
                 one_run_audit(
-                    scores, included, DELTA, selection=selection, seed=seed
+                    scores, included, DELTA, selection=selection
                 ).epsilon_lower_bound
             )
     for selection, found in bounds.items():
