@@ -82,6 +82,14 @@ class DistributedNoise(StrEnum):
     DISCRETE_GAUSSIAN = "discrete-gaussian"
 
 
+def _noise_kind(noise: DistributedNoise | str) -> DistributedNoise:
+    try:
+        return DistributedNoise(noise)
+    except ValueError:
+        choices = ", ".join(n.value for n in DistributedNoise)
+        raise ConfigError(f"distributed noise {noise!r} is not one of: {choices}") from None
+
+
 def padded_dimension(size: int) -> int:
     """The smallest power of 2 >= ``size`` (the randomised Hadamard transform needs it)."""
     if not (isinstance(size, int | np.integer) and size >= 1):
@@ -157,7 +165,7 @@ class DistributedMechanism:
     local_std: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "noise", DistributedNoise(self.noise))
+        object.__setattr__(self, "noise", _noise_kind(self.noise))
         if not (math.isfinite(self.local_std) and self.local_std > 0):
             raise ConfigError(f"local noise {self.local_std!r} must be a positive number")
 
@@ -383,7 +391,7 @@ def plan_distributed(noise: DistributedNoise | str, *, epsilon: float, delta: fl
     from :func:`distributed_epsilon`; the smallest passing z is returned. Raises ConfigError
     when no noise reaches the target: the rounding then dominates (use more bits).
     """
-    noise = DistributedNoise(noise)
+    noise = _noise_kind(noise)
     _check_target(epsilon, delta, rounds)
     _check_bits(bits, clients)
     dim = padded_dimension(model_size)

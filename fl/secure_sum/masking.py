@@ -50,9 +50,10 @@ class MaskingClient:
 
     cid: int
     bits: int
-    pair_seeds: dict[int, bytes]
-    self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(SEED_BYTES))
-    _answered: frozenset[int] | None = None
+    pair_seeds: dict[int, bytes] = field(repr=False)
+    self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(SEED_BYTES),
+                             repr=False)
+    _answered: frozenset[int] | None = field(default=None, init=False, repr=False)
 
     def mask(self, share: np.ndarray) -> np.ndarray:
         """The upload: share + self mask + sum_{j > i} m_ij - sum_{j < i} m_ji (mod 2^b)."""

@@ -286,3 +286,21 @@ def test_grid_step_refuses_too_few_bits():
     with pytest.raises(ConfigError, match="cannot hold"):
         grid_step(1.0, 1024, 1000, 4, 1.0)
     assert grid_step(1.0, 1024, 10, 20, 0.0) < grid_step(1.0, 1024, 10, 16, 0.0)
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"noise": "laplace"}, "not one of: skellam, discrete-gaussian"),
+    ({"bits": 1}, "bits 1 must be"),
+    ({"bits": 4}, "cannot hold"),
+    ({"bits": 8}, "cannot reach epsilon"),
+    ({"epsilon": -1.0}, "epsilon"),
+    ({"delta": 1.0}, "delta"),
+    ({"rounds": 0}, "rounds"),
+    ({"model_size": 0}, "model size"),
+])
+def test_bad_plans_are_one_line_errors(kwargs, words):
+    args = {"noise": "skellam", "epsilon": 4.0, "delta": DELTA, "model_size": 1000,
+            "clients": 100, "rounds": 10, "bits": 20} | kwargs
+    noise = args.pop("noise")
+    with pytest.raises(ConfigError, match=words):
+        plan_distributed(noise, **args)

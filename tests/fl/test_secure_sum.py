@@ -232,6 +232,8 @@ def test_seeds_have_256_bits_and_differ():
     assert all(len(s) == SEED_BYTES == 32 for s in seeds)
     assert len(set(seeds)) == 4 + 6  # each pair seed seen by both ends
     assert clients[0].pair_seeds[3] == clients[3].pair_seeds[0]
+    assert repr(clients[0].self_seed) not in repr(clients[0])  # secrets stay out of logs
+    assert repr(clients[0].pair_seeds[3]) not in repr(clients[0])
     with pytest.raises(ValueError, match="256 bits"):
         expand_mask(b"\x00" * 4, 8, BITS)
     a, b = expand_mask(b"\x00" * 32, 8, BITS), expand_mask(b"\x00" * 31 + b"\x01", 8, BITS)
