@@ -27,9 +27,11 @@ RDP of the noisy sum at order alpha:
   ``min{ alpha Delta2^2/(2 n s^2) + tau d, alpha/2 (Delta2^2/(n s^2) + 2 Delta1 tau/(sqrt(n) s)
   + tau^2 d), alpha/2 (Delta2/(sqrt(n) s) + tau sqrt(d))^2 }``.
 
-Against the server: no amplification by sampling (the server chose the cohort), so the RDP of
-each of a client's participations adds up; only the noise shares that reached the sum count,
-and with ``t`` clients colluding with the server only the ``n - t`` honest shares count.
+Neighbouring runs differ in one client's update, replaced by zero (the client's participation
+is visible to the server). Against the server: no amplification by sampling (the server chose
+the cohort), so the RDP of each of a client's participations adds up; only the noise shares
+that reached the sum count, and with ``t`` clients colluding with the server only the
+``n - t`` honest shares count.
 """
 
 from __future__ import annotations

@@ -4,12 +4,14 @@ every secret drawn from the operating system and every mask expanded by ChaCha20
 Each pair of clients i < j shares a 256-bit seed; client i adds the pair's mask, j subtracts
 it, so pair masks cancel in the sum. Each client also adds a self mask from its own 256-bit
 seed (double masking). The server holds only masked uploads. To unmask it names the
-survivors (clients whose upload arrived); each survivor answers once per round with its self
-seed and its pair seeds with the clients that dropped, never both kinds for one client: a
-dropped client's upload that arrives late stays hidden behind its self mask, and a client
-refuses a second, different survivor set. Below ``min_survivors`` the round is refused.
-In a deployment the seeds come from key agreement and the answers from secret shares held by
-the other clients; the arithmetic is the same.
+survivors (clients whose upload arrived); each survivor answers with its self seed and its
+pair seeds with the clients that dropped, never both kinds for one client: a dropped client's
+upload that arrives late stays hidden behind its self mask. The clients of a round hold the
+server to ONE survivor set (the consistency check of Bell et al. 2020, where every client
+signs the set it is shown): naming a client a survivor to itself and dropped to its peers
+would unmask it, so any second, different set is refused. Below ``min_survivors`` the round
+is refused. In a deployment the seeds come from key agreement and the answers from secret
+shares held by the other clients; the arithmetic is the same.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from fedlap_privacy.errors import FedlapError
 
-__all__ = ["SEED_BYTES", "MaskingClient", "RoundRefused", "SecureSumServer", "expand_mask",
-           "setup_round"]
+__all__ = ["SEED_BYTES", "MaskingClient", "RoundRefused", "SecureSumServer", "SurvivorSet",
+           "expand_mask", "setup_round"]
 
 #: bytes of every seed (256 bits)
 SEED_BYTES = 32
@@ -45,6 +47,20 @@ def expand_mask(seed: bytes, size: int, bits: int) -> np.ndarray:
 
 
 @dataclass
+class SurvivorSet:
+    """The survivor set the round's clients agreed to answer about (set once)."""
+
+    members: frozenset[int] | None = None
+
+    def agree(self, alive: frozenset[int]) -> None:
+        if self.members is None:
+            self.members = alive
+        elif self.members != alive:
+            raise RoundRefused("the server named another survivor set in the same round: "
+                               "refused (it could unmask a client)")
+
+
+@dataclass
 class MaskingClient:
     """One client's secrets for one round: its pair seeds and its self seed."""
 
@@ -53,7 +69,7 @@ class MaskingClient:
     pair_seeds: dict[int, bytes] = field(repr=False)
     self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(SEED_BYTES),
                              repr=False)
-    _answered: frozenset[int] | None = field(default=None, init=False, repr=False)
+    agreed: SurvivorSet = field(default_factory=SurvivorSet, repr=False)
 
     def mask(self, share: np.ndarray) -> np.ndarray:
         """The upload: share + self mask + sum_{j > i} m_ij - sum_{j < i} m_ji (mod 2^b)."""
@@ -67,23 +83,23 @@ class MaskingClient:
 
     def reveal(self, survivors: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:
         """Answer the server's unmasking request: the self seed and the pair seeds with the
-        peers that did not survive. Answered once; a different survivor set is refused."""
+        peers that did not survive, for the round's one agreed survivor set."""
         alive = frozenset(survivors)
         if self.cid not in alive:
             raise RoundRefused(f"client {self.cid} is not among the survivors it is asked about")
-        if self._answered is not None and self._answered != alive:
-            raise RoundRefused(f"client {self.cid} was already asked about another survivor set")
-        self._answered = alive
+        self.agreed.agree(alive)
         return self.self_seed, {p: s for p, s in self.pair_seeds.items() if p not in alive}
 
 
 def setup_round(client_ids: Iterable[int], bits: int) -> dict[int, MaskingClient]:
-    """Every pair of clients agrees a fresh 256-bit seed (in process: ``secrets``)."""
+    """Every pair of clients agrees a fresh 256-bit seed (in process: ``secrets``); the clients
+    share one :class:`SurvivorSet`."""
     ids = sorted(set(client_ids))
+    agreed = SurvivorSet()
     seeds = {(i, j): secrets.token_bytes(SEED_BYTES) for k, i in enumerate(ids)
              for j in ids[k + 1:]}
     return {i: MaskingClient(i, bits, {(j if a == i else a): s for (a, j), s in seeds.items()
-                                       if i in (a, j)}) for i in ids}
+                                       if i in (a, j)}, agreed=agreed) for i in ids}
 
 
 @dataclass

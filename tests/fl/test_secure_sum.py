@@ -221,6 +221,10 @@ def test_rounds_below_min_survivors_and_inconsistent_requests_are_refused():
     clients[3].reveal({3, 4})
     with pytest.raises(RoundRefused, match="another survivor set"):
         clients[3].reveal({3, 4, 0})  # would unmask client 0 after dropping it
+    # the attack: client 4 named a survivor to itself (self seed) while its peers were told
+    # it dropped (pair seeds): the peers refuse once the round's set is fixed
+    with pytest.raises(RoundRefused, match="another survivor set"):
+        clients[4].reveal({4})
     with pytest.raises(RoundRefused, match="uploaded twice"):
         server.receive(3, np.zeros(4096, dtype=np.uint64))
 
