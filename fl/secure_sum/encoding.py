@@ -25,7 +25,7 @@ from fedlap_privacy.fl.secure_sum.noise import discrete_gaussian, private_genera
 
 __all__ = ["MAX_ROUNDING_TRIES", "SecureSumSpec", "decode", "encode"]
 
-#: conditional rounding succeeds with probability >= 1 - beta per try (KLS 2021, Lemma 3)
+#: conditional rounding succeeds with probability >= 1 - beta per try (KLS 2021, section 4)
 MAX_ROUNDING_TRIES = 1000
 
 

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -38,6 +40,12 @@ from fedlap_privacy.accountant.distributed import (
 from fedlap_privacy.errors import ConfigError
 
 DELTA = 1e-5
+
+
+def test_imports_without_torch():
+    code = ("import sys, fedlap_privacy.accountant.distributed; "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def _renyi(log_p: np.ndarray, log_q: np.ndarray, alpha: float) -> float:
