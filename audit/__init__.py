@@ -22,8 +22,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedlap_privacy.audit.attacks import MLPAttack, ThresholdAttack
-from fedlap_privacy.audit.canary_clients import (
+from fedlap_privacy.audit.bounds.metrics import (
+    attack_metrics,
+    clopper_pearson_upper,
+    epsilon_lower_bound,
+    tpr_at_fpr,
+)
+from fedlap_privacy.audit.bounds.one_run import (
+    OneRunResult,
+    one_run_audit,
+    one_run_candidate_grid,
+    one_run_ceiling,
+    one_run_lower_bound,
+    one_run_p_value,
+)
+from fedlap_privacy.audit.canaries.canary_clients import (
     CanaryClientEstimate,
     canary_client_epsilon,
     canary_cosines,
@@ -32,23 +45,19 @@ from fedlap_privacy.audit.canary_clients import (
     gaussian_pair_epsilon,
     max_cosines_over_rounds,
 )
-from fedlap_privacy.audit.membership import MembershipSplit, make_membership_split, member_indices
-from fedlap_privacy.audit.metrics import (
-    attack_metrics,
-    clopper_pearson_upper,
-    epsilon_lower_bound,
-    tpr_at_fpr,
+from fedlap_privacy.audit.canaries.record_canaries import RecordCanaries
+from fedlap_privacy.audit.canaries.score_audit import (
+    ClaimedMechanism,
+    ScoreAuditResult,
+    audit_canary_scores,
 )
-from fedlap_privacy.audit.one_run import (
-    OneRunResult,
-    one_run_audit,
-    one_run_candidate_grid,
-    one_run_ceiling,
-    one_run_lower_bound,
-    one_run_p_value,
+from fedlap_privacy.audit.inference.attacks import MLPAttack, ThresholdAttack
+from fedlap_privacy.audit.inference.membership import (
+    MembershipSplit,
+    make_membership_split,
+    member_indices,
 )
-from fedlap_privacy.audit.record_canaries import RecordCanaries
-from fedlap_privacy.audit.reference_attacks import (
+from fedlap_privacy.audit.inference.reference_attacks import (
     RmiaTuning,
     lira_offline_scores,
     lira_signal,
@@ -56,12 +65,7 @@ from fedlap_privacy.audit.reference_attacks import (
     true_label_probability,
     tune_rmia_a,
 )
-from fedlap_privacy.audit.results import AttackResult, AuditReport, PrivacyClaim
-from fedlap_privacy.audit.score_audit import (
-    ClaimedMechanism,
-    ScoreAuditResult,
-    audit_canary_scores,
-)
+from fedlap_privacy.audit.reports.results import AttackResult, AuditReport, PrivacyClaim
 
 __all__ = [
     "AttackResult",
@@ -112,14 +116,14 @@ __all__ = [
 
 #: names that need torch, imported on first use: name -> module
 _LAZY = {
-    "run_audit": "fedlap_privacy.audit.report",
-    "compute_features": "fedlap_privacy.audit.features",
-    "audit_model": "fedlap_privacy.audit.external",
-    "load_external_model": "fedlap_privacy.audit.external",
-    "run_canary_audits": "fedlap_privacy.audit.canary_audit",
-    "GradientCanaries": "fedlap_privacy.audit.gradient_canaries",
-    "CanaryClients": "fedlap_privacy.audit.flower_audit",
-    "rehearse_flower": "fedlap_privacy.audit.flower_rehearsal",
+    "run_audit": "fedlap_privacy.audit.inference.report",
+    "compute_features": "fedlap_privacy.audit.inference.features",
+    "audit_model": "fedlap_privacy.audit.inference.external",
+    "load_external_model": "fedlap_privacy.audit.inference.external",
+    "run_canary_audits": "fedlap_privacy.audit.canaries.canary_audit",
+    "GradientCanaries": "fedlap_privacy.audit.canaries.gradient_canaries",
+    "CanaryClients": "fedlap_privacy.audit.flower.flower_audit",
+    "rehearse_flower": "fedlap_privacy.audit.flower.flower_rehearsal",
 }
 
 

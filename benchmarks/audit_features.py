@@ -2,7 +2,7 @@
 per-record loop.
 
 Features: per-record loss and per-record L2 gradient norm over all weights, as
-:func:`fedlap_privacy.audit.features.compute_features` computes them (batched, vectorised
+:func:`fedlap_privacy.audit.inference.features.compute_features` computes them (batched, vectorised
 per-record gradients from :mod:`fedlap_privacy.compute.per_sample`). The naive reference runs one
 forward + backward pass per record. Both run on the ConvNet of docs/algorithms.md#convnet
 (width 128) with two inputs -- scikit-learn digits (1x8x8) and a random 1x28x28 batch
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedlap_privacy.audit.features import compute_features
+from fedlap_privacy.audit.inference.features import compute_features
 from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.models import ModelConfig, build_model
 

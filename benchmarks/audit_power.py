@@ -4,7 +4,7 @@ Part 1 (default): the ceiling (the bound when every guess is right) of Steinke, 
 Jagielski's one-run bound and of the f-DP bound of Mahloujifar, Melis, Chaudhuri (Gaussian
 family), for 100 / 1,000 / 10,000 canaries at 95% confidence and delta 1e-5: guessing on
 every canary (r = m, one candidate), and the audit's default selection (the best over
-:func:`~fedlap_privacy.audit.one_run.one_run_candidate_grid`, each at level 0.05 / its size).
+:func:`~fedlap_privacy.audit.bounds.one_run.one_run_candidate_grid`, each at level 0.05 / its size).
 
 Part 2 (``--deficit``): the white-box fault injection of benchmarks/canary_audit.py (the real
 DP step, 40 steps on a 32-record client at Poisson rate 1/4, 1,000 canaries, the ledger
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedlap_privacy.audit.one_run import one_run_candidate_grid, one_run_ceiling
+from fedlap_privacy.audit.bounds.one_run import one_run_candidate_grid, one_run_ceiling
 
 DELTA, CONFIDENCE = 1e-5, 0.95
 
@@ -43,8 +43,8 @@ def deficit(factors: list[float]) -> None:
     import torch
 
     from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
-    from fedlap_privacy.audit.canary_audit import run_canary_audits
-    from fedlap_privacy.audit.claim_curve import ClaimCurve
+    from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve
+    from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
     from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
     from fedlap_privacy.fl.methods import dp
     from fedlap_privacy.state.ledger import PrivacyLedger

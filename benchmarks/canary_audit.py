@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
-from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.audit.report import run_audit
+from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
+from fedlap_privacy.audit.inference.report import run_audit
 from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.audit.claim_curve import ClaimCurve, ledger_steps
+from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve, ledger_steps
+from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
 from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.fl.auditing.canaries import flat_weights
 from fedlap_privacy.fl.config import TrainConfig

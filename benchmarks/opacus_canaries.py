@@ -9,7 +9,7 @@ the dedicated canary block (``block``) or on the first 1000 coordinates of the f
 own weight (``model``: every record's gradient reaches them). Each is scored three ways: the
 per-step likelihood ratio at the claimed noise, the same at the noise measured on the
 released coordinates (the score ``GradientCanaries.audit`` uses), and the summed release.
-Each score is audited alone (:func:`~fedlap_privacy.audit.score_audit.audit_canary_scores`,
+Each score is audited alone (:func:`~fedlap_privacy.audit.canaries.score_audit.audit_canary_scores`,
 95%: Steinke's bound, the f-DP bound and the claim-curve test sharing it); the table gives,
 over the seeds, the largest valid bound (mean, min-max), the claim-curve p-value (median)
 and how many seeds found a violation.
@@ -51,8 +51,9 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from fedlap_privacy.audit import GradientCanaries, opacus_canaries
-from fedlap_privacy.audit.score_audit import ClaimedMechanism, audit_canary_scores
+from fedlap_privacy.audit import GradientCanaries
+from fedlap_privacy.audit.canaries import opacus_canaries
+from fedlap_privacy.audit.canaries.score_audit import ClaimedMechanism, audit_canary_scores
 
 SIGMA, CLIP, DELTA, M, BATCH, EPOCHS = 1.0, 1.0, 1e-5, 1000, 64, 10
 FACTORS = (1.0, 0.5, 0.3)

@@ -1,5 +1,6 @@
 """The compute budget of ``audit --model X.pt2`` against genuine models
-(docs/audit.md#auditing-a-model-trained-elsewhere, :mod:`fedlap_privacy.audit.exported_compute`).
+(docs/audit.md#auditing-a-model-trained-elsewhere,
+:mod:`fedlap_privacy.audit.readers.exported_compute`).
 
 Exports each model with a dynamic batch, reads it back with the audit's interpreter and
 prints the FLOP per record its walk counts, the budget, and their ratio (the margin is its
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedlap_privacy.audit.exported import load_exported_program
+from fedlap_privacy.audit.readers.exported import load_exported_program
 from fedlap_privacy.models import ModelConfig, TabularMLP, build_model
 
 

@@ -1,7 +1,7 @@
 """``fedlap-privacy audit --model ckpt.pt``: membership-inference and canary audits (docs/audit.md).
 
-Thin: parse flags, call :func:`fedlap_privacy.audit.report.run_audit`, print. torch (and the
-audit package) is imported inside the command, so other sub-commands start without it. With
+Thin: parse flags, call :func:`fedlap_privacy.audit.inference.report.run_audit`, print. torch (and
+the audit package) is imported inside the command, so other sub-commands start without it. With
 ``--reference-models N`` it first has :mod:`fedlap_privacy.fl.auditing.reference_models` train (or
 reuse) N reference models beside the run, without the records the audit scores, and hands
 them to the audit (RMIA and LiRA scores).
@@ -27,7 +27,7 @@ from fedlap_privacy.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from fedlap_privacy.audit.results import AuditReport
+    from fedlap_privacy.audit.reports.results import AuditReport
 
 __all__ = ["audit", "render_one_run", "render_report"]
 
@@ -212,7 +212,7 @@ def audit(
 
     guarded(lambda: apply_cpu_policy(threads))
     if out is not None:
-        from fedlap_privacy.audit.report_folder import check_report_folder
+        from fedlap_privacy.audit.reports.report_folder import check_report_folder
 
         guarded(lambda: check_writable(out, probe=not dry_run))
         guarded(lambda: check_report_folder(out))
@@ -220,8 +220,8 @@ def audit(
     external = members is not None or nonmembers is not None
 
     def run_external() -> AuditReport:
-        from fedlap_privacy.audit.external import audit_model_files
-        from fedlap_privacy.audit.report import parse_attacks
+        from fedlap_privacy.audit.inference.external import audit_model_files
+        from fedlap_privacy.audit.inference.report import parse_attacks
 
         if members is None or nonmembers is None or reference_models:
             fail("a model trained elsewhere needs both --members and --nonmembers (and no "
@@ -233,8 +233,8 @@ def audit(
         )
 
     def run() -> AuditReport:
-        from fedlap_privacy.audit.reference_audit import ReferenceModel
-        from fedlap_privacy.audit.report import audited_records, parse_attacks, run_audit
+        from fedlap_privacy.audit.inference.reference_audit import ReferenceModel
+        from fedlap_privacy.audit.inference.report import audited_records, parse_attacks, run_audit
 
         if external:
             return run_external()
@@ -291,8 +291,8 @@ def _dry_run(model: Path, data_dir: Path | None, attacks: str, seed: int,
              nonmembers: str | None, model_factory: str | None, claimed_eps: float | None,
              delta: float | None, normalise: str | None, out: Path | None,
              json_output: bool) -> None:
-    """``audit --dry-run``: the plan (fedlap_privacy.audit.dry_run), printed."""
-    from fedlap_privacy.audit.dry_run import plan_audit, plan_external_audit
+    """``audit --dry-run``: the plan (fedlap_privacy.audit.reports.dry_run), printed."""
+    from fedlap_privacy.audit.reports.dry_run import plan_audit, plan_external_audit
     from fedlap_privacy.fl.engine.dry_run import cached_reference_models
 
     if members is not None or nonmembers is not None:

@@ -1,6 +1,7 @@
 """``fedlap-privacy audit --canary-scores FILE.npz``: the one-run audit of canary scores from
-any framework (docs/auditing.md). Thin: read the file (:mod:`fedlap_privacy.audit.score_file`),
-call :func:`fedlap_privacy.audit.score_audit.audit_canary_scores`, print."""
+any framework (docs/auditing.md). Thin: read the file
+(:mod:`fedlap_privacy.audit.canaries.score_file`),
+call :func:`fedlap_privacy.audit.canaries.score_audit.audit_canary_scores`, print."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ def audit_scores_command(
     """Audit the claim ``(claimed_eps, delta)`` from the scores in ``path``; exit 1 on a
     violation with ``fail_on_violation``, 2 (one line) on bad input. ``dry_run``: check the
     flags and the file, say what would be audited, write nothing."""
-    from fedlap_privacy.audit.score_audit import (
+    from fedlap_privacy.audit.canaries.score_audit import (
         MIN_CANARIES,
         ClaimedMechanism,
         audit_canary_scores,
         check_claim,
     )
-    from fedlap_privacy.audit.score_file import load_score_file
+    from fedlap_privacy.audit.canaries.score_file import load_score_file
 
     if claimed_eps is None or delta is None:
         fail("--canary-scores needs the claim it tests: --claimed-eps E and --delta D")
@@ -45,7 +46,7 @@ def audit_scores_command(
         sigma, q, steps = mechanism
         claimed = guarded(lambda: ClaimedMechanism(sigma, q, steps).validate())  # type: ignore[arg-type]
     if out is not None:
-        from fedlap_privacy.audit.report_folder import check_report_folder
+        from fedlap_privacy.audit.reports.report_folder import check_report_folder
 
         guarded(lambda: check_writable(out, probe=not dry_run))
         guarded(lambda: check_report_folder(out))

@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedlap_privacy.audit import gradient_canaries
-from fedlap_privacy.audit.gradient_canaries import GradientCanaries
+from fedlap_privacy.audit.canaries import gradient_canaries
+from fedlap_privacy.audit.canaries.gradient_canaries import GradientCanaries
 
 SIGMA = 1.0
 CLIP = 1.0

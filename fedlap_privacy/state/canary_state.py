@@ -2,7 +2,7 @@
 
 Plain tensors only (so ``private.pt`` stays loadable with ``weights_only``). The meaning of
 each field, per kind of canary (``fedlap_privacy.fl.auditing.canaries`` inserts them, the audit in
-``fedlap_privacy.audit.canary_audit`` scores them):
+``fedlap_privacy.audit.canaries.canary_audit`` scores them):
 
 * every kind: ``included`` — the secret coins S_i (each canary in with probability 1/2);
   ``client`` — the client each canary belongs to (public);
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # importing this module must not load torch
 __all__ = ["MIN_AUDIT_CANARIES", "CanaryState"]
 
 #: the fewest canaries the one-run audit ranks (Steinke, Nasr and Jagielski 2023; the
-#: ``audit`` of a run, :func:`fedlap_privacy.audit.one_run.one_run_audit`): its guesses
+#: ``audit`` of a run, :func:`fedlap_privacy.audit.bounds.one_run.one_run_audit`): its guesses
 #: order the canaries by score, which takes two; ``train`` refuses a count between 0 (no
 #: canaries) and this one, which it could insert but no audit could use
 MIN_AUDIT_CANARIES = 2

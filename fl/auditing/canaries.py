@@ -5,7 +5,7 @@ independently with probability 1/2 (the secret bits S_i of Steinke, Nasr, Jagiel
 NeurIPS 2023, drawn like the DP noise: secret unless the run's noise is seeded) and assigned
 to a client in turn. The set, its bits and what the auditor observed live in the run's
 private state (``private.pt``); ``fedlap-privacy audit`` turns them into a lower bound on
-epsilon (:mod:`fedlap_privacy.audit.canary_audit`). Three kinds:
+epsilon (:mod:`fedlap_privacy.audit.canaries.canary_audit`). Three kinds:
 
 * ``white-box`` (record-level methods that release noisy gradients: FedLAP-DP, DP-FedAvg,
   DP-FedProx, ALI-DPFL): Dirac gradient canaries. Canary i is a raw gradient of
@@ -165,7 +165,7 @@ def audit_dp_steps(
     of ``(x, y)``, the model left unchanged) with ``canaries`` white-box Dirac canaries, each
     included with probability 1/2: the white-box audit of the DP step alone, as it runs
     (Nasr et al. 2023). Returns the canary state for
-    :func:`fedlap_privacy.audit.canary_audit.run_canary_audits`."""
+    :func:`fedlap_privacy.audit.canaries.canary_audit.run_canary_audits`."""
     n = x.shape[0]
     included = torch.rand(canaries, generator=generator) < 0.5
     coordinates = _dirac_coordinates(model, canaries, generator)

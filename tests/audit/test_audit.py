@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from helpers import ledger_claiming, save_run_files
 
-from fedlap_privacy.audit.attacks import MLPAttack, ThresholdAttack
-from fedlap_privacy.audit.features import compute_features
-from fedlap_privacy.audit.membership import make_membership_split
-from fedlap_privacy.audit.metrics import attack_metrics
-from fedlap_privacy.audit.report import evaluate_attacks, run_audit
+from fedlap_privacy.audit.bounds.metrics import attack_metrics
+from fedlap_privacy.audit.inference.attacks import MLPAttack, ThresholdAttack
+from fedlap_privacy.audit.inference.features import compute_features
+from fedlap_privacy.audit.inference.membership import make_membership_split
+from fedlap_privacy.audit.inference.report import evaluate_attacks, run_audit
 from fedlap_privacy.data.datasets import load_dataset
 from fedlap_privacy.errors import CheckpointError, DataError
 from fedlap_privacy.models import ModelConfig, build_model

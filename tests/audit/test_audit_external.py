@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.external import audit_model
+from fedlap_privacy.audit.inference.external import audit_model
 from fedlap_privacy.cli.main import app
 
 runner = CliRunner()

@@ -10,9 +10,7 @@ import pytest
 from helpers import ledger_claiming
 from scipy.stats import beta, binom
 
-from fedlap_privacy.audit.attacks import MLPAttack, ThresholdAttack
-from fedlap_privacy.audit.membership import make_membership_split, member_indices
-from fedlap_privacy.audit.metrics import (
+from fedlap_privacy.audit.bounds.metrics import (
     attack_metrics,
     best_balanced_accuracy,
     clopper_pearson_interval,
@@ -21,6 +19,8 @@ from fedlap_privacy.audit.metrics import (
     error_counts,
     tpr_at_fpr,
 )
+from fedlap_privacy.audit.inference.attacks import MLPAttack, ThresholdAttack
+from fedlap_privacy.audit.inference.membership import make_membership_split, member_indices
 from fedlap_privacy.errors import CheckpointError, ConfigError
 
 # ------------------------------------------------------------------ Clopper-Pearson
@@ -210,7 +210,7 @@ def _client_level_ledger(eps: float) -> list[dict]:
 
 
 def test_privacy_claim_is_recomputed_from_the_ledger() -> None:
-    from fedlap_privacy.audit.claim import privacy_claim
+    from fedlap_privacy.audit.bounds.claim import privacy_claim
     from fedlap_privacy.state.ledger import PrivacyLedger
 
     rec = privacy_claim({"epsilon": 0.01}, ledger_claiming(2.0))  # a hand-edited claim

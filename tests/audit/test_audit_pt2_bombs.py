@@ -31,7 +31,7 @@ from pt2_archive import node as _node
 from torch import nn
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.exported import load_exported_program
+from fedlap_privacy.audit.readers.exported import load_exported_program
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import CheckpointError
 

@@ -20,8 +20,8 @@ from pt2_archive import arg, export_for_audit, graph, node, rewrite
 from torch import nn
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.exported import load_exported_program
-from fedlap_privacy.audit.exported_compute import CALL, FACTOR, FLOOR, flops
+from fedlap_privacy.audit.readers.exported import load_exported_program
+from fedlap_privacy.audit.readers.exported_compute import CALL, FACTOR, FLOOR, flops
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import CheckpointError
 

@@ -25,7 +25,7 @@ from pt2_archive import rewrite as _rewrite
 from torch import nn
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.exported import load_exported_program
+from fedlap_privacy.audit.readers.exported import load_exported_program
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.compute.per_sample import per_sample_grad_norms
 from fedlap_privacy.errors import CheckpointError

@@ -13,8 +13,8 @@ import torch
 from typer.testing import CliRunner
 
 from fedlap_privacy.accountant import FedLAPSchedule, plan_sigma
-from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.audit.claim_curve import ClaimCurve
+from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve
+from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.auditing.canaries import audit_dp_steps
 from fedlap_privacy.fl.config import TrainConfig

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.canary_audit import run_canary_audits
-from fedlap_privacy.audit.privacy_report import canary_blocks, to_markdown
+from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
+from fedlap_privacy.audit.reports.privacy_report import canary_blocks, to_markdown
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train

@@ -155,7 +155,7 @@ def test_exact_cosine_null_matches_random_directions() -> None:
     c = rng.normal(size=(40_000, d))
     cos = canary_cosines(c, rng.normal(size=d))
     assert cos.var() == pytest.approx(1 / d, rel=0.03)
-    from fedlap_privacy.audit.canary_clients import _cosine_log_sf
+    from fedlap_privacy.audit.canaries.canary_clients import _cosine_log_sf
 
     for t in (-0.2, 0.0, 0.2, 0.4):
         assert math.exp(_cosine_log_sf(np.array([t]), d)[0]) == pytest.approx(

@@ -15,8 +15,8 @@ from opacus_runs import CLIP, DELTA, seeded_coins, synthetic, train_synthetic
 from torch import nn
 
 from fedlap_privacy.audit import GradientCanaries
-from fedlap_privacy.audit.canary_block import canary_mark
-from fedlap_privacy.audit.gradient_canary_audit import SamplingTest
+from fedlap_privacy.audit.canaries.canary_block import canary_mark
+from fedlap_privacy.audit.canaries.gradient_canary_audit import SamplingTest
 from fedlap_privacy.errors import ConfigError
 
 

@@ -2,7 +2,7 @@
 
 The reference implementation below writes the paper's recursion term by term, with no early
 stop, the normal CDF of the standard library, and ``mu`` found by scanning a fine grid: it
-shares no code with :mod:`fedlap_privacy.audit.fdp`. The idealised Gaussian mechanism is
+shares no code with :mod:`fedlap_privacy.audit.bounds.fdp`. The idealised Gaussian mechanism is
 simulated as in test_one_run_audit.py: a canary's score is ``N(S_i / sigma, 1)``.
 """
 
@@ -16,8 +16,8 @@ import pytest
 
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.audit import gaussian_epsilon, one_run_audit, one_run_lower_bound
-from fedlap_privacy.audit.claim_curve import ClaimCurve, claim_curve_test
-from fedlap_privacy.audit.fdp import (
+from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve, claim_curve_test
+from fedlap_privacy.audit.bounds.fdp import (
     curve_p_value,
     fdp_lower_bound,
     gaussian_inverse,
@@ -25,7 +25,7 @@ from fedlap_privacy.audit.fdp import (
     gdp_mu,
     gdp_mu_lower_bound,
 )
-from fedlap_privacy.audit.one_run import one_run_candidate_counts, one_run_ceiling
+from fedlap_privacy.audit.bounds.one_run import one_run_candidate_counts, one_run_ceiling
 from fedlap_privacy.errors import ConfigError
 
 DELTA = 1e-5

@@ -121,7 +121,7 @@ def test_default_fedlap_dp_run_is_audited(tmp_path: Path, monkeypatch, noise: st
 def test_gdp_estimate_tracks_the_central_limit_mu() -> None:
     """Nasr et al.'s heuristic on ideal white-box scores: in-canaries sampled at rate q over
     T releases with noise sigma, so mu is about q sqrt(T) / sigma; an estimate, not a bound."""
-    from fedlap_privacy.audit.gdp_estimate import gdp_estimate
+    from fedlap_privacy.audit.bounds.gdp_estimate import gdp_estimate
 
     g = np.random.default_rng(0)
     q, t, sigma, m = 0.25, 40, 1.0, 20000

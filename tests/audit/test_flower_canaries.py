@@ -2,8 +2,8 @@
 
 Flower's wrappers (``DifferentialPrivacyServerSideFixedClipping`` and friends, legacy and
 Message API) are driven through their own configure / aggregate calls by
-:func:`~fedlap_privacy.audit.flower_rehearsal.rehearse` with synthetic clients; the canaries
-of :func:`~fedlap_privacy.audit.flower_audit.CanaryClients` go into every aggregation.
+:func:`~fedlap_privacy.audit.flower.flower_rehearsal.rehearse` with synthetic clients; the canaries
+of :func:`~fedlap_privacy.audit.flower.flower_audit.CanaryClients` go into every aggregation.
 Flower's noise draws from ``np.random`` (seeded here), the canaries from their own seed.
 Configurations (measured in benchmarks/flower_canaries.py over seeds):
 

@@ -10,8 +10,8 @@ import torch
 from opacus_runs import CLIP, SIGMA, digits, mlp, seeded_coins, train
 
 from fedlap_privacy.audit import GradientCanaries
-from fedlap_privacy.audit import gradient_canary_scores as gcs
-from fedlap_privacy.audit.canary_block import remove_canary_block
+from fedlap_privacy.audit.canaries import gradient_canary_scores as gcs
+from fedlap_privacy.audit.canaries.canary_block import remove_canary_block
 from fedlap_privacy.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ import torch
 from helpers import documented_script
 from opacus_runs import DELTA, SIGMA, seeded_coins, train
 
-from fedlap_privacy.audit.score_audit import ClaimedMechanism
+from fedlap_privacy.audit.canaries.score_audit import ClaimedMechanism
 from fedlap_privacy.errors import ConfigError
 
 EPOCHS = 8  # 120 steps at rate 1/15: Opacus's RDP epsilon 5.73 at sigma 1
@@ -69,7 +69,7 @@ def test_a_canary_added_to_the_released_gradient_after_the_noise_is_caught(monke
     gradient, as a careless hook would): a run with the right noise is then a violation."""
     from opacus.optimizers import DPOptimizer
 
-    from fedlap_privacy.audit.gradient_canaries import GradientCanaries
+    from fedlap_privacy.audit.canaries.gradient_canaries import GradientCanaries
 
     seeded_coins(monkeypatch, 11)
     late: dict[str, torch.Tensor] = {}

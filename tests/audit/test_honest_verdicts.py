@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.gradient_canaries import GradientCanaries
-from fedlap_privacy.audit.one_run import one_run_audit
-from fedlap_privacy.audit.score_audit import ClaimedMechanism, audit_canary_scores
+from fedlap_privacy.audit.bounds.one_run import one_run_audit
+from fedlap_privacy.audit.canaries.gradient_canaries import GradientCanaries
+from fedlap_privacy.audit.canaries.score_audit import ClaimedMechanism, audit_canary_scores
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 

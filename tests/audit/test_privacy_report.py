@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.privacy_report import fmt
+from fedlap_privacy.audit.reports.privacy_report import fmt
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import train
@@ -98,7 +98,7 @@ def test_strings_from_files_are_escaped_in_report_md(audited: Path, tmp_path: Pa
     attacker's test of issue 46 (report.md wrote it verbatim)."""
     from markdown_it import MarkdownIt
 
-    from fedlap_privacy.audit.privacy_report import write_privacy_report
+    from fedlap_privacy.audit.reports.privacy_report import write_privacy_report
 
     data = json.loads((audited / "report.json").read_text())
     evil = "`<img src=x onerror=alert(1)>`.pt"
@@ -124,7 +124,7 @@ def test_strings_from_files_are_escaped_in_report_md(audited: Path, tmp_path: Pa
 def test_a_name_with_mathtext_still_draws_the_figure(audited: Path, tmp_path: Path) -> None:
     """roc.png's title shows the run's method and dataset names as text: a file's
     ``$\\frac{x$`` used to stop the figure with a mathtext ValueError."""
-    from fedlap_privacy.audit.report_files import plot_roc
+    from fedlap_privacy.audit.reports.report_files import plot_roc
 
     data = json.loads((audited / "report.json").read_text())
     data["method"], data["dataset"]["name"] = "$\\frac{x$", "a$b$c\nd"

@@ -23,7 +23,7 @@ from fedlap_privacy.audit import (
     true_label_probability,
     tune_rmia_a,
 )
-from fedlap_privacy.audit.metrics import tpr_at_fpr
+from fedlap_privacy.audit.bounds.metrics import tpr_at_fpr
 from fedlap_privacy.errors import ConfigError
 
 CLASSES = 10

@@ -19,8 +19,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.reference_audit import ReferenceModel, ReferenceScorer
-from fedlap_privacy.audit.report import audited_records, run_audit
+from fedlap_privacy.audit.inference.reference_audit import ReferenceModel, ReferenceScorer
+from fedlap_privacy.audit.inference.report import audited_records, run_audit
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.data import datasets as data_module
 from fedlap_privacy.errors import ConfigError

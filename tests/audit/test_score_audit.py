@@ -11,7 +11,7 @@ import pytest
 
 from fedlap_privacy.accountant.pld import pld_epsilons
 from fedlap_privacy.audit import ClaimedMechanism, ScoreAuditResult, audit_canary_scores
-from fedlap_privacy.audit.one_run import one_run_audit
+from fedlap_privacy.audit.bounds.one_run import one_run_audit
 from fedlap_privacy.errors import ConfigError
 
 M, DELTA = 1000, 1e-5

@@ -12,8 +12,8 @@ import torch
 from opacus_runs import DELTA, SIGMA, seeded_coins, synthetic, train_synthetic
 
 from fedlap_privacy.audit import GradientCanaries
-from fedlap_privacy.audit import gradient_canary_scores as gcs
-from fedlap_privacy.audit.canary_steps import Change, StepRecord, changes, describe_change
+from fedlap_privacy.audit.canaries import gradient_canary_scores as gcs
+from fedlap_privacy.audit.canaries.canary_steps import Change, StepRecord, changes, describe_change
 from fedlap_privacy.errors import ConfigError
 
 

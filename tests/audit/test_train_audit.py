@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedlap_privacy.audit.report import run_audit
+from fedlap_privacy.audit.inference.report import run_audit
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit import report_folder
-from fedlap_privacy.audit.score_audit import MAX_CANARIES, audit_canary_scores
+from fedlap_privacy.audit.canaries.score_audit import MAX_CANARIES, audit_canary_scores
+from fedlap_privacy.audit.reports import report_folder
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit import score_file
+from fedlap_privacy.audit.canaries import score_file
 from fedlap_privacy.cli.main import app
 
 runner = CliRunner()

@@ -176,7 +176,7 @@ def test_the_documentation_shows_commands_of_every_kind():
     for command, where in first_places().items() if command not in NOT_RUN
 ])
 def test_documented_command_runs(where, command, workspace, monkeypatch):
-    from fedlap_privacy.audit import dry_run as audit_dry_run
+    from fedlap_privacy.audit.reports import dry_run as audit_dry_run
     from fedlap_privacy.fl.engine import dry_run
     from fedlap_privacy.fl.engine.dry_run import RoundTiming
 

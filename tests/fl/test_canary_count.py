@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from fedlap_privacy.audit.one_run import one_run_audit
+from fedlap_privacy.audit.bounds.one_run import one_run_audit
 from fedlap_privacy.cli.main import app
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig

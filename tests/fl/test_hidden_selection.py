@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from helpers import edit_checkpoint, tiny
 
-from fedlap_privacy.audit.claim import privacy_claim
-from fedlap_privacy.audit.report import run_audit
+from fedlap_privacy.audit.bounds.claim import privacy_claim
+from fedlap_privacy.audit.inference.report import run_audit
 from fedlap_privacy.errors import CheckpointError
 from fedlap_privacy.fl.engine.simulation import resume, train
 from fedlap_privacy.fl.run.released_metrics import RELEASED_UNDER_HIDDEN_SELECTION

@@ -182,7 +182,7 @@ def test_a_crash_between_the_two_renames_is_resumed(tmp_path, monkeypatch) -> No
     assert ModelRelease.load(committed_file(out, CHECKPOINT)).round == 2
     assert load_private(out).round == 2 and (out / PENDING).exists()
     # an audit of ckpt.pt reads the committed pair too, not ckpt.pt of round 1
-    from fedlap_privacy.audit.report import _load_target
+    from fedlap_privacy.audit.inference.report import _load_target
 
     target = _load_target(out / CHECKPOINT, None)
     assert target.release.round == 2 == target.private.round

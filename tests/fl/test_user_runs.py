@@ -114,7 +114,7 @@ def test_bad_model_refused_before_features_are_read_and_nothing_written(
 
 
 def test_factory_file_and_audit_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fedlap_privacy.audit.report import run_audit
+    from fedlap_privacy.audit.inference.report import run_audit
 
     (tmp_path / "net.py").write_text(
         "from torch import nn\n"
