@@ -40,9 +40,9 @@ test: install-dev
 	$(VENV)/bin/python -m pytest -q -n auto --dist loadfile
 
 bench: install-dev
-	$(PY) benchmarks/accountant.py
-	$(PY) benchmarks/dp_step.py
-	$(PY) benchmarks/audit_features.py
+	$(PY) benchmarks/speed/accountant.py
+	$(PY) benchmarks/speed/dp_step.py
+	$(PY) benchmarks/speed/audit_features.py
 
 # NO_MKDOCS_2_WARNING: mkdocs-material prints a banner about its successor on every build
 docs: install-dev

@@ -189,7 +189,8 @@ def attach_to_parameter(canaries: Any, optimizer: Any, parameter: nn.Parameter,
     """Canaries on the first ``m`` coordinates of one of the optimiser's own parameters
     instead of the dedicated block, Poisson at ``sample_rate``: only to measure why the block
     is needed (every record's gradient reaches these coordinates and drowns the canaries;
-    benchmarks/opacus_canaries.py). :meth:`GradientCanaries.attach` always uses the block."""
+    benchmarks/audit_power/opacus_canaries.py). :meth:`GradientCanaries.attach` always uses the
+    block."""
     if parameter.numel() < canaries.m:
         raise ConfigError(f"{canaries.m} canaries need a parameter of at least "
                           f"{canaries.m} entries, got {parameter.numel()}")

@@ -58,7 +58,7 @@ from fedlap_privacy.errors import CheckpointError, FedlapError
 __all__ = ["ExportedModule", "load_exported_program"]
 
 #: the graph and payload configs: a genuine export is 2-3 KB a node (the ResNet-18-style
-#: network of benchmarks/pt2_flop_margins.py: 70 nodes, 195 KB), so 16 MiB holds graphs
+#: network of benchmarks/speed/pt2_flop_margins.py: 70 nodes, 195 KB), so 16 MiB holds graphs
 #: some 80 times its size; parsing the most memory-hungry 16 MiB of JSON (a list of empty
 #: lists) takes about 400 MB, 256 MiB took 6.4 GB
 _MAX_JSON_BYTES = 16 << 20

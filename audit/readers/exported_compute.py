@@ -30,7 +30,7 @@ dimension; 1 for a vector), so a model of ``W`` weights costs at most about
 ``2 x W x positions`` per record, and the budget is ``16 x`` that plus a floor of
 ``2**27`` FLOP, one per byte of the memory budget's floor (a few milliseconds of one core),
 for the norms, activations and losses of tiny models. On the models of
-benchmarks/pt2_flop_margins.py the walk counts 0.3 % of the budget of a ResNet-18 on
+benchmarks/speed/pt2_flop_margins.py the walk counts 0.3 % of the budget of a ResNet-18 on
 CIFAR-10 records, 1.2 % of the project's ConvNet on MNIST; a large MLP, whose weights are
 used once, up to 1/16.
 

@@ -7,7 +7,7 @@ frees activations and gradients of tens to hundreds of MiB, so every step maps n
 and the kernel zero-fills each on first touch: on the 28x28 ConvNet, a plain
 forward+backward of 64 records took 442 ms, 145 ms of them in the kernel (70,000 page
 faults per step), against 259 ms and no fault with the allocator below
-(``benchmarks/fedlap_round.py`` measures a whole FedLAP-DP round). It is the problem for
+(``benchmarks/speed/fedlap_round.py`` measures a whole FedLAP-DP round). It is the problem for
 which PyTorch's CPU performance guide recommends jemalloc or tcmalloc; this module gets the
 same effect from glibc itself, at run time, through ``mallopt(3)``:
 

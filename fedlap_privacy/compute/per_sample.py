@@ -24,7 +24,7 @@ Three implementations, the same numbers up to rounding:
   most 32 positions), Linear through a batched matmul, GroupNorm through
   ``sum(grad_out * x_hat)``. Measured
   faster than both ``torch.func.vmap(grad)`` and Opacus' ``GradSampleModule`` on the ConvNet
-  (``benchmarks/dp_step.py``). Applies when every module that owns parameters is exactly a
+  (``benchmarks/speed/dp_step.py``). Applies when every module that owns parameters is exactly a
   ``Conv2d`` (zero, numeric padding), ``Linear`` or ``GroupNorm`` and no parameter is shared;
   if a recorded layer input/output is modified in place, ``"auto"`` falls back to ``"vmap"``.
 * ``"vmap"``: ``torch.func.vmap(torch.func.grad(...))`` over the records, for any model

@@ -2,7 +2,7 @@
 
 ``THP_MEM_ALLOC_ENABLE=1`` (unless the user set it): torch's CPU allocator backs large
 tensors with transparent huge pages, so the large per-record gradient tensors cost fewer page
-faults (1.5-2x on the DP step, ``benchmarks/dp_step.py``). It is the ``huge_pages`` fast path
+faults (1.5-2x on the DP step, ``benchmarks/speed/dp_step.py``). It is the ``huge_pages`` fast path
 (:mod:`fedlap_privacy.compute.fast_paths`): ``FEDLAP_FAST_PATHS=off`` (or ``-huge-pages``) leaves
 torch's default.
 
@@ -16,7 +16,7 @@ commands) keeps torch's default unless it sets ``THP_MEM_ALLOC_ENABLE=1`` itself
 
 OpenMP's wait policy is deliberately left to torch: passive waiting (``OMP_WAIT_POLICY=
 PASSIVE``) keeps idle threads from spinning on a busy machine, but made a default two-round
-``train`` 1.5-1.75x slower alone on 2 cores (``benchmarks/threads.py``); the thread count
+``train`` 1.5-1.75x slower alone on 2 cores (``benchmarks/speed/threads.py``); the thread count
 follows the load instead (:class:`fedlap_privacy.compute.threads.LoadFollower`).
 """
 

@@ -4,7 +4,7 @@ torch starts as many OpenMP threads as the machine has cores. When several proce
 the machine (Flower SuperNodes started on one host, parallel jobs, other users' work), the
 threads oversubscribe the cores and spin on every small operation: a FedLAP-DP round with
 one competing busy process was measured 12x slower with torch's default threads than with
-one thread (``benchmarks/threads.py`` measures the policy). The policy:
+one thread (``benchmarks/speed/threads.py`` measures the policy). The policy:
 
 1. an explicit request wins: a ``--threads`` option (``requested``, at most the CPUs of the
    process's affinity mask: a higher count is refused in one line), else ``OMP_NUM_THREADS``
@@ -27,7 +27,7 @@ one thread (``benchmarks/threads.py`` measures the policy). The policy:
    the idle cores spin on every small operation: a default two-round ``train`` beside one
    busy torch process took 3.6-3.8x its time alone with two threads and 0.9x with one;
    waiting passively instead (``OMP_WAIT_POLICY=PASSIVE``) cured that but made the run alone
-   1.5-1.75x slower (``benchmarks/threads.py``). Runs that ask for bit-for-bit reproducible
+   1.5-1.75x slower (``benchmarks/speed/threads.py``). Runs that ask for bit-for-bit reproducible
    noise keep their thread count (a different count rounds differently).
 
 Worker processes (e.g. one Flower SuperNode per client on one machine) call

@@ -5,7 +5,7 @@ machine and writes them, after the deployment stopped, as :data:`TIMINGS` into t
 folder (a :class:`FlowerTimings` as JSON: seconds, public, no record of anyone's data). The
 launcher's instants are its own clock's; the ServerApp's (:data:`SERVER_MARKS`, in the
 status file it writes) are wall-clock instants of the same machine, so the two combine.
-``benchmarks/flower_local.py`` prints them beside the in-process run (docs/performance.md).
+``benchmarks/speed/flower_local.py`` prints them beside the in-process run (docs/performance.md).
 """
 
 from __future__ import annotations

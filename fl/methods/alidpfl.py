@@ -13,7 +13,7 @@ weights as FedAvg (N_k / N) and recomputes
   by default, which admits more iterations than RDP for the same budget, e.g. 3,353 instead
   of 2,906 at B 256, N_k 10,000, sigma 1, epsilon 10; planned once per run in under a second,
   and each round's target check and ledger entry, composing every distinct tau, cost tens of
-  milliseconds: ``benchmarks/accountant.py``). This is conservative: a round of
+  milliseconds: ``benchmarks/speed/accountant.py``). This is conservative: a round of
   ``tau`` iterations is accounted (docs/accounting.md#theorem-58) as one step at ``q1 <= q2`` and
   ``tau - 1`` at ``q2``, and the sampled Gaussian's privacy loss grows with the rate, so any
   split of ``<= Rc`` iterations into rounds costs no more than ``Rc`` steps at ``q2``.

@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 #: records whose per-record gradients :func:`dp_gradient` holds at once (memory and speed
-#: only; ``benchmarks/dp_step.py``). One thread, 28x28 ConvNet: at B 1,024, 0.6 GB of peak
+#: only; ``benchmarks/speed/dp_step.py``). One thread, 28x28 ConvNet: at B 1,024, 0.6 GB of peak
 #: memory instead of 4.6 and half the time of one chunk; at B 256, half the memory
 DP_CHUNK = 128
 

@@ -81,8 +81,8 @@ def test_white_box_audit_catches_a_broken_dp_step(fault: str, monkeypatch) -> No
 
 
 def test_claim_curve_catches_a_noise_deficit_the_bounds_miss(monkeypatch) -> None:
-    """Noise at 0.3 times the ledger's (benchmarks/audit_power.py --deficit, 20 seeds): the
-    claim-curve test finds it in (nearly) every seed, more often than Steinke's bound (with
+    """Noise at 0.3 times the ledger's (benchmarks/audit_power/audit_power.py --deficit, 20 seeds):
+    the claim-curve test finds it in (nearly) every seed, more often than Steinke's bound (with
     the balanced guesses, measured 15, the f-DP bound 19, the claim-curve test 20)."""
     _noise_scaled(monkeypatch, 0.3)
     audits = [_white_box_audit(seed) for seed in range(20)]

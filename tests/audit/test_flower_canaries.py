@@ -5,7 +5,7 @@ Message API) are driven through their own configure / aggregate calls by
 :func:`~fedlap_privacy.audit.flower.flower_rehearsal.rehearse` with synthetic clients; the canaries
 of :func:`~fedlap_privacy.audit.flower.flower_audit.CanaryClients` go into every aggregation.
 Flower's noise draws from ``np.random`` (seeded here), the canaries from their own seed.
-Configurations (measured in benchmarks/flower_canaries.py over seeds):
+Configurations (measured in benchmarks/audit_power/flower_canaries.py over seeds):
 
 * cohort: 600 clients, 60 sampled (q = 0.1), 20 rounds, 1000 canaries (about 50 in a
   round, each replacing a sampled client), z = 1.2 (claim 2.52 at delta 1e-5);

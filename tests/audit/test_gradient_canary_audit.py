@@ -157,7 +157,8 @@ def test_a_plain_loop_that_releases_without_noise_is_a_violation():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_noise_at_half_the_claimed_is_a_violation_over_seeds(seed):
     """0.5x the claimed noise at rate 1/29 over 290 steps (claim 4.3; the benchmark's
-    configuration): the claim-curve test catches it (benchmarks/opacus_canaries.py: 5/5)."""
+    configuration): the claim-curve test catches it (benchmarks/audit_power/opacus_canaries.py:
+    5/5)."""
     run = train(seed, factor=0.5, epochs=10, batch=64)
     claimed, mechanism = claim_of(run)
     result = run.canaries.audit(claimed_epsilon=claimed, delta=DELTA, mechanism=mechanism)

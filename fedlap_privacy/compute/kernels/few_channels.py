@@ -5,7 +5,7 @@ Its matrix product is only 9 or 27 deep, so torch's (oneDNN's) kernel runs it fa
 rate of the 128-channel convolutions behind it while it writes 128 planes per image: on
 FashionMNIST's 28x28 images (padding 3) the forward of a DP chunk of 128 records took 32 to
 37 ms of a DP gradient's 830 (two chunks), and 13 to 14 ms here (2.4 to 2.65x on one thread;
-``benchmarks/winograd.py`` times both ways). The kernel computes each output plane from the
+``benchmarks/speed/winograd.py`` times both ways). The kernel computes each output plane from the
 image's padded planes held in the first-level cache and writes it once; three-channel images
 gained little (1.06x at 32x32). The same layout serves the two gradients a FedLAP-DP round
 asks of this layer: the images' gradient in the matching step

@@ -63,7 +63,7 @@ __all__ = [
 TILE = 4
 POINTS = (TILE + 2) ** 2
 #: the fewest input and output channels, and tiles per torch thread, where the transforms
-#: and products beat oneDNN's direct convolution on a CPU (``benchmarks/winograd.py``; with
+#: and products beat oneDNN's direct convolution on a CPU (``benchmarks/speed/winograd.py``; with
 #: 32 to 128 channels and 4x4 to 16x16 maps: at 64 channels, or 20 tiles on one thread, or
 #: 80 tiles on two, it was about as fast or slower; at 128 channels and 80 tiles a thread or
 #: more, 1.1 to 2.3 times faster)

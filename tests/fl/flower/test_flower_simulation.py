@@ -4,7 +4,7 @@ Each run starts Ray on this machine and stops it after (Ray's start is the slow 
 engine's run equals the in-process run bit for bit under
 ``--reproducible-noise`` (weights, ledger, metrics); each virtual node keeps its own ledger
 and applies the node policy, as a SuperNode does. The 1,000-client equality is a slow test
-(and ``benchmarks/flower_simulation.py``).
+(and ``benchmarks/speed/flower_simulation.py``).
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def test_thousand_virtual_nodes_equal_in_process(tmp_path):
     data_dir = os.environ.get("FEDLAP_FMNIST", "/work/shared/data/fashion-mnist")
     if not Path(data_dir).is_dir():
         pytest.skip("FashionMNIST not found (set FEDLAP_FMNIST)")
-    bench = helpers.repo_root() / "benchmarks" / "flower_simulation.py"
+    bench = helpers.repo_root() / "benchmarks" / "speed" / "flower_simulation.py"
     done = subprocess.run([sys.executable, str(bench), "--data-dir", data_dir, "--clients",
                            "1000", "--rounds", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=3000)
