@@ -35,6 +35,7 @@ from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.node_zygote import ForkedProcess, Zygote, ZygoteError
 from fedlap_privacy.fl.flower.processes import (
     Process,
+    die_with_parent,
     free_port,
     kill_family,
     signals_held,
@@ -124,10 +125,12 @@ class LocalDeployment:
         return found
 
     def spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        """Start ``args`` in its own session, output into ``workdir/log_name``."""
+        """Start ``args`` in its own session, output into ``workdir/log_name``; it gets
+        SIGTERM if this process dies without stopping it (:func:`.processes.die_with_parent`)."""
         log = self._log(log_name)
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                cwd=self.workdir, start_new_session=True)
+                                cwd=self.workdir, start_new_session=True,
+                                preexec_fn=die_with_parent())
 
     def fork(self, module: str, args: list[str], log_name: str) -> ForkedProcess:
         """Fork ``python -m module ARGS`` from the nodes' zygote (:mod:`.node_zygote`), in its

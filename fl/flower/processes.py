@@ -7,27 +7,31 @@ seen at the start (same start time: a reused pid is left alone). Linux ``/proc``
 of every ``with`` and ``finally`` on the way out runs (a process killed by the default
 action runs none, and its children, each in a session of its own, live on);
 :func:`signals_held` keeps SIGINT, SIGTERM and SIGHUP waiting while the processes are
-stopped, so that a second Ctrl-C cannot cut the clean-up short.
+stopped, so that a second Ctrl-C cannot cut the clean-up short. A command killed outright
+(SIGKILL) runs no clean-up at all: :func:`die_with_parent` has Linux send SIGTERM to each
+process it started directly (the SuperLink, ``flwr run``) when it dies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
 from fedlap_privacy.fl.engine.stop import StopRequested
 
-__all__ = ["Process", "family", "free_port", "kill_family", "signals_held", "stop", "stop_all",
-           "stop_descendants", "stopped_by_signals"]
+__all__ = ["Process", "die_with_parent", "family", "free_port", "kill_family", "signals_held",
+           "stop", "stop_all", "stop_descendants", "stopped_by_signals"]
 
 #: the signals that end a run: a job scheduler's or ``kill``'s SIGTERM, a closed terminal's
 #: SIGHUP (Ctrl-C's SIGINT already raises KeyboardInterrupt)
@@ -44,6 +48,32 @@ class Process(Protocol):
     def poll(self) -> int | None: ...
 
     def wait(self, timeout: float | None = None) -> int: ...
+
+
+#: prctl's option: the signal a process gets when the thread that started it dies
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` for :class:`subprocess.Popen` that asks Linux (``prctl``
+    ``PR_SET_PDEATHSIG``) to send ``sig`` to the child when the thread that starts it dies,
+    SIGKILL included; a parent already gone when the child starts gets ``sig`` at once.
+    None where there is no such call (not Linux). The deployment starts and stops its
+    processes on one thread, which lives as long as the run."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    return set_signal
 
 
 def free_port() -> int:
