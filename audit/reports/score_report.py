@@ -33,9 +33,13 @@ FIGURE = "scores.png"
 
 def _claim(report: dict[str, Any]) -> list[Block]:
     claim = report["claim"]
+    source = (report.get("gradient_canaries") or {}).get("claim_source", "given")
+    said = {"set up": "the mechanism the optimiser was set up with, accounted over the steps "
+                      "released (The run, below)",
+            "accountant": "as the accountant given to the audit reports it"}.get(
+        source, "as stated by whoever trained the model; this audit does not recompute it")
     lines = [f"Claim: epsilon {fmt(claim['epsilon'])} at delta {fmt(claim['delta'])} for each "
-             "canary (as stated by whoever trained the model; this audit does not recompute "
-             "it)."]
+             f"canary ({said})."]
     mech = claim.get("mechanism")
     if mech:
         lines.append(f"Claimed mechanism: {fmt(mech['steps'])} steps of the Poisson-subsampled "
@@ -69,7 +73,8 @@ def render_score_blocks(report: dict[str, Any], figure: str | None = FIGURE,
                         sections: Sequence[Block] = ()) -> list[Block]:
     """The report's content, from ``report.json``'s dict alone; ``sections`` (the run the
     canaries saw, :func:`~.gradient_canary_audit.run_blocks`) follow the claim."""
-    blocks = [Block("title", f"Privacy audit: {literal(report['source'])}")]
+    blocks = [Block("title", "Privacy audit"),
+              Block("text", f"Audited: {literal(report['source'])}.")]
     blocks += _verdict(report) + _claim(report) + list(sections) + canary_blocks(report)
     blocks.append(Block("text", "The bounds hold only if each canary's bit was a secret fair "
                                 "coin drawn before training and the scores were computed "
