@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 # the tests compare runs bit for bit: a thread count that follows the machine's load would
-# round differently from one run to the next (tests/core/test_threads.py turns it on)
+# round differently from one run to the next (tests/core/compute/test_threads.py turns it on)
 os.environ["FEDLAP_FOLLOW_LOAD"] = "0"
 
 

@@ -1,5 +1,5 @@
 """Editing a ``torch.export.save`` archive the way an attacker would (the .pt2 attack tests
-of tests/audit/test_audit_pt2_safety.py and test_audit_pt2_bombs.py)."""
+of tests/audit/readers/test_audit_pt2_safety.py and test_audit_pt2_bombs.py)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ The phases are the ones :func:`fedlap_privacy.fl.methods.fedlap.client_approxima
 The script prints how far the before/after synthetic sets end apart: floating-point
 rounding, amplified by lr_img = 100 with momentum over the round (moving the initial images
 by 1e-6 moves the digits set by about 1.6 along one implementation alone; in float64 the
-fast and the reference paths agree to 1e-10, ``tests/core/test_kernels.py``).
+fast and the reference paths agree to 1e-10, ``tests/core/compute/test_kernels.py``).
 
 Configurations: ``digits`` (the default ``fedlap-privacy train`` configuration, client 0
 of the paper's non-IID split) and ``paper-dp`` (the ``paper-dp`` preset on 28x28 images,

@@ -28,7 +28,7 @@ by layer:
   formed gradient is summed as ``c @ grads``.
 
 The result equals :func:`fedlap_privacy.compute.per_sample.per_sample_grads` followed by clipping
-and summing, up to floating-point rounding (tests/core/test_ghost_clipping.py, with Opacus'
+and summing, up to floating-point rounding (tests/core/compute/test_ghost_clipping.py, with Opacus'
 fast gradient clipping as the oracle). It is the ``ghost_clipping`` fast path of
 :mod:`fedlap_privacy.compute.fast_paths`; :func:`ghost_clipped_sum` returns None where it does not
 apply (a model :func:`~fedlap_privacy.compute.per_sample.hooks_supported` rejects, a layer called

@@ -23,7 +23,7 @@ masks and steps. The cohort reports step t of T after each step
 (:func:`~fedlap_privacy.fl.engine.progress.report_step`).
 
 The result equals the loop's up to floating-point rounding (the summation order differs);
-``tests/fl/test_cohort.py`` checks the aggregated update of both.
+``tests/fl/engine/test_cohort.py`` checks the aggregated update of both.
 """
 
 from __future__ import annotations

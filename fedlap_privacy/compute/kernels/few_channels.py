@@ -13,7 +13,7 @@ asks of this layer: the images' gradient in the matching step
 and every record's weight and bias gradients in a DP gradient (:func:`per_record_grads`,
 one pass over the output gradient where torch makes a grouped convolution and a separate
 sum). Part of the ``kernels`` fast path (:mod:`fedlap_privacy.compute.fast_paths`); the same sums as
-torch's in another order, so equal up to rounding (``tests/core/test_few_channels.py``).
+torch's in another order, so equal up to rounding (``tests/core/compute/test_few_channels.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ The transforms are C kernels (:mod:`fedlap_privacy.compute.kernels.build`) on (N
 the products are torch's batched matrix multiplication. Exact arithmetic gives the direct
 convolution's result; in floating point the rounding differs: in float64 it agrees with
 torch's convolution to about 1e-14 relative, in float32 to about 1e-5 (F(4x4, 3x3)'s
-interpolation points 2 and -2 round more than a direct sum; ``tests/core/test_winograd.py``).
+interpolation points 2 and -2 round more than a direct sum;
+``tests/core/compute/test_winograd.py``).
 It is the ``winograd`` fast path of :mod:`fedlap_privacy.compute.fast_paths`; :func:`applies` says
 where it runs, and :func:`conv2d` and :func:`conv2d_backward` fall back to torch's
 convolution elsewhere.

@@ -110,7 +110,7 @@ def test_near_chance_the_papers_recursion_is_looser_than_the_exact_binomial(k: i
     few per cent above that exact tail (12 of 16: 0.0415 against 0.0384), sound but looser,
     so a tiny mu is rejected later than a tiny eps. The audit reports the larger valid
     bound; each test runs at its Bonferroni share of the level, so the larger one holds at
-    the audit's confidence (tests/audit/test_canary_audit.py)."""
+    the audit's confidence (tests/audit/canaries/test_canary_audit.py)."""
     from scipy.stats import binom
 
     exact = float(binom.sf(c - 1, k, 0.5))
