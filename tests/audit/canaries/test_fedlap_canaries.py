@@ -105,10 +105,9 @@ def test_fedlap_dp_audit_catches_a_run_without_noise(tmp_path: Path, monkeypatch
 @pytest.mark.slow
 @pytest.mark.parametrize("noise", ["correct", "removed"])
 def test_default_fedlap_dp_run_is_audited(tmp_path: Path, monkeypatch, noise: str) -> None:
-    """Issue 36's acceptance: the default FedLAP-DP run, one round (claim 2.84 by PLD, the
-    default accountant; 3.24 by RDP), 1000 canaries. Measured: noise removed, Steinke 2.89 (its ceiling, 250 of 250 right), f-DP
-    5.05, claim-curve p 6e-6, exit 1 (before the dedicated block: bound 1.48,
-    "inconclusive"); correct, Steinke 0.33, f-DP 0.46, claim-curve p 1, exit 0."""
+    """The default FedLAP-DP run, one round (claim 2.84 by PLD, the default accountant;
+    3.24 by RDP), 1000 canaries: the noise removed is a violation (exit 1), the correct run
+    is not (exit 0)."""
     if noise == "removed":
         _no_noise(monkeypatch)
     train(TrainConfig(rounds=1, canaries=1000), tmp_path / "run")
