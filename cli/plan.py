@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from fedlap_privacy.accountant import AccountantName, accountant_names
+from fedlap_privacy.accountant.distributed import DistributedNoise
 from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS
 from fedlap_privacy.cli.common import (
     FoldingTable,
@@ -15,10 +16,12 @@ from fedlap_privacy.cli.common import (
     guarded,
     print_json,
 )
-from fedlap_privacy.vocabulary import LARGE_EPSILON, SMALL_CLIENT_RATE, ThreatModel
+from fedlap_privacy.cli.plan_secure import plan_secure
+from fedlap_privacy.vocabulary import LARGE_EPSILON, SMALL_CLIENT_RATE, ThreatModel, words
 
 Accountant = choice_enum("Accountant", accountant_names())
 PlanThreatModel = choice_enum("PlanThreatModel", PLAN_THREAT_MODELS)
+SecureNoise = choice_enum("SecureNoise", words(DistributedNoise))
 
 
 def _parse_orders(text: str | None):
@@ -53,6 +56,17 @@ def plan(
         "know who was selected). Equal at client fraction 1."
     ),
     orders: str | None = typer.Option(None, "--orders", help="default | extended | a,b,c"),
+    secure_aggregation: SecureNoise | None = typer.Option(  # type: ignore[valid-type]
+        None, "--secure-aggregation",
+        help="Plan client-level DP-FedAvg over secure aggregation instead: the noise share "
+        "each client adds (skellam or discrete-gaussian) for --eps over --rounds, against the "
+        "server. Needs --model-size and --clients-per-round."),
+    model_size: int | None = typer.Option(None, "--model-size",
+                                          help="With --secure-aggregation: parameters."),
+    clients_per_round: int | None = typer.Option(
+        None, "--clients-per-round", help="With --secure-aggregation: clients in each sum."),
+    bits: int = typer.Option(20, "--bits",
+                             help="With --secure-aggregation: bits of the modular sum."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Epsilon after each round, or plan sigma / rounds for a target (Theorem 5.8).
@@ -60,6 +74,11 @@ def plan(
     Defaults are the authors' CIFAR-10 DP configuration (B 256, 10,000 records per client,
     T = 4 x 5 x 10 accesses per round, sigma 1, 30 rounds).
     """
+    if secure_aggregation is not None:
+        plan_secure(secure_aggregation.value, eps=eps, delta=delta, rounds=rounds,
+                    model_size=model_size, clients=clients_per_round, bits=bits, sigma=sigma,
+                    json_output=json_output)
+        return
     from fedlap_privacy.accountant import FedLAPSchedule
     from fedlap_privacy.accountant.report import privacy_plan
 

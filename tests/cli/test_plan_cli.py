@@ -257,3 +257,40 @@ def test_console_script_is_installed() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rounds"] == 15
+
+
+def test_secure_aggregation_plans_the_share_each_client_adds_against_the_server() -> None:
+    """``plan --secure-aggregation``: the command prints what the accountant plans (the
+    oracle-tested :func:`plan_distributed`), never below the central Gaussian's noise, and
+    the epsilon it reaches is the target's or below."""
+    from fedlap_privacy.accountant.distributed import plan_distributed
+
+    args = ["--eps", "4", "--rounds", "1500", "--model-size", "65536",
+            "--clients-per-round", "100"]
+    for noise, bits in (("skellam", 16), ("discrete-gaussian", 20)):
+        done = run_cli("plan", "--secure-aggregation", noise, *args, "--bits", str(bits),
+                       "--json")
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        want = plan_distributed(noise, epsilon=4, delta=1e-5, model_size=65536, clients=100,
+                                rounds=1500, bits=bits)
+        assert got["noise_multiplier"] == pytest.approx(want.noise_multiplier, rel=1e-12)
+        assert got["threat_model"] == "server" and got["epsilon"] <= 4 + 1e-9
+        assert got["ratio_to_central"] >= 1.0
+    assert got["ratio_to_central"] < 1.02  # 20 bits: within 2% of central DP
+    table = run_cli("plan", "--secure-aggregation", "skellam", *args, "--bits", "16")
+    assert table.returncode == 0 and table.stderr == ""
+    assert "price of not trusting the server" in table.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--eps", "4", "--rounds", "10"], "--model-size, --clients-per-round"),
+    (["--eps", "4", "--rounds", "10", "--model-size", "100", "--clients-per-round", "10",
+      "--sigma", "1"], "drop --sigma"),
+    (["--eps", "4", "--rounds", "1500", "--model-size", "1048576", "--clients-per-round",
+      "100", "--bits", "16"], "use more bits"),
+])
+def test_secure_aggregation_refuses_in_one_line(args: list[str], needle: str) -> None:
+    done = run_cli("plan", "--secure-aggregation", "skellam", *args)
+    assert done.returncode == 2 and needle in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 3
