@@ -333,10 +333,9 @@ def _smallest_passing(eps_of: Callable[[float], float], target: float, lo: float
     rounding floor of a distributed mechanism makes epsilon level off and rise again), so the
     grid finds the first crossing; None when no point passes."""
     grid = np.geomspace(lo, hi, points)
-    passing = [i for i, z in enumerate(grid) if eps_of(float(z)) <= target]
-    if not passing:
+    first = next((i for i, z in enumerate(grid) if eps_of(float(z)) <= target), None)
+    if first is None:
         return None
-    first = passing[0]
     if first == 0:
         return float(grid[0])
     bad, good = float(grid[first - 1]), float(grid[first])

@@ -70,9 +70,17 @@ class MaskingClient:
     self_seed: bytes = field(default_factory=lambda: secrets.token_bytes(SEED_BYTES),
                              repr=False)
     agreed: SurvivorSet = field(default_factory=SurvivorSet, repr=False)
+    masked: bool = field(default=False, repr=False)
 
     def mask(self, share: np.ndarray) -> np.ndarray:
-        """The upload: share + self mask + sum_{j > i} m_ij - sum_{j < i} m_ji (mod 2^b)."""
+        """The upload: share + self mask + sum_{j > i} m_ij - sum_{j < i} m_ji (mod 2^b).
+        Once per object: the seeds expand the same masks every time (a fixed nonce), so a
+        second upload under them would let the server subtract the two; a new round takes
+        new seeds (:func:`setup_round`)."""
+        if self.masked:
+            raise RoundRefused(f"client {self.cid} already masked an upload under these seeds: "
+                               "a new round needs new seeds (setup_round)")
+        self.masked = True
         top = np.uint64((1 << self.bits) - 1)
         out = (np.asarray(share, dtype=np.uint64) + expand_mask(self.self_seed, share.size,
                                                                 self.bits)) & top

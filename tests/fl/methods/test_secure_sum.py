@@ -256,3 +256,16 @@ def test_a_skipped_noise_share_shows_in_the_variance_of_the_sum():
     skipped = decode(server.unmask(clients), spec).var() / planned
     assert honest == pytest.approx(1.0, abs=0.05)
     assert skipped == pytest.approx(0.75, abs=0.05)
+
+
+def test_a_client_masks_one_upload_per_seeds():
+    """The seeds expand the same masks each time: a second upload under them would give the
+    server the difference of two shares (the masks cancel). Refused; a new round's seeds
+    mask afresh."""
+    share = np.arange(8, dtype=np.uint64)
+    client = setup_round([0, 1], bits=16)[0]
+    first = client.mask(share)
+    with pytest.raises(RoundRefused, match="new seeds"):
+        client.mask(share + np.uint64(1))
+    fresh = setup_round([0, 1], bits=16)[0].mask(share)
+    assert not np.array_equal(first, fresh)
