@@ -201,12 +201,11 @@ def train(
 
     if download:
         from fedlap_privacy.data.dataset_files import missing_downloads
-        from fedlap_privacy.data.datasets import DATASETS, dataset_root, load_dataset
+        from fedlap_privacy.data.datasets import dataset_root, load_dataset
 
-        if cfg.dataset in DATASETS and cfg.dataset != "digits":
-            fetch = missing_downloads(cfg.dataset, dataset_root(cfg.dataset, cfg.data_dir))
-            if fetch:
-                err_console.print(f"downloading {describe_downloads(fetch)}", highlight=False)
+        fetch = missing_downloads(cfg.dataset, dataset_root(cfg.dataset, cfg.data_dir))
+        if fetch:
+            err_console.print(f"downloading {describe_downloads(fetch)}", highlight=False)
         guarded(lambda: load_dataset(cfg.dataset, cfg.data_dir, download=True))
 
     progress = Progress(

@@ -103,7 +103,10 @@ class Download:
 
 def missing_downloads(name: str, root: Path) -> list[Download]:
     """The files ``load_dataset(name, root, download=True)`` would fetch (none when every
-    file is present), without touching the network."""
+    file is present, or for a dataset nothing is downloaded for), without touching the
+    network."""
+    if name not in MIRRORS:
+        return []
     if name == "cifar10":
         names = (*CIFAR_TRAIN, CIFAR_TEST)
         if any(all((folder / n).is_file() for n in names) for folder in (root / CIFAR_DIR, root)):

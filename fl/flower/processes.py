@@ -59,7 +59,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     ``PR_SET_PDEATHSIG``) to send ``sig`` to the child when the thread that starts it dies,
     SIGKILL included; a parent already gone when the child starts gets ``sig`` at once.
     None where there is no such call (not Linux). The deployment starts and stops its
-    processes on one thread, which lives as long as the run."""
+    processes on one thread, which lives as long as the run. Between fork and exec the hook
+    makes three system calls and nothing else (``prctl`` is looked up before the fork), so
+    a lock another thread held at the fork is never waited on."""
     if not sys.platform.startswith("linux"):
         return None
     try:
