@@ -94,12 +94,13 @@ def test_fedlap_dp_audit_catches_a_run_without_noise(tmp_path: Path, monkeypatch
         assert code == 0 and one_run["verdict"] != "violation"
         assert all(m["verdict"] != "violation" for m in one_run["methods"].values())
     else:
-        # a counted test rejects it; the largest bound may land just below the claim
-        # (measured 1.077 against 1.080 with balanced guesses, above it with one-sided ones)
+        # a counted test rejects it; the largest valid bound (Steinke's: the f-DP one is
+        # not valid at this claim) lands near the claim: 0.86 to 1.13 against 1.08 over 13
+        # runs (the coins are OS-seeded), so the floor sits four spreads below its mean
         assert code == 1 and one_run["verdict"] == "violation"
         assert any(m["verdict"] == "violation" and m["valid"]
                    for m in one_run["methods"].values())
-        assert one_run["epsilon_lower_bound"] > 0.8 * claim
+        assert one_run["epsilon_lower_bound"] > 0.7 * claim
 
 
 @pytest.mark.slow
