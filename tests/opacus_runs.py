@@ -48,7 +48,7 @@ def seeded_coins(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     every run (the product has no such switch)."""
     rng = np.random.default_rng(seed)
     monkeypatch.setattr(gradient_canaries, "_secret_coins", lambda m: rng.random(m) < 0.5)
-    monkeypatch.setattr(gradient_canaries, "_step_generator",
+    monkeypatch.setattr(gradient_canaries, "os_generator",
                         lambda: np.random.default_rng(seed + 1))
 
 

@@ -35,7 +35,6 @@ selection and its own ceiling. Only numpy / scipy are used (no torch).
 from __future__ import annotations
 
 import math
-import secrets
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -47,6 +46,7 @@ from scipy.special import bdtr, bdtrc, gammaln, log_expit
 
 from fedlap_privacy.audit.bounds.fdp import fdp_lower_bound
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.secret_random import os_generator
 from fedlap_privacy.state.canary_state import MIN_AUDIT_CANARIES
 
 __all__ = [
@@ -253,19 +253,13 @@ def check_coins(included: np.ndarray) -> None:
             "training")
 
 
-def _os_generator() -> np.random.Generator:
-    """A generator seeded with 128 bits from the operating system: nothing a caller, a
-    configuration or the coins' own generator could predict or share."""
-    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
-
-
 def one_run_order(scores: np.ndarray) -> np.ndarray:
     """Indices of ``scores`` in ascending order, tied scores in an order drawn from the
     operating system's randomness. Tied canaries are exchangeable to the auditor: an order
     from a fixed seed could repeat the generator that drew the coins (``default_rng(0)``
     drawing both is the common idiom) and so guess the coins themselves."""
     scores = np.asarray(scores, dtype=np.float64)
-    return np.lexsort((_os_generator().random(len(scores)), scores))
+    return np.lexsort((os_generator().random(len(scores)), scores))
 
 
 def one_run_candidate_grid(m: int) -> list[tuple[int, int]]:
@@ -533,7 +527,7 @@ def one_run_audit(
     if selection == "split":
         if m < 4:
             raise ConfigError(f"selection='split' needs at least 4 canaries, got {m}")
-        rng = _os_generator()
+        rng = os_generator()
         perm = rng.permutation(m)
         half_a, half_b = np.sort(perm[: m // 2]), np.sort(perm[m // 2 :])
         m_a, m_b = len(half_a), len(half_b)

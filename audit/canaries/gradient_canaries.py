@@ -65,6 +65,7 @@ from fedlap_privacy.audit.canaries.canary_dataset import CanaryRecords
 from fedlap_privacy.audit.canaries.canary_steps import OptimizerSetup, StepRecord, changes
 from fedlap_privacy.audit.canaries.gradient_canary_scores import CanaryRun
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.secret_random import os_generator
 
 __all__ = ["MAX_CANARIES", "MIN_CANARIES", "CanaryRun", "GradientCanaries"]
 
@@ -80,11 +81,6 @@ def _secret_coins(m: int) -> np.ndarray:
     """``m`` fair inclusion coins from the operating system's randomness (``secrets``)."""
     raw = np.frombuffer(secrets.token_bytes((m + 7) // 8), dtype=np.uint8)
     return np.unpackbits(raw)[:m].astype(bool)
-
-
-def _step_generator() -> np.random.Generator:
-    """The generator of the per-step sampling draws, seeded with 128 bits from the OS."""
-    return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
 
 
 class GradientCanaries:
@@ -104,7 +100,7 @@ class GradientCanaries:
                               f"{MAX_CANARIES} (one block coordinate each), got {m}")
         self.m = int(m)
         self._included = _secret_coins(self.m)
-        self._generator = _step_generator()
+        self._generator = os_generator()  # the per-step draws
         self._block: nn.Linear | None = None
         self._records: CanaryRecords | None = None
         self._optimizer: Any = None

@@ -27,7 +27,6 @@ or of the claimed mechanism's curve, sees more). Torch is needed only by :meth:`
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,6 +40,7 @@ from fedlap_privacy.audit.canaries.score_audit import (
     check_scores,
 )
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.secret_random import os_generator
 
 if TYPE_CHECKING:
     from torch import nn
@@ -72,7 +72,7 @@ class RecordCanaries:
         self.m = int(m)
         self.kind = kind
         self.num_classes = num_classes
-        self._rng = np.random.default_rng(secrets.randbits(128))  # secret: never a seed
+        self._rng = os_generator()  # secret: never a seed
         #: the secret inclusion bits (drawn now, before any training)
         self.included = self._rng.random(self.m) < 0.5
         #: the canary records (all m, in and out), set by :meth:`mix`
