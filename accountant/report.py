@@ -20,6 +20,7 @@ memory budget), so the tighter PLD figure is printed beside RDP's.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,9 +40,16 @@ from fedlap_privacy.accountant.planning import (
 from fedlap_privacy.accountant.registry import accountant_names
 from fedlap_privacy.accountant.schedule import FedLAPSchedule
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, Notion, ThreatModel
+from fedlap_privacy.vocabulary import (
+    LARGE_EPSILON,
+    NOTION_THREAT_MODELS,
+    SMALL_CLIENT_RATE,
+    Notion,
+    ThreatModel,
+)
 
-__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SIGMA", "PLAN_THREAT_MODELS", "privacy_plan"]
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_SIGMA", "PLAN_THREAT_MODELS", "PrivacyPlan",
+           "large_epsilon_reason", "privacy_plan"]
 
 #: the record-level threat models, Theorem 5.8 as published (``hidden-selection``) first: the
 #: plan's default
@@ -50,6 +58,55 @@ PLAN_THREAT_MODELS = tuple(sorted(NOTION_THREAT_MODELS[Notion.RECORD],
 
 DEFAULT_ROUNDS = 30  # the authors' DP configuration
 DEFAULT_SIGMA = 1.0
+
+
+def large_epsilon_reason(epsilon: float, rounds: int, steps: int, rate: float, sigma: float,
+                         batch: str) -> str | None:
+    """Why a record-level epsilon above :data:`LARGE_EPSILON` is that large (None when it is
+    not): a per-access rate of at least :data:`SMALL_CLIENT_RATE` (``batch``: how the batch
+    is drawn, in words) that batch sampling barely hides, else the number of noisy accesses
+    composed. ``plan`` and ``train`` both print it, each with the flags that lower it."""
+    if not rounds or not epsilon > LARGE_EPSILON:
+        return None
+    if rate >= SMALL_CLIENT_RATE:
+        return (f"few records per client for the batch: each record is in {batch} with "
+                f"probability q2 = {rate:.2g} at each of T = {steps} accesses a round, so batch "
+                "sampling hides it little")
+    return (f"{rounds} rounds of T = {steps} accesses compose {rounds * steps:,} noisy steps "
+            f"at sigma {sigma:.3g}")
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Every number of one plan (:func:`privacy_plan`); ``to_json`` is ``plan --json``."""
+
+    mode: str  # epsilon | plan-rounds | plan-sigma
+    accountant: str
+    epsilon: float
+    epsilon_by_accountant: dict[str, float | None]
+    target_epsilon: float | None
+    within_budget: bool | None
+    delta: float
+    sigma: float
+    rounds: int
+    q1: float
+    q2: float
+    local_steps: int
+    batch_size: float
+    client_size: int
+    client_fraction: float
+    threat_model: str
+    order: float | None
+    curve: list[float]
+
+    def large_epsilon_reason(self) -> str | None:
+        """:func:`large_epsilon_reason` for this plan."""
+        return large_epsilon_reason(
+            self.epsilon, self.rounds, self.local_steps, self.q2, self.sigma,
+            f"a batch (B {self.batch_size:g} of N_k {self.client_size:,})")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def privacy_plan(
@@ -62,7 +119,7 @@ def privacy_plan(
     accountant: str = AccountantName.RDP,
     orders: Orders = None,
     threat_model: str = ThreatModel.HIDDEN_SELECTION,
-) -> dict[str, Any]:
+) -> PrivacyPlan:
     """Solve for the missing quantity and return every number of the plan.
 
     Refuses, before computing anything, rounds (given, or planned for ``eps``) above the
@@ -102,27 +159,17 @@ def privacy_plan(
         else None
     )
     final = float(curve[-1]) if rounds > 0 else 0.0
-    return {
-        "mode": mode,
-        "accountant": accountant,
-        "epsilon": final,
-        "epsilon_by_accountant": _by_accountant(schedule, sigma, rounds, delta, accountant,
-                                                final, orders),
-        "target_epsilon": eps,
-        "within_budget": None if eps is None else bool(rounds > 0 and final <= eps),
-        "delta": delta,
-        "sigma": sigma,
-        "rounds": rounds,
-        "q1": schedule.q1,
-        "q2": schedule.q2,
-        "local_steps": schedule.local_steps,
-        "batch_size": schedule.batch_size,
-        "client_size": schedule.client_size,
-        "client_fraction": fraction,
-        "threat_model": threat_model,
-        "order": order,
-        "curve": [float(e) for e in curve],
-    }
+    return PrivacyPlan(
+        mode=mode, accountant=accountant, epsilon=final,
+        epsilon_by_accountant=_by_accountant(schedule, sigma, rounds, delta, accountant,
+                                             final, orders),
+        target_epsilon=eps,
+        within_budget=None if eps is None else bool(rounds > 0 and final <= eps),
+        delta=delta, sigma=sigma, rounds=rounds, q1=schedule.q1, q2=schedule.q2,
+        local_steps=schedule.local_steps, batch_size=schedule.batch_size,
+        client_size=schedule.client_size, client_fraction=fraction,
+        threat_model=threat_model, order=order, curve=[float(e) for e in curve],
+    )
 
 
 def _by_accountant(schedule: FedLAPSchedule, sigma: float, rounds: int, delta: float,

@@ -6,7 +6,7 @@ import typer
 
 from fedlap_privacy.accountant import AccountantName, accountant_names
 from fedlap_privacy.accountant.distributed import DistributedNoise
-from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS
+from fedlap_privacy.accountant.report import PLAN_THREAT_MODELS, PrivacyPlan
 from fedlap_privacy.cli.common import (
     FoldingTable,
     choice_enum,
@@ -17,7 +17,7 @@ from fedlap_privacy.cli.common import (
     print_json,
 )
 from fedlap_privacy.cli.plan_secure import plan_secure
-from fedlap_privacy.vocabulary import LARGE_EPSILON, SMALL_CLIENT_RATE, ThreatModel, words
+from fedlap_privacy.vocabulary import LARGE_EPSILON, ThreatModel, words
 
 Accountant = choice_enum("Accountant", accountant_names())
 PlanThreatModel = choice_enum("PlanThreatModel", PLAN_THREAT_MODELS)
@@ -82,7 +82,7 @@ def plan(
     from fedlap_privacy.accountant import FedLAPSchedule
     from fedlap_privacy.accountant.report import privacy_plan
 
-    def run() -> dict:
+    def run() -> PrivacyPlan:
         schedule = FedLAPSchedule(
             batch_size=batch_size,
             client_size=client_size,
@@ -98,81 +98,71 @@ def plan(
     result = guarded(run)
     note = _large_epsilon_note(result)
     if json_output:
-        print_json({**result, "warnings": [] if note is None else [note]})
+        print_json({**result.to_json(), "warnings": [] if note is None else [note]})
     else:
         _print_table(result)
         if note is not None:
             err_console.print(f"[bold yellow]warning:[/] {note}", highlight=False)
-    if result["rounds"] == 0:
+    if result.rounds == 0:
         fail(
-            f"even one round exceeds epsilon {result['target_epsilon']} at sigma "
-            f"{result['sigma']:g}: raise sigma, lower the sampling rate or the local steps",
+            f"even one round exceeds epsilon {result.target_epsilon} at sigma "
+            f"{result.sigma:g}: raise sigma, lower the sampling rate or the local steps",
             code=1,
         )
 
 
-def _large_epsilon_note(r: dict) -> str | None:
-    """Why the plan's epsilon is above :data:`LARGE_EPSILON` and what lowers it (None when it
-    is not): a large sampling rate (few records per client for the batch), else the number
-    of accesses composed."""
-    if not r["rounds"] or not r["epsilon"] > LARGE_EPSILON:
+def _large_epsilon_note(r: PrivacyPlan) -> str | None:
+    """The plan's :meth:`~PrivacyPlan.large_epsilon_reason` with the flags that lower it."""
+    why = r.large_epsilon_reason()
+    if why is None:
         return None
-    if r["q2"] >= SMALL_CLIENT_RATE:
-        why = (f"few records per client for the batch: each record is in a batch with "
-               f"probability q2 = {r['q2']:.2g} (B {r['batch_size']:g} of N_k "
-               f"{r['client_size']:,}) at each of T = {r['local_steps']} accesses a round, so "
-               "batch sampling hides it little")
-    else:
-        why = (f"{r['rounds']} rounds of T = {r['local_steps']} accesses compose "
-               f"{r['rounds'] * r['local_steps']:,} noisy steps at sigma {r['sigma']:.3g}")
-    target = ("a smaller --eps" if r["target_epsilon"] is not None
-              else "--eps E (sigma planned for it)")
-    return (f"epsilon {r['epsilon']:.1f} after {r['rounds']} rounds is above the usual range "
+    target = "a smaller --eps" if r.target_epsilon is not None else "--eps E (sigma planned for it)"
+    return (f"epsilon {r.epsilon:.1f} after {r.rounds} rounds is above the usual range "
             f"(at most about {LARGE_EPSILON:g}) and promises little: {why}. To lower it: a "
             f"larger --sigma, fewer --rounds or --local-steps, a smaller --batch-size or a "
             f"larger --client-size, or {target}")
 
 
-def _print_table(r: dict) -> None:
-    table = FoldingTable(title=f"FedLAP-DP privacy plan ({r['accountant'].upper()})",
+def _print_table(r: PrivacyPlan) -> None:
+    table = FoldingTable(title=f"FedLAP-DP privacy plan ({r.accountant.upper()})",
                          show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
     rows = [
-        ("batch size B", f"{r['batch_size']:g}"),
-        ("client size min N_k", f"{r['client_size']}"),
-        ("client fraction C", f"{r['client_fraction']:g}"),
-        ("accesses per round T", f"{r['local_steps']}"),
-        ("threat model", r["threat_model"] + (
+        ("batch size B", f"{r.batch_size:g}"),
+        ("client size min N_k", f"{r.client_size}"),
+        ("client fraction C", f"{r.client_fraction:g}"),
+        ("accesses per round T", f"{r.local_steps}"),
+        ("threat model", r.threat_model + (
             " (Theorem 5.8: not against the server, unlike train's default)"
-            if r["threat_model"] == ThreatModel.HIDDEN_SELECTION and r["client_fraction"] < 1
+            if r.threat_model == ThreatModel.HIDDEN_SELECTION and r.client_fraction < 1
             else " (as train: the server knows whom it selected)"
-            if r["threat_model"] == ThreatModel.SERVER else "")),
-        ("q1 (first access)", f"{r['q1']:.6g}"),
-        ("q2 (later accesses)", f"{r['q2']:.6g}"),
-        ("delta", f"{r['delta']:g}"),
-        ("sigma" + (" (planned)" if r["mode"] == "plan-sigma" else ""), f"{r['sigma']:.6g}"),
-        ("rounds" + (" (planned)" if r["mode"] == "plan-rounds" else ""), f"{r['rounds']}"),
-        ("epsilon after the last round", f"{r['epsilon']:.4f}"),
+            if r.threat_model == ThreatModel.SERVER else "")),
+        ("q1 (first access)", f"{r.q1:.6g}"),
+        ("q2 (later accesses)", f"{r.q2:.6g}"),
+        ("delta", f"{r.delta:g}"),
+        ("sigma" + (" (planned)" if r.mode == "plan-sigma" else ""), f"{r.sigma:.6g}"),
+        ("rounds" + (" (planned)" if r.mode == "plan-rounds" else ""), f"{r.rounds}"),
+        ("epsilon after the last round", f"{r.epsilon:.4f}"),
     ]
-    for name, value in r["epsilon_by_accountant"].items():
-        if name != r["accountant"]:
+    for name, value in r.epsilon_by_accountant.items():
+        if name != r.accountant:
             rows.append((f"  same sigma and rounds, {name.upper()}", "cannot price it" if value
                          is None else f"{value:.4f}"))
-    if r["order"] is not None:
-        rows.append(("best RDP order", f"{r['order']:g}"))
-    if r["target_epsilon"] is not None:
-        verdict = "[green]holds[/]" if r["within_budget"] else "[red]exceeded[/]"
-        rows.append((f"target epsilon {r['target_epsilon']:g}", verdict))
+    if r.order is not None:
+        rows.append(("best RDP order", f"{r.order:g}"))
+    if r.target_epsilon is not None:
+        verdict = "[green]holds[/]" if r.within_budget else "[red]exceeded[/]"
+        rows.append((f"target epsilon {r.target_epsilon:g}", verdict))
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    if r["curve"]:
+    if r.curve:
         curve = FoldingTable(title="epsilon after each round")
         for _ in range(3):
             curve.add_column("round", justify="right")
             curve.add_column("epsilon", justify="right")
-        cells = [(str(i + 1), f"{e:.4f}") for i, e in enumerate(r["curve"])]
+        cells = [(str(i + 1), f"{e:.4f}") for i, e in enumerate(r.curve)]
         height = -(-len(cells) // 3)
         for row in range(height):
             line: list[str] = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from fedlap_privacy.accountant import AccountantName, FedLAPSchedule, epsilon, plan_sigma
+from fedlap_privacy.accountant.report import large_epsilon_reason
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.run.run_records import PrivacyStatement
@@ -17,7 +18,6 @@ from fedlap_privacy.state.ledger import PrivacyLedger, selection_withheld
 from fedlap_privacy.vocabulary import (
     LARGE_EPSILON,
     NOTION_THREAT_MODELS,
-    SMALL_CLIENT_RATE,
     NoiseKind,
     Notion,
     ThreatModel,
@@ -185,13 +185,10 @@ def large_epsilon_warning(cfg: TrainConfig, sizes: list[int], eps: float | None)
         change = "more --clients or a smaller --client-fraction"
     else:
         smallest = min(sizes)
-        rate = min(cfg.batch_size / smallest, 1.0)
-        why = (f"few records per client for the batch: the smallest client holds {smallest:,}"
-               f" records, so each is in a batch of B {cfg.batch_size} with probability "
-               f"{rate:.2g} at each of T = {cfg.accesses_per_round} accesses a round, and batch"
-               " sampling hides it little" if rate >= SMALL_CLIENT_RATE else
-               f"{cfg.rounds} rounds of T = {cfg.accesses_per_round} accesses compose "
-               f"{cfg.rounds * cfg.accesses_per_round:,} noisy steps")
+        why = large_epsilon_reason(
+            eps, cfg.rounds, cfg.accesses_per_round, min(cfg.batch_size / smallest, 1.0),
+            cfg.sigma, f"a batch of B {cfg.batch_size} (the smallest client holds "
+            f"{smallest:,} records)") or ""
         change = "a smaller --batch-size or more records per client (fewer --clients)"
     target = ("a smaller --target-eps" if cfg.target_eps is not None
               else "--target-eps E (sigma planned for it)")

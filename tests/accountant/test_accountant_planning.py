@@ -276,16 +276,16 @@ def test_pld_planning_round_trips_on_a_cheap_schedule() -> None:
 
 def test_privacy_plan_modes() -> None:
     p = privacy_plan(REFERENCE, DELTA, sigma=1.0, rounds=15)
-    assert p["mode"] == "epsilon" and p["epsilon"] == pytest.approx(10.1830, abs=5e-5)
-    assert len(p["curve"]) == 15 and p["within_budget"] is None
+    assert p.mode == "epsilon" and p.epsilon == pytest.approx(10.1830, abs=5e-5)
+    assert len(p.curve) == 15 and p.within_budget is None
     p = privacy_plan(REFERENCE, DELTA, eps=10.19, sigma=1.0)
-    assert p["mode"] == "plan-rounds" and p["rounds"] == 15 and p["within_budget"] is True
+    assert p.mode == "plan-rounds" and p.rounds == 15 and p.within_budget is True
     p = privacy_plan(REFERENCE, DELTA, eps=10.0, rounds=30)
-    assert p["mode"] == "plan-sigma" and p["rounds"] == 30
-    assert p["sigma"] == plan_sigma(REFERENCE, 30, 10.0, DELTA) and p["epsilon"] <= 10.0
-    assert privacy_plan(REFERENCE, DELTA, eps=10.0)["sigma"] == p["sigma"]
+    assert p.mode == "plan-sigma" and p.rounds == 30
+    assert p.sigma == plan_sigma(REFERENCE, 30, 10.0, DELTA) and p.epsilon <= 10.0
+    assert privacy_plan(REFERENCE, DELTA, eps=10.0).sigma == p.sigma
     p = privacy_plan(REFERENCE, DELTA, eps=0.5, sigma=0.5)
-    assert p["rounds"] == 0 and p["curve"] == [] and p["within_budget"] is False
+    assert p.rounds == 0 and p.curve == [] and p.within_budget is False
 
 
 # ----------------------------------------------------------------- acceptance 5: validation
