@@ -10,9 +10,9 @@ or a Message-API one from ``flwr.serverapp.strategy``) and, in every round's agg
 adds the replies of canary clients to the real ones before the strategy clips, averages
 and noises them:
 
-* ``m`` canaries, each included by a secret coin (probability 1/2, OS entropy unless a
-  ``seed`` is given), each with a fixed random unit direction ``c_j`` in ``R^d`` (``d``: the
-  flattened model);
+* ``m`` canaries, each included by a secret coin (probability 1/2, from the operating
+  system's randomness: no seed can be given), each with a fixed random unit direction
+  ``c_j`` in ``R^d`` (``d``: the flattened model);
 * an included canary takes part in a round with the strategy's own sampling rate (clients
   it configured over clients available, read every round), independently (Poisson); by
   default it takes the place of a sampled real client (``replace_clients``), so a round
@@ -68,6 +68,7 @@ from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
 from fedlap_privacy.audit.canaries.score_audit import ClaimedMechanism, ScoreAuditResult
 from fedlap_privacy.audit.reports.report_folder import ReportFolder
 from fedlap_privacy.errors import ConfigError
+from fedlap_privacy.secret_random import os_generator
 from fedlap_privacy.state.canary_state import CanaryState
 from fedlap_privacy.state.jsonsafe import json_safe
 from fedlap_privacy.vocabulary import CanaryKind
@@ -189,13 +190,14 @@ class FlowerAudit:
 class CanaryClientRounds:
     """The canaries of one run and what the aggregation did with them (framework-free:
     :func:`~fedlap_privacy.audit.flower.flower_audit.CanaryClients` feeds it from Flower).
-    ``seed``: None draws the coins and directions from the OS (keep it None for a real
-    audit: a known seed makes the secret coins public)."""
+    The coins, directions and per-round draws come from the operating system
+    (:func:`~fedlap_privacy.secret_random.os_generator`): a seed anyone knows would make the
+    secret coins public."""
 
-    def __init__(self, m: int, seed: int | None = None) -> None:
+    def __init__(self, m: int) -> None:
         if not (isinstance(m, int) and m >= 4):
             raise ConfigError(f"the audit needs at least 4 canary clients, got m={m!r}")
-        self._rng = np.random.default_rng(seed)
+        self._rng = os_generator()
         self.included = self._rng.random(m) < 0.5
         self._direction_seed = int(self._rng.integers(2**62))
         self.dimension: int | None = None

@@ -18,7 +18,7 @@ Columns: the verdict; the largest valid bound with its score; the smallest claim
 p-value (corrected over its candidate guesses; a violation below 0.05 / 9, the 3 scores x 3
 tests); Andrew et al.'s
 epsilon ESTIMATE (final model / all iterates; an estimate, never a verdict). Flower's noise
-draws from ``np.random`` (seeded with the seed), the canaries' coins from their own seed.
+draws from ``np.random`` (seeded with the seed), the canaries' coins from the OS.
 
     .venv/bin/python benchmarks/audit_power/flower_canaries.py --seeds 3
 """
@@ -81,7 +81,7 @@ def run(row: Row, seed: int) -> dict[str, object]:
     dp = getattr(module, f"DifferentialPrivacy{row.wrapper}")(
         inner, noise_multiplier=row.noise * row.z, clipping_norm=1.0,
         num_sampled_clients=row.sampled)
-    strategy = CanaryClients(dp, m=row.m, seed=seed, num_examples=row.weight)
+    strategy = CanaryClients(dp, m=row.m, num_examples=row.weight)
     start = time.perf_counter()
     rehearse_flower(strategy, row.rounds, population=row.population, dimension=DIMENSION,
                     seed=seed)

@@ -4,7 +4,8 @@ Flower's wrappers (``DifferentialPrivacyServerSideFixedClipping`` and friends, l
 Message API) are driven through their own configure / aggregate calls by
 :func:`~fedlap_privacy.audit.flower.flower_rehearsal.rehearse` with synthetic clients; the canaries
 of :func:`~fedlap_privacy.audit.flower.flower_audit.CanaryClients` go into every aggregation.
-Flower's noise draws from ``np.random`` (seeded here), the canaries from their own seed.
+Flower's noise draws from ``np.random`` (seeded here), the canaries from seeded generators
+put in place of the OS ones.
 Configurations (measured in benchmarks/audit_power/flower_canaries.py over seeds):
 
 * cohort: 600 clients, 60 sampled (q = 0.1), 20 rounds, 1000 canaries (about 50 in a
@@ -24,14 +25,25 @@ from flwr.server import strategy as legacy  # noqa: E402
 from flwr.serverapp import strategy as messages  # noqa: E402
 
 from fedlap_privacy.audit import CanaryClients, rehearse_flower  # noqa: E402
+from fedlap_privacy.audit.flower import flower_canaries  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seeded_canaries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canaries' OS draws replaced by seeded ones, so each verdict here is the same on
+    every run (the product has no seed: a known one would make the coins public)."""
+    seeds = iter(range(1000))
+    monkeypatch.setattr(flower_canaries, "os_generator",
+                        lambda: np.random.default_rng(next(seeds)))
+
 
 COHORT = {"population": 600, "sampled": 60, "rounds": 20, "m": 1000, "z": 1.2}
 SPARSE = {"population": 1000, "sampled": 20, "rounds": 100, "m": 200, "z": 1.0}
 DIMENSION = 5000
 
 
-def _audit(api, config, noise, *, seed=0, wrapper="ServerSideFixedClipping", **canary_kw):
+def _audit(api, config, noise, *, wrapper="ServerSideFixedClipping", seed=0, **canary_kw):
     """Rehearse ``config`` with the wrapper's noise at ``noise`` times the claimed one; the
     audit tests the claim (the configured z)."""
     np.random.seed(seed)  # noqa: NPY002 (Flower adds its noise from the global state)
@@ -45,7 +57,7 @@ def _audit(api, config, noise, *, seed=0, wrapper="ServerSideFixedClipping", **c
                                 min_available_nodes=2)
     dp = getattr(module, f"DifferentialPrivacy{wrapper}")(
         inner, noise_multiplier=noise * z, clipping_norm=1.0, num_sampled_clients=n)
-    strategy = CanaryClients(dp, m=config["m"], seed=seed, **canary_kw)
+    strategy = CanaryClients(dp, m=config["m"], **canary_kw)
     rehearse_flower(strategy, config["rounds"], population=population, dimension=DIMENSION,
                     seed=seed)
     result = strategy.audit(noise_multiplier=z)
@@ -91,7 +103,7 @@ def _one_round_change(wrapper, **canary_kw):
     dp = getattr(legacy, f"DifferentialPrivacy{wrapper}")(
         legacy.FedAvg(fraction_fit=0.5, min_fit_clients=2, min_available_clients=2),
         noise_multiplier=0.0, clipping_norm=2.0, num_sampled_clients=10)
-    strategy = CanaryClients(dp, m=24, seed=3, **canary_kw)
+    strategy = CanaryClients(dp, m=24, **canary_kw)
     rehearse_flower(strategy, 1, population=20, dimension=50, update_norm=1e-9, seed=0)
     canaries = strategy.canaries
     taking_part = np.flatnonzero(canaries.participations)
@@ -123,10 +135,10 @@ def test_what_it_cannot_wrap_or_audit_is_one_line():
         CanaryClients(object(), m=10)
     with pytest.raises(ConfigError, match="at least 4 canary"):
         CanaryClients(legacy.FedAvg(), m=2)
-    plain = CanaryClients(legacy.FedAvg(fraction_fit=0.5), m=10, seed=0)
+    plain = CanaryClients(legacy.FedAvg(fraction_fit=0.5), m=10)
     with pytest.raises(ConfigError, match="no clipping_norm"):
         rehearse_flower(plain, 1, population=10, dimension=10)
-    clipped = CanaryClients(legacy.FedAvg(fraction_fit=0.5), m=10, seed=0, clip_norm=1.0)
+    clipped = CanaryClients(legacy.FedAvg(fraction_fit=0.5), m=10, clip_norm=1.0)
     rehearse_flower(clipped, 2, population=10, dimension=10)
     with pytest.raises(ConfigError, match="no noise_multiplier"):
         clipped.audit()
@@ -137,7 +149,7 @@ def test_what_it_cannot_wrap_or_audit_is_one_line():
 def test_the_report_is_written(tmp_path):
     strategy = CanaryClients(legacy.DifferentialPrivacyServerSideFixedClipping(
         legacy.FedAvg(fraction_fit=0.5), noise_multiplier=1.0, clipping_norm=1.0,
-        num_sampled_clients=5), m=40, seed=1)
+        num_sampled_clients=5), m=40)
     rehearse_flower(strategy, 5, population=10, dimension=100, seed=1)
     result = strategy.audit(out=tmp_path / "audit")
     import json
@@ -159,7 +171,7 @@ def test_the_report_states_the_mechanisms_own_epsilon_and_one_claim(tmp_path):
 
     strategy = CanaryClients(legacy.DifferentialPrivacyServerSideFixedClipping(
         legacy.FedAvg(fraction_fit=0.5), noise_multiplier=1.0, clipping_norm=1.0,
-        num_sampled_clients=5), m=40, seed=1)
+        num_sampled_clients=5), m=40)
     rehearse_flower(strategy, 5, population=10, dimension=100, seed=1)
     strategy.audit(claimed_epsilon=0.1, out=tmp_path / "audit")
     report = json.loads((tmp_path / "audit" / "report.json").read_text())
