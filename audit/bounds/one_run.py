@@ -545,9 +545,10 @@ def one_run_audit(
         km = min(int((scores_b <= t_minus).sum()), m_b - kp)
         order_b = np.lexsort((rng.random(m_b), scores[half_b]))
         r, v = _guess_counts(order_b, included_arr[half_b], kp, km)
+        included_b = int(included_arr[half_b].sum())
         return OneRunResult(
             epsilon_lower_bound=_bound(method, m_b, r, v, delta, level),
-            ceiling=_ceiling(m_b, r, delta, level, method),
+            ceiling=_grid_ceiling(m_b, included_b, [(kp, km)], delta, level, method),
             canaries=m_b,
             guesses=r,
             correct=v,
@@ -558,7 +559,7 @@ def one_run_audit(
             delta=delta,
             candidates=1,
             method=method,
-            included=int(included_arr[half_b].sum()),
+            included=included_b,
         )
 
     raise ConfigError(f"selection must be 'bonferroni' or 'split', got {selection!r}")

@@ -217,6 +217,21 @@ def test_noise_free_mechanism_reaches_the_ceiling() -> None:
             assert result.epsilon_lower_bound > 4.0
 
 
+def test_a_perfect_score_reaches_exactly_the_reported_ceiling() -> None:
+    """The ceiling is what a perfect score reaches with the coins drawn (the verdict says
+    "consistent" only where that would have refuted the claim), for every selection: with
+    few canaries in, "in" guesses beyond them are wrong however good the score is."""
+    rng = np.random.default_rng(5)
+    for _ in range(10):
+        included = rng.random(200) < rng.uniform(0.42, 0.58)
+        scores = included + 1e-3 * rng.random(200)
+        for selection in ("bonferroni", "split"):
+            result = one_run_audit(scores, included, DELTA, selection=selection)
+            assert result.epsilon_lower_bound == pytest.approx(result.ceiling, rel=1e-9)
+            assert result.ceiling <= one_run_ceiling(result.canaries, result.guesses, DELTA,
+                                                     result.confidence) + 1e-12
+
+
 def test_null_mechanism_gives_zero() -> None:
     # Scores independent of the inclusion bits: the bound must be 0 in >= 95% of runs
     # (the ties and the split come from the OS: at most 20 of 200 nonzero, a 0.2% tail).
