@@ -65,6 +65,9 @@ __all__ = [
     "padded_dimension",
     "plan_distributed",
     "round_rdp",
+    "secure_bits",
+    "share_mechanism",
+    "share_variance",
     "skellam_rdp",
 ]
 
@@ -416,3 +419,59 @@ def plan_distributed(noise: DistributedNoise | str, *, epsilon: float, delta: fl
     mechanism, local_sigma = mechanism_at(z)
     return DistributedPlan(mechanism, bits, clients, rounds, model_size, z, local_sigma,
                            eps_of(z), delta, central)
+
+
+def share_mechanism(noise: DistributedNoise | str, *, sigma: float, clip: float,
+                    model_size: int, capacity: int, honest: int, bits: int,
+                    beta: float = DEFAULT_BETA,
+                    wrap_probability: float = DEFAULT_WRAP_PROBABILITY) -> DistributedMechanism:
+    """The mechanism of a training round: each client's noise share, from the run's noise
+    multiplier ``sigma`` (the summed noise over the clip when only ``honest`` shares count).
+
+    The local share has standard deviation ``sigma clip / sqrt(honest)`` in the units of the
+    update, so that ``honest`` = min_survivors - colluding shares (the fewest a released round
+    counts) already add ``sigma clip``; the grid step lets the sum of ``capacity`` uploads (the
+    most a round sums) fit mod 2^bits (:func:`grid_step`). This is the one function that sets
+    the noise a client adds (``fl.secure_sum.encode``) and the noise the accountant prices.
+    """
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ConfigError(f"noise multiplier {sigma!r} must be a positive number")
+    if not (isinstance(honest, int | np.integer) and 1 <= honest <= capacity):
+        raise ConfigError(f"honest shares {honest!r} must be in [1, {capacity}]")
+    dim = padded_dimension(model_size)
+    local_sigma = sigma * clip / math.sqrt(honest)
+    gamma = grid_step(clip, dim, capacity, bits, local_sigma, wrap_probability)
+    return DistributedMechanism(_noise_kind(noise), Quantisation(clip, dim, gamma, beta),
+                                local_sigma / gamma)
+
+
+def secure_bits(noise: DistributedNoise | str, *, sigma: float, clip: float, model_size: int,
+                capacity: int, honest: int, within: float = 0.02, lowest: int = 8,
+                highest: int = 62) -> int:
+    """The fewest bits whose mechanism (:func:`share_mechanism`) costs at most ``within``
+    more noise than central DP: its sensitivity after rounding, Delta2 gamma in the units of
+    the update, is at most ``(1 + within) clip``, so the summed noise over it is at least
+    ``sigma / (1 + within)``. The rounding floor of about k sqrt(d) / 2^b on the scale sets
+    it by the model's size (18 bits for 65k parameters and 20 for 1M at 100 clients and noise
+    multiplier 44.8: the table in docs/accounting.md)."""
+    for bits in range(lowest, highest + 1):
+        try:
+            q = share_mechanism(noise, sigma=sigma, clip=clip, model_size=model_size,
+                                capacity=capacity, honest=honest, bits=bits).quantisation
+        except ConfigError:  # too few bits to hold the sum
+            continue
+        if q.l2 * q.gamma <= (1.0 + within) * clip:
+            return bits
+    raise ConfigError(f"no number of bits up to {highest} keeps the extra noise over central "
+                      f"DP within {within:.0%} for {model_size} parameters at sigma {sigma:g}")
+
+
+def share_variance(mechanism: DistributedMechanism) -> float:
+    """The variance of one client's noise share in grid units: local_std^2 for Skellam; for
+    the discrete Gaussian its pmf's (below s^2 for s < 1: Canonne, Kamath, Steinke 2020)."""
+    s = mechanism.local_std
+    if mechanism.noise is DistributedNoise.SKELLAM:
+        return s**2
+    k = np.arange(-math.ceil(12 * s) - 12, math.ceil(12 * s) + 13, dtype=float)
+    weights = np.exp(-(k**2) / (2.0 * s**2))
+    return float(np.sum(k**2 * weights) / np.sum(weights))

@@ -163,6 +163,18 @@ class DPFedAvgClient(Method):
             payload[BELOW_CLIP] = torch.tensor(1.0 if norm <= clip else 0.0)
         return Reply(payload, 1, records)
 
+    def step_on_sum(self, model: nn.Module, total: Tensor) -> None:
+        """Over secure aggregation: the server's step on the decoded noisy sum of the clipped
+        updates (flat, in ``named_parameters`` order; the noise came from the clients),
+        ``w_g += server_lr * total / m`` with m the expected cohort (public)."""
+        scale = self.cfg.server_lr / self.cfg.sampling.expected_cohort
+        offset = 0
+        with torch.no_grad():
+            for p in model.parameters():
+                piece = total[offset:offset + p.numel()].view_as(p)
+                p.add_(piece.to(p.device, p.dtype), alpha=scale)
+                offset += p.numel()
+
     def aggregate(
         self, model: nn.Module, replies: list[Reply], server_state: State, info: RoundInfo,
         generator: torch.Generator,
