@@ -35,6 +35,7 @@ import numpy as np
 
 from fedlap_privacy.accountant.distributed import (
     DistributedMechanism,
+    distributed_epsilon,
     secure_bits,
     share_mechanism,
     share_variance,
@@ -85,6 +86,28 @@ class SecurePlan:
         q = self.mechanism.quantisation
         honest = self.min_survivors - self.colluding
         return math.sqrt(honest) * self.mechanism.local_std / q.l2
+
+    @property
+    def extra_noise(self) -> float:
+        """The price of rounding: the sensitivity after rounding over the clip (Delta2 gamma /
+        c); the summed noise is worth sigma over it (1.02 or less at the default bits)."""
+        q = self.mechanism.quantisation
+        return q.l2 * q.gamma / q.clip
+
+    def planned_epsilon(self, rounds: int, delta: float) -> float:
+        """Epsilon against the server after ``rounds`` participations of one client, each
+        round counting the fewest honest shares (min_survivors - colluding): what the run's
+        ledger never exceeds."""
+        honest = self.min_survivors - self.colluding
+        return distributed_epsilon(self.mechanism, [self.min_survivors] * rounds, delta,
+                                   self.colluding).epsilon if honest >= 1 else math.inf
+
+    def warnings(self) -> list[str]:
+        if self.extra_noise <= 1.02:
+            return []
+        return [f"{self.bits} bits: rounding inflates the sensitivity {self.extra_noise:.3g} "
+                "times, so the summed noise is worth sigma over that; more --bits (or the "
+                "default, the fewest within 2%) lowers epsilon"]
 
     def record(self, planned: int, received: int, released: bool) -> SecureRound:
         return SecureRound.of(self.mechanism, self.bits, planned, received, self.min_survivors,
