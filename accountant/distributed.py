@@ -355,8 +355,9 @@ def _smallest_passing(eps_of: Callable[[float], float], target: float, lo: float
 class DistributedPlan:
     """The smallest local noise reaching a target epsilon against the server, and its cost.
 
-    ``noise_multiplier`` is the standard deviation of the summed noise over the clip, in the
-    units of the update (``sqrt(clients) * local_sigma / clip``); ``central_sigma`` is the
+    ``noise_multiplier`` is the standard deviation of the summed noise of the fewest honest
+    shares (``min_survivors - colluding``) over the clip, in the units of the update
+    (``sqrt(min_survivors - colluding) * local_sigma / clip``); ``central_sigma`` is the
     central Gaussian's noise multiplier at the same epsilon, and ``ratio`` their quotient (the
     price of not trusting the server).
     """
@@ -371,6 +372,8 @@ class DistributedPlan:
     epsilon: float
     delta: float
     central_sigma: float
+    min_survivors: int = 0  # 0: every client of the round (``clients``)
+    colluding: int = 0
 
     @property
     def ratio(self) -> float:
@@ -385,30 +388,38 @@ def plan_distributed(noise: DistributedNoise | str, *, epsilon: float, delta: fl
                      model_size: int, clients: int, rounds: int, bits: int, clip: float = 1.0,
                      beta: float = DEFAULT_BETA,
                      wrap_probability: float = DEFAULT_WRAP_PROBABILITY,
-                     orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS) -> DistributedPlan:
+                     orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS,
+                     min_survivors: int | None = None, colluding: int = 0) -> DistributedPlan:
     """Plan the smallest local noise for a target ``(epsilon, delta)`` against the server.
 
     ``rounds`` is the number of a client's participations (every round, conservatively, when the
-    server may pick the same client each time); every share is assumed to reach the sum.
-    For each candidate noise multiplier z the grid step follows from the bits
-    (:func:`grid_step`), the local share is ``z clip / sqrt(clients)`` and its epsilon comes
-    from :func:`distributed_epsilon`; the smallest passing z is returned. Raises ConfigError
-    when no noise reaches the target: the rounding then dominates (use more bits).
+    server may pick the same client each time). A round is released with as few as
+    ``min_survivors`` of the ``clients`` shares (None: all of them), ``colluding`` of which
+    may be the server's: the plan holds when only ``min_survivors - colluding`` honest shares
+    count in every round. For each candidate noise multiplier z the mechanism follows from
+    :func:`share_mechanism` (local share ``z clip / sqrt(min_survivors - colluding)``, the grid
+    step from the bits for ``clients`` uploads) and its epsilon from
+    :func:`distributed_epsilon`; the smallest passing z is returned. Raises ConfigError when
+    no noise reaches the target: the rounding then dominates (use more bits).
     """
     noise = _noise_kind(noise)
     _check_target(epsilon, delta, rounds)
     _check_bits(bits, clients)
-    dim = padded_dimension(model_size)
+    survivors = clients if min_survivors is None else int(min_survivors)
+    honest = counted_shares(survivors, colluding)  # refuses colluding >= survivors
+    if survivors > clients:
+        raise ConfigError(f"min_survivors {survivors} is more than the {clients} clients")
     a = _as_orders(orders)
 
     def mechanism_at(z: float) -> tuple[DistributedMechanism, float]:
-        local_sigma = z * clip / math.sqrt(clients)
-        gamma = grid_step(clip, dim, clients, bits, local_sigma, wrap_probability)
-        quantisation = Quantisation(clip, dim, gamma, beta)
-        return DistributedMechanism(noise, quantisation, local_sigma / gamma), local_sigma
+        mechanism = share_mechanism(noise, sigma=z, clip=clip, model_size=model_size,
+                                    capacity=clients, honest=honest, bits=bits, beta=beta,
+                                    wrap_probability=wrap_probability)
+        return mechanism, mechanism.local_std * mechanism.quantisation.gamma
 
     def eps_of(z: float) -> float:
-        return distributed_epsilon(mechanism_at(z)[0], [clients] * rounds, delta, 0, a).epsilon
+        return distributed_epsilon(mechanism_at(z)[0], [survivors] * rounds, delta, colluding,
+                                   a).epsilon
 
     central = central_gaussian_sigma(epsilon, delta, rounds, a)
     z = _smallest_passing(eps_of, epsilon, central, central * 1e3)
@@ -418,7 +429,7 @@ def plan_distributed(noise: DistributedNoise | str, *, epsilon: float, delta: fl
                           "noise: use more bits")
     mechanism, local_sigma = mechanism_at(z)
     return DistributedPlan(mechanism, bits, clients, rounds, model_size, z, local_sigma,
-                           eps_of(z), delta, central)
+                           eps_of(z), delta, central, survivors, colluding)
 
 
 def share_mechanism(noise: DistributedNoise | str, *, sigma: float, clip: float,
