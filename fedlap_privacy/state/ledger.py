@@ -36,6 +36,13 @@ Threat models (who the epsilon holds against; see ``docs/threat-model.md``):
   in the clear and adds the noise itself; the epsilon holds against those who see the
   released models only, never against the server.
 
+Over secure aggregation (``dp-fedavg-client --secure-aggregation``) each entry also carries
+a typed :class:`~fedlap_privacy.state.secure_rounds.SecureRound` (the distributed mechanism of
+the round, the shares that reached the sum, its RDP against the server):
+:meth:`PrivacyLedger.server_epsilon` composes those per client, while the entry's Gaussian
+fields price the outsiders' epsilon (``trusted-server``). A round secure aggregation refused
+(status ``refused``) spends nothing under either.
+
 What is released (:meth:`PrivacyLedger.released_entries`): the epsilon of
 ``hidden-selection`` and ``trusted-server`` uses amplification by client sampling, which
 holds only if whoever it is stated for does not know who was selected. Their released

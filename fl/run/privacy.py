@@ -136,7 +136,8 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger,
     computed from the released ledger too (every client counted in every round), so that it
     reveals nothing of the selection either. Over secure aggregation (``secure``, its
     description) the epsilon is the one against the server (distributed DP, the released
-    rounds priced at min_survivors), the outsiders' (``trusted-server``) beside it.
+    rounds priced at min_survivors; composed in RDP), the outsiders' (``trusted-server``, by
+    the run's accountant) beside it.
     """
     gaussian = cfg.private
     allowed = NOTION_THREAT_MODELS[Notion(ledger.notion)]
@@ -144,8 +145,10 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger,
     shown = ledger.released() if withheld else ledger
     by_threat = {t.value: shown.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
     eps = by_threat[ledger.threat_model] if by_threat and ledger.threat_model else ledger.epsilon
-    threat = ledger.threat_model
-    if secure is not None:
+    threat, accountant = ledger.threat_model, cfg.accountant if gaussian else None
+    by_accountant = shown.epsilon_by_accountant() if gaussian else None
+    if secure is not None:  # the distributed mechanism's RDP (accountant.distributed)
+        accountant, by_accountant = AccountantName.RDP.value, None
         by_threat = {ThreatModel.SERVER.value: shown.server_epsilon(), threat or "": eps}
         threat, eps = ThreatModel.SERVER.value, by_threat[ThreatModel.SERVER]
     return PrivacyStatement(
@@ -155,8 +158,8 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger,
         epsilon_by_threat_model=by_threat,
         delta=cfg.delta if gaussian else None,
         sigma=cfg.sigma if gaussian else None,
-        accountant=cfg.accountant if gaussian else None,
-        epsilon_by_accountant=shown.epsilon_by_accountant() if gaussian else None,
+        accountant=accountant,
+        epsilon_by_accountant=by_accountant,
         round_epsilon=ledger.round_epsilon,
         noise=ledger.noise,
         private=ledger.notion != Notion.NONE and ledger.noise == NoiseKind.SECRET,
