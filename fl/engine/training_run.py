@@ -162,6 +162,9 @@ class TrainingRun:
         ask_clients: AskClients = local_clients, data: Dataset | None = None,
         split_seed: int | None = None,
     ) -> None:
+        if cfg.secure_aggregation is not None and ask_clients is not local_clients:
+            raise ConfigError("secure aggregation runs in process only in this release: train "
+                              "it with --engine simulation")
         self.split_seed = run_split_seed(cfg, split_seed)
         if data is None and cfg.data is not None:  # a user's records (fl.run.user_runs)
             cfg, data = prepare_data(cfg, self.split_seed)

@@ -38,6 +38,12 @@ Contract — the mechanism :mod:`fedlap_privacy.accountant.client_level` prices:
   ``clip_count_sigma`` (default max(m / 20, sigma)). ``C_t`` is computed from released
   noisy values only (post-processing) and is broadcast to the clients.
 
+Over secure aggregation (``secure_aggregation``, :mod:`fedlap_privacy.fl.secure_sum.training`)
+the server never sees an update: each client's clipped upload is encoded with its own integer
+noise share and masked, the server decodes only the sum and steps with
+:meth:`DPFedAvgClient.step_on_sum` (no server noise); the epsilon then also holds against the
+server (distributed DP, ``fedlap_privacy.accountant.distributed``). Fixed clipping only.
+
 A round in which no client was selected still releases noise (``aggregate_without_replies``).
 The amplification by sampling holds against observers of the models who do not know who
 was selected, so the release (``ckpt.pt``, ``metrics.jsonl``) withholds who was selected in

@@ -270,3 +270,19 @@ def test_the_training_run_builds_its_plan_from_the_model(monkeypatch) -> None:
     monkeypatch.setattr(training_run.SecurePlan, "of", spy)
     result = train(_cfg(rounds=1), None, device="cpu")
     assert seen == [_size(result)]
+
+
+def test_dry_run_plans_the_epsilon_against_the_server_and_flower_is_refused(tmp_path) -> None:
+    result = runner.invoke(app, ["train", "--method", "dp-fedavg-client", "--secure-aggregation",
+                                 "discrete-gaussian", "--clients", "5", "--rounds", "3",
+                                 "--min-survivors", "4", "--sigma", "1", "--set", "width=8",
+                                 "--dry-run", "--json", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    privacy = json.loads(result.stdout)["run"]["privacy"]
+    assert privacy["threat_model"] == "server" and privacy["accountant"] == "rdp"
+    cfg = _cfg(rounds=3, min_survivors=4, secure_aggregation="discrete-gaussian").validate()
+    built = train(cfg, None, device="cpu")
+    plan = SecurePlan.of(cfg, _size(built))
+    assert privacy["epsilon"] == pytest.approx(plan.planned_epsilon(3, cfg.delta), rel=1e-9)
+    with pytest.raises(ConfigError, match="in process only"):
+        train(cfg, None, device="cpu", ask_clients=_dropping(5))
