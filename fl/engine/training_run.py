@@ -50,7 +50,7 @@ from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.ledger import ledger_digest, selection_withheld
 from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState, ValidationScore
-from fedlap_privacy.state.secure_rounds import REFUSED
+from fedlap_privacy.state.secure_rounds import REFUSED, SecureRound
 from fedlap_privacy.vocabulary import CanaryKind, NoiseKind
 
 __all__ = [
@@ -443,7 +443,8 @@ class TrainingRun:
         self.save()
 
     # ---------------------------------------------------------------- one round
-    def _secure_step(self, sent: list[Reply], planned: int) -> tuple[dict[str, Any], Any]:
+    def _secure_step(self, sent: list[Reply], planned: int
+                     ) -> tuple[dict[str, Any], SecureRound]:
         """Over secure aggregation: the clients' clipped updates summed by
         :func:`~fedlap_privacy.fl.secure_sum.training.secure_sum_round` (``planned`` set up,
         ``sent`` answered), the server's step on the decoded sum; the round's record."""
@@ -487,19 +488,25 @@ class TrainingRun:
                 status = "completed" if secure.released else REFUSED
             if before is not None and self.canaries is not None and status != REFUSED:
                 self.canaries.observe_round(before, flat_weights(self.model))
-        elif self.secure is not None:  # nobody answered: nothing to sum, nothing released
-            secure, status = self.secure.record(len(chosen), 0, released=False), REFUSED
         accesses = max((r.accesses for r in replies), default=0)
         entry = self.ledger.record(m, accesses, chosen, status, local_steps, secure)
+        epsilon = entry.epsilon
+        if self.secure is not None:  # against the server, as the release states it
+            shown = self.ledger.released() if self.withholds_selection else self.ledger
+            epsilon = _finite_or_none(shown.server_epsilon())
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
         validation = None
         if len(self.y_val):
             validation = ValidationScore(m, *evaluate(self.model, self.x_val, self.y_val))
         upload = [r.upload_bytes for r in replies]
         return RoundRecord(
-            round=m, test_accuracy=acc, test_loss=loss, epsilon=entry.epsilon,
+            round=m, test_accuracy=acc, test_loss=loss, epsilon=epsilon,
             delta=entry.delta, rounds_spent=entry.rounds_spent, local_steps=entry.local_steps,
             lr=info.lr, accesses=accesses, clients=len(chosen), replies=len(replies),
             upload_bytes=float(np.mean(upload)) if upload else 0.0,
             seconds=time.perf_counter() - t0, extras=extra,
         ), validation
+
+
+def _finite_or_none(eps: float) -> float | None:
+    return None if eps == float("inf") else eps
