@@ -169,22 +169,28 @@ def test_a_client_skipping_its_noise_share_is_caught_by_the_server(monkeypatch) 
     assert result.summary.privacy.epsilon == 0.0
 
 
-def _dropping(keep: int):
-    def ask(run, m, chosen, info, callback):
-        return local_clients(run, m, chosen, info, callback)[:keep]
-    return ask
+def _dropping(monkeypatch, keep: int) -> None:
+    """Only the first ``keep`` clients of every round upload; the others drop out after the
+    round was set up (their masks are recovered from the survivors)."""
+    real = secure_training.secure_sum_round
+    monkeypatch.setattr(training_run, "secure_sum_round",
+                        lambda plan, updates, planned: real(plan, updates[:keep], planned))
 
 
-def test_dropouts_below_min_survivors_refuse_the_round_and_spend_nothing(tmp_path) -> None:
+def test_dropouts_below_min_survivors_refuse_the_round_and_spend_nothing(tmp_path,
+                                                                          monkeypatch) -> None:
     cfg = _cfg(min_survivors=4)
-    refused = train(cfg, tmp_path / "refused", device="cpu", ask_clients=_dropping(3))
+    _dropping(monkeypatch, 3)
+    refused = train(cfg, tmp_path / "refused", device="cpu")
     assert [e.status for e in refused.ledger.entries] == [REFUSED, REFUSED]
     assert all(e.secure.received == 3 and not e.secure.released
                for e in refused.ledger.entries)
     assert refused.ledger.server_epsilon() == 0.0
     assert refused.history[-1].extras["secure_refused"].startswith("3 uploads arrived")
 
-    dropped = train(cfg, None, device="cpu", ask_clients=_dropping(4))
+    _dropping(monkeypatch, 4)
+    dropped = train(cfg, None, device="cpu")
+    monkeypatch.undo()
     full = train(cfg, None, device="cpu")
     plan = SecurePlan.of(cfg.validate(), _size(full))
     planned = plan.planned_epsilon(cfg.rounds, cfg.delta)
@@ -284,5 +290,8 @@ def test_dry_run_plans_the_epsilon_against_the_server_and_flower_is_refused(tmp_
     built = train(cfg, None, device="cpu")
     plan = SecurePlan.of(cfg, _size(built))
     assert privacy["epsilon"] == pytest.approx(plan.planned_epsilon(3, cfg.delta), rel=1e-9)
+    def remote(run, m, chosen, info, callback):  # another driver (Flower's) answers
+        return local_clients(run, m, chosen, info, callback)
+
     with pytest.raises(ConfigError, match="in process only"):
-        train(cfg, None, device="cpu", ask_clients=_dropping(5))
+        train(cfg, None, device="cpu", ask_clients=remote)
