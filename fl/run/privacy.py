@@ -212,6 +212,7 @@ def large_epsilon_warning(cfg: TrainConfig, sizes: list[int], eps: float | None)
                f"{cfg.rounds * cfg.accesses_per_round:,} noisy steps")
         change = "a smaller --batch-size or more records per client (fewer --clients)"
     target = ("a smaller --target-eps" if cfg.target_eps is not None
+              else "a sigma planned by plan --secure-aggregation" if cfg.secure_aggregation
               else "--target-eps E (sigma planned for it)")
     return (f"epsilon {eps:.1f} after {cfg.rounds} rounds is above the usual range (at most "
             f"about {LARGE_EPSILON:g}) and promises little: {why}. To lower it: more noise "

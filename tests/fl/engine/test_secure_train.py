@@ -250,6 +250,10 @@ def test_canary_clients_run_and_are_audited_on_a_secure_run(tmp_path: Path) -> N
     one_run = report["one_run"]
     assert one_run["kind"] == "clients"
     assert one_run["epsilon_lower_bound"] <= report["privacy"]["epsilon"]
+    claim = report["privacy"]  # the outsiders' promise is tested; the stored one is the server's
+    assert claim["epsilon"] == pytest.approx(result.ledger.epsilon, rel=1e-6)
+    assert claim["stored_epsilon"] == pytest.approx(result.summary.privacy.epsilon, rel=1e-9)
+    assert claim["stored_matches"] is True
 
 
 @pytest.mark.parametrize("noise", [n.value for n in DistributedNoise])
