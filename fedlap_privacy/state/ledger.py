@@ -405,6 +405,10 @@ class PrivacyLedger:
                 raise CheckpointError(f"ledger entry {i + 1} is out of order")
             if e.secure is not None:
                 e.secure.check(f"ledger entry {i + 1}")
+            if (e.status == REFUSED) != (e.secure is not None and not e.secure.released):
+                raise CheckpointError(f"ledger entry {i + 1} is {e.status!r} but its record "
+                                      "says otherwise: only a refused secure round spends "
+                                      "nothing")
             if e.withheld and not selection_withheld(self.threat_model):
                 raise CheckpointError(
                     f"ledger entry {i + 1} withholds who was selected, but its epsilon "

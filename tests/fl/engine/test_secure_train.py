@@ -235,6 +235,10 @@ def test_resume_replays_the_secure_ledger_and_a_crash_is_counted_once(tmp_path) 
         "local_std"]}
     with pytest.raises(CheckpointError, match="secure-aggregation record"):
         PrivacyLedger.replay(edited)
+    refused = [dict(e) for e in ckpt["ledger"]]  # a spent round passed off as refused
+    refused[0]["status"] = REFUSED
+    with pytest.raises(CheckpointError, match="only a refused secure round spends nothing"):
+        PrivacyLedger.replay(refused)
 
 
 def test_canary_clients_run_and_are_audited_on_a_secure_run(tmp_path: Path) -> None:
