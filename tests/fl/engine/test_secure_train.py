@@ -72,6 +72,10 @@ def test_cli_refuses_in_one_line_and_a_bits_that_cannot_hold_the_sum(tmp_path: P
     assert "Traceback" not in result.output
     with pytest.raises(ConfigError, match="2 bits cannot hold the rounding of 5 clients"):
         SecurePlan.of(_cfg(secure_bits=2).validate(), 1000)
+    result = runner.invoke(app, ["train", "--method", "dp-fedavg-client", "--secure-aggregation",
+                                 "skellam", "--bits", "3", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 2 and "3 bits cannot hold the rounding" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "b").exists()
 
 
 def test_default_bits_follow_the_model_size_within_two_percent() -> None:
