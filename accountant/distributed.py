@@ -65,6 +65,9 @@ __all__ = [
     "padded_dimension",
     "plan_distributed",
     "round_rdp",
+    "secure_bits",
+    "share_mechanism",
+    "share_variance",
     "skellam_rdp",
 ]
 
@@ -352,8 +355,9 @@ def _smallest_passing(eps_of: Callable[[float], float], target: float, lo: float
 class DistributedPlan:
     """The smallest local noise reaching a target epsilon against the server, and its cost.
 
-    ``noise_multiplier`` is the standard deviation of the summed noise over the clip, in the
-    units of the update (``sqrt(clients) * local_sigma / clip``); ``central_sigma`` is the
+    ``noise_multiplier`` is the standard deviation of the summed noise of the fewest honest
+    shares (``min_survivors - colluding``) over the clip, in the units of the update
+    (``sqrt(min_survivors - colluding) * local_sigma / clip``); ``central_sigma`` is the
     central Gaussian's noise multiplier at the same epsilon, and ``ratio`` their quotient (the
     price of not trusting the server).
     """
@@ -368,6 +372,8 @@ class DistributedPlan:
     epsilon: float
     delta: float
     central_sigma: float
+    min_survivors: int = 0  # 0: every client of the round (``clients``)
+    colluding: int = 0
 
     @property
     def ratio(self) -> float:
@@ -382,30 +388,38 @@ def plan_distributed(noise: DistributedNoise | str, *, epsilon: float, delta: fl
                      model_size: int, clients: int, rounds: int, bits: int, clip: float = 1.0,
                      beta: float = DEFAULT_BETA,
                      wrap_probability: float = DEFAULT_WRAP_PROBABILITY,
-                     orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS) -> DistributedPlan:
+                     orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS,
+                     min_survivors: int | None = None, colluding: int = 0) -> DistributedPlan:
     """Plan the smallest local noise for a target ``(epsilon, delta)`` against the server.
 
     ``rounds`` is the number of a client's participations (every round, conservatively, when the
-    server may pick the same client each time); every share is assumed to reach the sum.
-    For each candidate noise multiplier z the grid step follows from the bits
-    (:func:`grid_step`), the local share is ``z clip / sqrt(clients)`` and its epsilon comes
-    from :func:`distributed_epsilon`; the smallest passing z is returned. Raises ConfigError
-    when no noise reaches the target: the rounding then dominates (use more bits).
+    server may pick the same client each time). A round is released with as few as
+    ``min_survivors`` of the ``clients`` shares (None: all of them), ``colluding`` of which
+    may be the server's: the plan holds when only ``min_survivors - colluding`` honest shares
+    count in every round. For each candidate noise multiplier z the mechanism follows from
+    :func:`share_mechanism` (local share ``z clip / sqrt(min_survivors - colluding)``, the grid
+    step from the bits for ``clients`` uploads) and its epsilon from
+    :func:`distributed_epsilon`; the smallest passing z is returned. Raises ConfigError when
+    no noise reaches the target: the rounding then dominates (use more bits).
     """
     noise = _noise_kind(noise)
     _check_target(epsilon, delta, rounds)
     _check_bits(bits, clients)
-    dim = padded_dimension(model_size)
+    survivors = clients if min_survivors is None else int(min_survivors)
+    honest = counted_shares(survivors, colluding)  # refuses colluding >= survivors
+    if survivors > clients:
+        raise ConfigError(f"min_survivors {survivors} is more than the {clients} clients")
     a = _as_orders(orders)
 
     def mechanism_at(z: float) -> tuple[DistributedMechanism, float]:
-        local_sigma = z * clip / math.sqrt(clients)
-        gamma = grid_step(clip, dim, clients, bits, local_sigma, wrap_probability)
-        quantisation = Quantisation(clip, dim, gamma, beta)
-        return DistributedMechanism(noise, quantisation, local_sigma / gamma), local_sigma
+        mechanism = share_mechanism(noise, sigma=z, clip=clip, model_size=model_size,
+                                    capacity=clients, honest=honest, bits=bits, beta=beta,
+                                    wrap_probability=wrap_probability)
+        return mechanism, mechanism.local_std * mechanism.quantisation.gamma
 
     def eps_of(z: float) -> float:
-        return distributed_epsilon(mechanism_at(z)[0], [clients] * rounds, delta, 0, a).epsilon
+        return distributed_epsilon(mechanism_at(z)[0], [survivors] * rounds, delta, colluding,
+                                   a).epsilon
 
     central = central_gaussian_sigma(epsilon, delta, rounds, a)
     z = _smallest_passing(eps_of, epsilon, central, central * 1e3)
@@ -415,4 +429,60 @@ def plan_distributed(noise: DistributedNoise | str, *, epsilon: float, delta: fl
                           "noise: use more bits")
     mechanism, local_sigma = mechanism_at(z)
     return DistributedPlan(mechanism, bits, clients, rounds, model_size, z, local_sigma,
-                           eps_of(z), delta, central)
+                           eps_of(z), delta, central, survivors, colluding)
+
+
+def share_mechanism(noise: DistributedNoise | str, *, sigma: float, clip: float,
+                    model_size: int, capacity: int, honest: int, bits: int,
+                    beta: float = DEFAULT_BETA,
+                    wrap_probability: float = DEFAULT_WRAP_PROBABILITY) -> DistributedMechanism:
+    """The mechanism of a training round: each client's noise share, from the run's noise
+    multiplier ``sigma`` (the summed noise over the clip when only ``honest`` shares count).
+
+    The local share has standard deviation ``sigma clip / sqrt(honest)`` in the units of the
+    update, so that ``honest`` = min_survivors - colluding shares (the fewest a released round
+    counts) already add ``sigma clip``; the grid step lets the sum of ``capacity`` uploads (the
+    most a round sums) fit mod 2^bits (:func:`grid_step`). This is the one function that sets
+    the noise a client adds (``fl.secure_sum.encode``) and the noise the accountant prices.
+    """
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ConfigError(f"noise multiplier {sigma!r} must be a positive number")
+    if not (isinstance(honest, int | np.integer) and 1 <= honest <= capacity):
+        raise ConfigError(f"honest shares {honest!r} must be in [1, {capacity}]")
+    dim = padded_dimension(model_size)
+    local_sigma = sigma * clip / math.sqrt(honest)
+    gamma = grid_step(clip, dim, capacity, bits, local_sigma, wrap_probability)
+    return DistributedMechanism(_noise_kind(noise), Quantisation(clip, dim, gamma, beta),
+                                local_sigma / gamma)
+
+
+def secure_bits(noise: DistributedNoise | str, *, sigma: float, clip: float, model_size: int,
+                capacity: int, honest: int, within: float = 0.02, lowest: int = 8,
+                highest: int = 62) -> int:
+    """The fewest bits whose mechanism (:func:`share_mechanism`) costs at most ``within``
+    more noise than central DP: its sensitivity after rounding, Delta2 gamma in the units of
+    the update, is at most ``(1 + within) clip``, so the summed noise over it is at least
+    ``sigma / (1 + within)``. The rounding floor of about k sqrt(d) / 2^b on the scale sets
+    it by the model's size (18 bits for 65k parameters and 20 for 1M at 100 clients and noise
+    multiplier 44.8: the table in docs/accounting.md)."""
+    for bits in range(lowest, highest + 1):
+        try:
+            q = share_mechanism(noise, sigma=sigma, clip=clip, model_size=model_size,
+                                capacity=capacity, honest=honest, bits=bits).quantisation
+        except ConfigError:  # too few bits to hold the sum
+            continue
+        if q.l2 * q.gamma <= (1.0 + within) * clip:
+            return bits
+    raise ConfigError(f"no number of bits up to {highest} keeps the extra noise over central "
+                      f"DP within {within:.0%} for {model_size} parameters at sigma {sigma:g}")
+
+
+def share_variance(mechanism: DistributedMechanism) -> float:
+    """The variance of one client's noise share in grid units: local_std^2 for Skellam; for
+    the discrete Gaussian its pmf's (below s^2 for s < 1: Canonne, Kamath, Steinke 2020)."""
+    s = mechanism.local_std
+    if mechanism.noise is DistributedNoise.SKELLAM:
+        return s**2
+    k = np.arange(-math.ceil(12 * s) - 12, math.ceil(12 * s) + 13, dtype=float)
+    weights = np.exp(-(k**2) / (2.0 * s**2))
+    return float(np.sum(k**2 * weights) / np.sum(weights))

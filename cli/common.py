@@ -195,6 +195,8 @@ def privacy_sentence(p: PrivacyStatement, sigma_planned: bool = False) -> str:
             text += f" (epsilon {', '.join(other)})"
         if p.client_sampling:
             text += f"; {p.client_sampling}"
+        if p.secure_aggregation:
+            text += f"; {p.secure_aggregation}"
     elif notion == Notion.LOCAL and eps is not None:
         text = (f"local DP: each uploaded weight {p.round_epsilon:g}-LDP per round, "
                 f"{eps:g} per weight over the run (a whole upload: d x that)")

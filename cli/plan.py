@@ -67,6 +67,11 @@ def plan(
         None, "--clients-per-round", help="With --secure-aggregation: clients in each sum."),
     bits: int = typer.Option(20, "--bits",
                              help="With --secure-aggregation: bits of the modular sum."),
+    min_survivors: int | None = typer.Option(
+        None, "--min-survivors", help="With --secure-aggregation: the fewest shares a round "
+        "is released with (default: every client of the round)."),
+    colluding: int = typer.Option(0, "--colluding", help="With --secure-aggregation: clients "
+                                  "colluding with the server (their shares do not count)."),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Epsilon after each round, or plan sigma / rounds for a target (Theorem 5.8).
@@ -77,8 +82,11 @@ def plan(
     if secure_aggregation is not None:
         plan_secure(secure_aggregation.value, eps=eps, delta=delta, rounds=rounds,
                     model_size=model_size, clients=clients_per_round, bits=bits, sigma=sigma,
-                    json_output=json_output)
+                    json_output=json_output, min_survivors=min_survivors,
+                    colluding=colluding)
         return
+    if min_survivors is not None or colluding:
+        fail("--min-survivors and --colluding go with --secure-aggregation")
     from fedlap_privacy.accountant import FedLAPSchedule
     from fedlap_privacy.accountant.report import privacy_plan
 

@@ -10,7 +10,8 @@ from fedlap_privacy.cli.common import FoldingTable, console, fail, guarded, prin
 
 def plan_secure(noise: str, *, eps: float | None, delta: float, rounds: int | None,
                 model_size: int | None, clients: int | None, bits: int,
-                sigma: float | None, json_output: bool) -> None:
+                sigma: float | None, json_output: bool, min_survivors: int | None = None,
+                colluding: int = 0) -> None:
     """Plan the distributed noise for ``(eps, delta)`` and print it (one line and exit 2 on a
     missing or conflicting flag)."""
     from fedlap_privacy.accountant.distributed import plan_distributed
@@ -26,12 +27,14 @@ def plan_secure(noise: str, *, eps: float | None, delta: float, rounds: int | No
     assert clients is not None
     plan = guarded(lambda: plan_distributed(noise, epsilon=eps, delta=delta,
                                             model_size=model_size, clients=clients,
-                                            rounds=rounds, bits=bits))
+                                            rounds=rounds, bits=bits,
+                                            min_survivors=min_survivors, colluding=colluding))
     q = plan.mechanism.quantisation
     record = {
         "mechanism": plan.mechanism.noise.value, "threat_model": "server",
         "bits": plan.bits, "modulus": plan.modulus, "model_size": plan.model_size,
         "padded_dimension": q.dim, "clients_per_round": plan.clients, "rounds": plan.rounds,
+        "min_survivors": plan.min_survivors, "colluding": plan.colluding,
         "clip": q.clip, "grid_step": q.gamma, "rounding_bias": q.beta,
         "local_noise_std": plan.local_sigma, "local_noise_grid_units": plan.mechanism.local_std,
         "noise_multiplier": plan.noise_multiplier, "central_noise_multiplier": plan.central_sigma,
@@ -47,7 +50,8 @@ def plan_secure(noise: str, *, eps: float | None, delta: float, rounds: int | No
     table.add_column(justify="right")
     rows = [
         ("threat model", "server: it sees only the sum and knows whom it selected (no "
-                         "amplification); every share is assumed to reach the sum"),
+                         f"amplification); a round counts as few as {plan.min_survivors} "
+                         f"shares, {plan.colluding} of them colluding"),
         ("model size (padded)", f"{plan.model_size:,} ({q.dim:,})"),
         ("clients per round", f"{plan.clients}"),
         ("participations of a client", f"{plan.rounds} (every round, conservatively)"),

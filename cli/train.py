@@ -10,6 +10,7 @@ from typing import Any
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fedlap_privacy.accountant.distributed import DistributedNoise
 from fedlap_privacy.cli.common import (
     DATA_HELP,
     DRY_RUN_HELP,
@@ -36,9 +37,10 @@ from fedlap_privacy.fl.config_resolve import number_text
 from fedlap_privacy.fl.config_rules import METHODS
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
-from fedlap_privacy.vocabulary import ThreatModel
+from fedlap_privacy.vocabulary import ThreatModel, words
 
 Method = choice_enum("Method", METHODS)
+SecureNoise = choice_enum("SecureNoise", words(DistributedNoise))
 Preset = choice_enum("Preset", PRESETS)
 
 
@@ -97,6 +99,21 @@ def train(
         0, "--canaries", help="Insert M >= 2 canaries, each with a secret coin, for the one-run "
         "audit of `audit` (white-box Dirac gradients for the DP-SGD-like methods, canary "
         "clients for dp-normfedavg, canary records otherwise; --set canary_kind=black-box)."),
+    secure_aggregation: SecureNoise | None = typer.Option(  # type: ignore[valid-type]
+        None, "--secure-aggregation", help="dp-fedavg-client without trusting the server: "
+        "each client adds its share of skellam or discrete-gaussian noise to its encoded "
+        "update, the server decodes only the sum (--sigma: the noise multiplier of the sum "
+        "of the fewest honest shares). Epsilon against the server, outsiders' beside it."),
+    bits: int | None = typer.Option(None, "--bits", help="With --secure-aggregation: bits "
+                                    "of the modular sum (default: the fewest within 2% of "
+                                    "central DP's noise for the model's size)."),
+    min_survivors: int | None = typer.Option(
+        None, "--min-survivors", help="With --secure-aggregation: a round with fewer uploads "
+        "is not released (default: a fixed cohort's size; half the expected cohort under "
+        "Poisson sampling)."),
+    colluding: int | None = typer.Option(
+        None, "--colluding", help="With --secure-aggregation: clients assumed to collude "
+        "with the server (their noise shares are not counted)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda[:N]"),
     seed: int = typer.Option(0, "--seed", help="Public randomness only: initial weights and "
                              "the split (DP noise is secret unless --reproducible-noise)."),
@@ -163,6 +180,8 @@ def train(
         "threat_model": None if threat_model is None else threat_model.value,
         "reproducible_noise": reproducible_noise or None,
         "canaries": canaries or None,
+        "secure_aggregation": None if secure_aggregation is None else secure_aggregation.value,
+        "secure_bits": bits, "min_survivors": min_survivors, "colluding": colluding,
     }
     if resume:  # the recorded configuration; a flag asking for another value is refused
         typed = _typed_flags(ctx, {**flags, "reproducible_noise": reproducible_noise,
@@ -176,6 +195,8 @@ def train(
         guarded(lambda: check_writable(out, probe=not dry_run))
     if preset is None and not resume and not json_output:
         print_schedule(schedule.value, cfg)
+    if engine is not Engine.simulation and cfg.secure_aggregation is not None:
+        fail("--secure-aggregation runs in process only in this release: --engine simulation")
     if engine is not Engine.simulation:
         _require_flower(engine)
     elif allow_client_failures or node_policy is not None:
@@ -304,7 +325,8 @@ def _typed(ctx: typer.Context, param: str) -> bool:
 def _typed_flags(ctx: typer.Context, values: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     """The configuration flags the user typed, but --rounds (it may change on --resume):
     "--flag" -> (configuration key, value)."""
-    params = {key: "alpha" if key == "dirichlet_alpha" else key for key in values}
+    params = {key: {"dirichlet_alpha": "alpha", "secure_bits": "bits"}.get(key, key)
+              for key in values}
     return {f"--{params[key].replace('_', '-')}": (key, value) for key, value in values.items()
             if key != "rounds" and _typed(ctx, params[key])}
 

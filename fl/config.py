@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +152,15 @@ class TrainConfig:
     # the model packs (the fastest there: docs/train.md, "Cross-device scale"), else the loop;
     # vectorised on an accelerator where the model allows. The same result up to rounding
     cohort_training: str = "auto"
+    # dp-fedavg-client over secure aggregation (docs/threat-model.md): each client adds its
+    # share of "skellam" or "discrete-gaussian" noise (fl/secure_sum/training.py); None: the
+    # trusted server adds Gaussian noise. Bits of the modular sum (None: the fewest within 2%
+    # of central DP's noise for the model's size), the fewest uploads a round is released
+    # with (None: secure_min_survivors), and the clients assumed to collude with the server
+    secure_aggregation: str | None = None
+    secure_bits: int | None = None
+    min_survivors: int | None = None
+    colluding: int = 0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> TrainConfig:
         """Records the keys the caller passed (:attr:`given`), positionally or by name."""
@@ -279,6 +289,7 @@ class TrainConfig:
         self._validate_client_count()
         self.spec.check(self)
         self._validate_canaries()
+        self._validate_secure()
         allowed = NOTION_THREAT_MODELS[self.notion]
         if self.threat_model is not None and self.threat_model not in allowed:
             raise ConfigError(
@@ -317,6 +328,46 @@ class TrainConfig:
         if self.canaries:
             raise ConfigError("canaries are sampled at the client fraction: they do not run "
                               "with fixed-size cohorts (clients per round)")
+    @property
+    def secure_capacity(self) -> int:
+        """The most uploads a round over secure aggregation sums: K, else every client plus
+        every canary client (Poisson sampling may select them all)."""
+        return self.clients_per_round or self.clients + self.canaries
+
+    @property
+    def secure_min_survivors(self) -> int:
+        """``min_survivors``, else every client of a fixed cohort (K, or all at client
+        fraction 1) and half the expected cohort, rounded up, under Poisson sampling; at
+        least one more than the colluding clients."""
+        if self.min_survivors is not None:
+            return self.min_survivors
+        fixed = self.clients_per_round or (self.clients if self.client_fraction == 1.0 else 0)
+        return max(fixed or math.ceil(self.sampling.expected_cohort / 2), self.colluding + 1)
+
+    def _validate_secure(self) -> None:
+        """Secure aggregation: client-level DP-FedAvg with a fixed clip and a given sigma
+        (the noise multiplier of the sum of min_survivors - colluding honest shares)."""
+        if self.secure_aggregation is None:
+            if self.secure_bits is not None or self.min_survivors is not None or self.colluding:
+                raise ConfigError("bits, min_survivors and colluding go with secure_aggregation "
+                                  "(--secure-aggregation)")
+            return
+        why = (f"is client-level DP-FedAvg's (--method dp-fedavg-client), not {self.method}'s"
+               if self.method != "dp-fedavg-client" else
+               "sums the updates at a fixed clip: adaptive clipping's noisy count is not summed "
+               "securely (leave clip_quantile unset)" if self.clip_quantile is not None else
+               "takes the noise multiplier of the sum as --sigma (plan it with plan "
+               "--secure-aggregation), not --target-eps" if self.target_eps is not None else
+               "draws every share from the operating system: --reproducible-noise does not "
+               "apply" if self.reproducible_noise else None)
+        if why is None and not (self.colluding < self.secure_min_survivors
+                                <= self.secure_capacity):
+            why = (f"needs colluding ({self.colluding}) < min_survivors "
+                   f"({self.secure_min_survivors}) <= the uploads a round sums "
+                   f"({self.secure_capacity})")
+        if why is not None:
+            raise ConfigError(f"secure aggregation {why}")
+
     def _validate_client_count(self) -> None:
         """A built-in dataset's records must go round the clients (each holds one or more;
         the shards split two shards of one or more): refused before the data is read."""

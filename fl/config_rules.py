@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedlap_privacy.accountant import accountant_names
+from fedlap_privacy.accountant.distributed import DistributedNoise
 from fedlap_privacy.accountant.planning import SIGMA_RANGE
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.methods.method_table import LDP_MAX_EPSILON, METHOD_TABLE
@@ -185,4 +186,8 @@ FIELD_RULES: dict[str, FieldRule] = {
     "canary_kind": _words(lambda: words(CanaryKind)),
     "canary_coordinates": _words(lambda: words(CanaryCoordinates)),
     "cohort_training": _words(lambda: COHORT_TRAINING),
+    "secure_aggregation": _words(lambda: words(DistributedNoise)),
+    "secure_bits": _int(2, 62),  # the sum must also fit without wrap-around (accountant)
+    "min_survivors": _int(1, 100_000),
+    "colluding": _int(0, 100_000),
 }

@@ -38,7 +38,9 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
     ``epsilon`` / ``delta`` / ``notion`` / ``threat_model`` come from composing the ledger's
     recorded rounds (:meth:`fedlap_privacy.state.ledger.PrivacyLedger.replay`, checked against the
     private state's ``digest`` when given); the checkpoint's stored ``privacy.epsilon`` is
-    only reported beside it (``stored_epsilon``, ``stored_matches``).
+    only reported beside it (``stored_epsilon``, ``stored_matches``; over secure aggregation
+    the stored epsilon is the one against the server, recomputed from the entries' secure
+    records, while the audit tests the outsiders' promise the released model is bound by).
     """
     privacy = privacy if isinstance(privacy, dict) else {}
     replayed = PrivacyLedger.replay(ledger if ledger is not None else [], digest)
@@ -47,14 +49,18 @@ def privacy_claim(privacy: Any, ledger: Any = None, digest: str | None = None) -
     epsilon = None if math.isinf(recomputed) else recomputed
     delta = replayed.delta
     stored = _number(privacy.get("epsilon"))
+    headline = epsilon  # over secure aggregation the stored one is against the server
+    if any(e.secure is not None for e in replayed.entries):
+        server = replayed.server_epsilon()
+        headline = None if math.isinf(server) else server
     recorded = dict(
         notion=notion, epsilon=epsilon, delta=delta,
         accountant=replayed.accountant if Notion(notion).gaussian else None,
         threat_model=replayed.threat_model, noise=replayed.noise,
         rounds=replayed.rounds_spent, stored_epsilon=stored,
-        stored_matches=(stored is None and epsilon is None) or (
-            stored is not None and epsilon is not None
-            and math.isclose(stored, epsilon, rel_tol=1e-6)),
+        stored_matches=(stored is None and headline is None) or (
+            stored is not None and headline is not None
+            and math.isclose(stored, headline, rel_tol=1e-6)),
     )
     return PrivacyClaim(**recorded, **_tested(notion, epsilon, delta))
 

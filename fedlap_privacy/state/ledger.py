@@ -36,6 +36,13 @@ Threat models (who the epsilon holds against; see ``docs/threat-model.md``):
   in the clear and adds the noise itself; the epsilon holds against those who see the
   released models only, never against the server.
 
+Over secure aggregation (``dp-fedavg-client --secure-aggregation``) each entry also carries
+a typed :class:`~fedlap_privacy.state.secure_rounds.SecureRound` (the distributed mechanism of
+the round, the shares that reached the sum, its RDP against the server):
+:meth:`PrivacyLedger.server_epsilon` composes those per client, while the entry's Gaussian
+fields price the outsiders' epsilon (``trusted-server``). A round secure aggregation refused
+(status ``refused``) spends nothing under either.
+
 What is released (:meth:`PrivacyLedger.released_entries`): the epsilon of
 ``hidden-selection`` and ``trusted-server`` uses amplification by client sampling, which
 holds only if whoever it is stated for does not know who was selected. Their released
@@ -65,6 +72,7 @@ from fedlap_privacy.accountant import (
     composed_epsilon,
 )
 from fedlap_privacy.errors import CheckpointError, ConfigError
+from fedlap_privacy.state.secure_rounds import REFUSED, SecureRound, server_epsilon
 from fedlap_privacy.vocabulary import (
     NOTION_THREAT_MODELS,
     NoiseKind,
@@ -103,6 +111,9 @@ class LedgerEntry:
     rounds_spent: int
     epsilon: float | None  # after this round, under the entry's threat model
     round_epsilon: float | None = None  # local DP: per-weight epsilon of this round
+    # client level over secure aggregation: the round's distributed-DP record; its status
+    # "refused" (nothing released) spends nothing (fedlap_privacy.state.secure_rounds)
+    secure: SecureRound | None = None
 
     @property
     def clients(self) -> int | None:
@@ -115,8 +126,9 @@ class LedgerEntry:
 
     def without_selection(self) -> LedgerEntry:
         """The entry as released where the selection is hidden: no participants, no
-        realised accesses (module docstring)."""
-        return dataclasses.replace(self, participants=None, accesses=None)
+        realised accesses, and a secure round's counts at their worst case (module docstring)."""
+        secure = None if self.secure is None else self.secure.withheld()
+        return dataclasses.replace(self, participants=None, accesses=None, secure=secure)
 
     def rates(self, selection_hidden: bool) -> RoundRates:
         assert self.q1 is not None and self.q2 is not None and self.local_steps is not None
@@ -130,8 +142,9 @@ class LedgerEntry:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> LedgerEntry:
         try:
-            chosen = values["participants"]
-            entry = cls(**{**values, "participants": None if chosen is None else tuple(chosen)})
+            chosen, secure = values["participants"], values.get("secure")
+            entry = cls(**{**values, "participants": None if chosen is None else tuple(chosen),
+                           "secure": None if secure is None else SecureRound.from_dict(secure)})
         except (TypeError, KeyError) as exc:
             raise CheckpointError(f"malformed ledger entry ({exc})") from None
         return entry
@@ -204,7 +217,7 @@ class PrivacyLedger:
         ``trusted-server``: every round at its recorded ``(q1, q2)``. ``accountant``: the
         one that composes them (default: the ledger's, the one its entries record).
         """
-        entries = self.entries + (extra or [])
+        entries = [e for e in self.entries + (extra or []) if e.status != REFUSED]
         if self.notion == Notion.NONE:
             return math.inf
         if self.notion == Notion.LOCAL:
@@ -241,6 +254,16 @@ class PrivacyLedger:
         names = (self.accountant, *(a for a in accountant_names() if a != self.accountant))
         return {a: self.epsilon_under(threat, accountant=a) for a in names}
 
+    def server_epsilon(self, extra: list[LedgerEntry] | None = None) -> float:
+        """Client level over secure aggregation: epsilon against the server itself, from the
+        rounds' distributed-DP records (:func:`~fedlap_privacy.state.secure_rounds.server_epsilon`;
+        0 without one)."""
+        rounds = [(e.secure, e.participants) for e in self.entries + (extra or [])
+                  if e.secure is not None]
+        if not rounds or self.delta is None:
+            return 0.0
+        return server_epsilon(rounds, self.clients, self.delta)
+
     @property
     def epsilon(self) -> float:
         """Epsilon spent, against the ledger's threat model."""
@@ -249,7 +272,7 @@ class PrivacyLedger:
 
     def _entry(
         self, round_: int, accesses: int, participants: list[int] | tuple[int, ...],
-        status: str, local_steps: int | None,
+        status: str, local_steps: int | None, secure: SecureRound | None = None,
     ) -> LedgerEntry:
         gaussian = Notion(self.notion).gaussian
         schedule = None
@@ -281,6 +304,7 @@ class PrivacyLedger:
             accesses=accesses, participants=tuple(sorted(int(k) for k in participants)),
             rounds_spent=self.rounds_spent + 1, epsilon=None,
             round_epsilon=self.round_epsilon if self.notion == Notion.LOCAL else None,
+            secure=secure,
         )
 
     def projected_epsilon(self, local_steps: int | None = None) -> float:
@@ -296,11 +320,18 @@ class PrivacyLedger:
         participants: list[int] | tuple[int, ...],
         status: str = "completed",
         local_steps: int | None = None,
+        secure: SecureRound | None = None,
     ) -> LedgerEntry:
-        """Append the round and return its entry; refuses accesses beyond the accounted T."""
-        entry = self._entry(round_, accesses, participants, status, local_steps)
+        """Append the round and return its entry; refuses accesses beyond the accounted T.
+        ``secure``: the round's record over secure aggregation (its epsilon against the
+        server after this round is filled in)."""
+        entry = self._entry(round_, accesses, participants, status, local_steps, secure)
         eps = self.epsilon_under(self.threat_model or ThreatModel.SERVER, [entry])
         entry = dataclasses.replace(entry, epsilon=None if math.isinf(eps) else eps)
+        if secure is not None:
+            server = self.server_epsilon([entry])
+            entry = dataclasses.replace(
+                entry, secure=secure.with_epsilon(None if math.isinf(server) else server))
         self.entries.append(entry)
         return entry
 
@@ -372,6 +403,12 @@ class PrivacyLedger:
                     )
             if e.round < previous or e.rounds_spent != i + 1:
                 raise CheckpointError(f"ledger entry {i + 1} is out of order")
+            if e.secure is not None:
+                e.secure.check(f"ledger entry {i + 1}")
+            if (e.status == REFUSED) != (e.secure is not None and not e.secure.released):
+                raise CheckpointError(f"ledger entry {i + 1} is {e.status!r} but its record "
+                                      "says otherwise: only a refused secure round spends "
+                                      "nothing")
             if e.withheld and not selection_withheld(self.threat_model):
                 raise CheckpointError(
                     f"ledger entry {i + 1} withholds who was selected, but its epsilon "
@@ -387,10 +424,23 @@ class PrivacyLedger:
             recorded = loaded[-1].epsilon
             self.entries = loaded
             eps = self.epsilon
+            last = loaded[-1].secure
+            server = None if last is None else _finite(self.server_epsilon())
             if (recorded is None) != math.isinf(eps) or (
                 recorded is not None and not math.isclose(recorded, eps, rel_tol=_RTOL)
-            ):
+            ) or (last is not None and last.server_epsilon is not None
+                  and not _same(last.server_epsilon, server)):
                 self.entries = []
                 raise CheckpointError(
                     f"the ledger records epsilon {recorded}, its entries compose to {eps}"
+                    + ("" if last is None else f" (against the server: recorded "
+                       f"{last.server_epsilon}, composed {server})")
                 )
+
+
+def _finite(eps: float) -> float | None:
+    return None if math.isinf(eps) else eps
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return (a is None) == (b is None) and (a is None or math.isclose(a, b, rel_tol=_RTOL))

@@ -352,12 +352,24 @@ Timer = Callable[[TrainConfig, Dataset, str], RoundTiming]
 
 def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
              start_round: int = 1, ledger_entries: list[dict[str, Any]] | None = None,
-             sigma_planned: bool | None = None) -> RunPlan:
+             sigma_planned: bool | None = None, data: Dataset | None = None) -> RunPlan:
     """The plan of ``cfg`` on clients of ``sizes``: sigma planned as the run plans it, then
     its rounds entered in a fresh ledger (after ``ledger_entries``, a resumed run's), each
-    with every client selected, stopping where the run's target check would stop it."""
+    with every client selected, stopping where the run's target check would stop it. Over
+    secure aggregation the mechanism is the run's for its model on ``data`` (each round
+    priced at min_survivors shares)."""
     planned = with_planned_sigma(cfg, list(sizes))
-    ledger = build_ledger(planned, list(sizes))
+    secure = None
+    if planned.secure_aggregation is not None and data is not None:
+        import torch
+
+        from fedlap_privacy.fl.run.user_runs import run_model
+        from fedlap_privacy.fl.secure_sum.training import SecurePlan
+
+        with torch.random.fork_rng(devices=[]):
+            model = run_model(planned, data.input_shape, data.num_classes).model
+        secure = SecurePlan.of(planned, sum(p.numel() for p in model.parameters()))
+    ledger = build_ledger(planned, list(sizes), secure)
     if ledger_entries:
         ledger.load(ledger_entries)
     steps = planned.spec.first_steps(planned)
@@ -369,7 +381,8 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
                 ledger.projected_epsilon(steps) > planned.target_eps):
             stop = f"target epsilon {planned.target_eps:g} would be exceeded in round {m}"
             break
-        ledger.record(m, steps, everyone, local_steps=steps)
+        ledger.record(m, steps, everyone, local_steps=steps, secure=None if secure is None else
+                      secure.record(len(everyone), secure.min_survivors, released=True))
         rounds_run += 1
     seconds = None if timing is None else timing.seconds(planned, rounds_run, steps)
     scale = cross_device_defaults(planned.to_dict())
@@ -377,7 +390,8 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
         config=planned,
         sigma_planned=(planned.sigma != cfg.sigma) if sigma_planned is None else sigma_planned,
         accesses_per_round=steps, rounds_run=rounds_run,
-        privacy=privacy_statement(planned, ledger), stop=stop, seconds=seconds,
+        privacy=privacy_statement(planned, ledger, None if secure is None else secure.describe()),
+        stop=stop, seconds=seconds,
         start_round=start_round, timing=timing,
         defaults=None if scale is None else scale.describe(planned),
     )
@@ -423,7 +437,7 @@ def plan_train(cfg: TrainConfig | None, out: Path, device: str = "auto", resume:
             problems.append(f"{data_plan.missing} (about {size / 1e6:.0f} MB)" if size
                             else data_plan.missing)
     timing = (timer or time_steps)(cfg, data, device)
-    run = plan_run(cfg, data_plan.client_sizes, timing, start, entries, planned_before)
+    run = plan_run(cfg, data_plan.client_sizes, timing, start, entries, planned_before, data)
     warnings = privacy_warnings(run.config, list(data_plan.client_sizes),
                                 run.privacy.epsilon)
     return TrainPlan(data_plan, run, str(out), resume,
@@ -452,7 +466,7 @@ def plan_compare(jobs: Sequence[Any], out: Path, device: str = "auto",
         history = load_history(folder) if holds_run(folder) else []
         done = len(history) >= job.rounds
         runs.append((job.method, job.eps, job.seed,
-                     plan_run(job.config, data_plan.client_sizes, timings[key]), done))
+                     plan_run(job.config, data_plan.client_sizes, timings[key], data=data), done))
     return ComparePlan(data_plan, tuple(runs), str(out))
 
 

@@ -263,7 +263,10 @@ def _execute(run: TrainingRun, callback: Callback | None, estimate: bool = False
     cfg, out = run.cfg, run.out
     callback = callback or (lambda event, info: None)
     callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": run.round + 1})
-    for warning in privacy_warnings(cfg, run.sizes):
+    secure = run.secure
+    planned = None if secure is None else secure.planned_epsilon(cfg.rounds, cfg.delta)
+    for warning in privacy_warnings(cfg, run.sizes, planned) + (
+            [] if secure is None else secure.warnings()):
         callback("warning", {"message": warning})
     if estimate and run.round == 0 and run.ask_clients is local_clients and not run.vectorised:
         _estimate(run, callback)

@@ -45,10 +45,12 @@ from fedlap_privacy.fl.run.released_metrics import released_history
 from fedlap_privacy.fl.run.run_files import METRICS, PENDING, commit_run_files, public_config
 from fedlap_privacy.fl.run.run_records import PrivacyStatement, RoundRecord
 from fedlap_privacy.fl.run.user_runs import prepare_data, run_model
+from fedlap_privacy.fl.secure_sum.training import SecurePlan, secure_sum_round
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.ledger import ledger_digest, selection_withheld
 from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState, ValidationScore
+from fedlap_privacy.state.secure_rounds import REFUSED, SecureRound
 from fedlap_privacy.vocabulary import CanaryKind, NoiseKind
 
 __all__ = [
@@ -160,6 +162,9 @@ class TrainingRun:
         ask_clients: AskClients = local_clients, data: Dataset | None = None,
         split_seed: int | None = None,
     ) -> None:
+        if cfg.secure_aggregation is not None and ask_clients is not local_clients:
+            raise ConfigError("secure aggregation runs in process only in this release: train "
+                              "it with --engine simulation")
         self.split_seed = run_split_seed(cfg, split_seed)
         if data is None and cfg.data is not None:  # a user's records (fl.run.user_runs)
             cfg, data = prepare_data(cfg, self.split_seed)
@@ -170,7 +175,6 @@ class TrainingRun:
         self.sizes = [len(p) for p in self.parts]
         self.sigma_planned = cfg.private and cfg.sigma is None
         self.cfg = cfg = with_planned_sigma(cfg, self.sizes)
-        self.ledger = build_ledger(cfg, self.sizes)
         self.x_test = torch.from_numpy(self.data.x_test).to(device)
         self.y_test = torch.from_numpy(self.data.y_test).to(device)
         held = torch.from_numpy(validation_indices(cfg, self.data, self.split_seed))
@@ -180,6 +184,9 @@ class TrainingRun:
         built = run_model(cfg, self.data.input_shape, self.data.num_classes)
         self.model_config, self.model_factory = built.model_config, built.factory
         self.model = built.model.to(device)
+        self.secure = None if cfg.secure_aggregation is None else SecurePlan.of(
+            cfg, sum(p.numel() for p in self.model.parameters()))
+        self.ledger = build_ledger(cfg, self.sizes, self.secure)
         self.method = build_method(cfg, device)
         self.server_state = self.method.init_server_state(self.model, self.ledger)
         self.client_state: list[dict[str, Any]] = [{} for _ in range(cfg.clients)]
@@ -340,7 +347,8 @@ class TrainingRun:
     def privacy(self) -> PrivacyStatement:
         """The run's privacy statement; a user's data without a test set adds what its
         evaluation on held-out private records releases (fedlap_privacy.data.user_data)."""
-        statement = privacy_statement(self.cfg, self.ledger)
+        statement = privacy_statement(self.cfg, self.ledger,
+                                      None if self.secure is None else self.secure.describe())
         if self.data.held_out:
             statement = dataclasses.replace(statement, public=(*statement.public, HELD_OUT_NOTE))
         return statement
@@ -429,10 +437,30 @@ class TrainingRun:
             return
         if round_ != self.round + 1:
             raise CheckpointError(f"{PENDING} names round {round_}, the run is at {self.round}")
-        self.ledger.record(round_, steps, chosen, "interrupted", local_steps=steps)
+        secure = None if self.secure is None else self.secure.record(  # the fewest shares
+            len(chosen), self.secure.min_survivors, released=True)
+        self.ledger.record(round_, steps, chosen, "interrupted", local_steps=steps, secure=secure)
         self.save()
 
     # ---------------------------------------------------------------- one round
+    def _secure_step(self, sent: list[Reply], planned: int
+                     ) -> tuple[dict[str, Any], SecureRound]:
+        """Over secure aggregation: the clients' clipped updates summed by
+        :func:`~fedlap_privacy.fl.secure_sum.training.secure_sum_round` (``planned`` set up,
+        ``sent`` answered), the server's step on the decoded sum; the round's record."""
+        names = [n for n, _ in self.model.named_parameters()]
+        updates = [torch.cat([r.payload[n].detach().double().flatten() for n in names])
+                   .cpu().numpy() for r in sent]
+        assert self.secure is not None
+        outcome = secure_sum_round(self.secure, updates, planned)
+        extra: dict[str, Any] = {"expected_clients": self.cfg.sampling.expected_cohort,
+                                 "clip": self.cfg.clip, "secure_received": len(sent)}
+        if outcome.total is None:
+            extra["secure_refused"] = outcome.refused
+        else:
+            self.method.step_on_sum(self.model, torch.from_numpy(outcome.total))
+        return extra, outcome.record
+
     def run_round(
         self, m: int, local_steps: int, chosen: list[int], callback: Callback
     ) -> tuple[RoundRecord, ValidationScore | None]:
@@ -443,27 +471,42 @@ class TrainingRun:
         replies = self.ask_clients(self, m, chosen, info, callback)
         extra: dict[str, Any] = {}
         canary_clients = self.canaries is not None and self.canaries.kind == CanaryKind.CLIENTS
+        secure, status = None, "completed"
         if replies or self.method.aggregate_without_replies:
             server_gen = dp_generator(cfg, self.device, m, SERVER_KEY)
             before = flat_weights(self.model) if canary_clients else None
-            sent = replies
+            sent, canary_sent = replies, []
             if canary_clients:
                 assert self.canaries is not None
-                sent = replies + self.canaries.canary_replies(cfg, self.model, m)
-            extra = self.method.aggregate(self.model, sent, self.server_state, info, server_gen)
-            if before is not None and self.canaries is not None:
+                canary_sent = self.canaries.canary_replies(cfg, self.model, m)
+                sent = replies + canary_sent
+            if self.secure is None:
+                extra = self.method.aggregate(self.model, sent, self.server_state, info,
+                                              server_gen)
+            else:
+                extra, secure = self._secure_step(sent, len(chosen) + len(canary_sent))
+                status = "completed" if secure.released else REFUSED
+            if before is not None and self.canaries is not None and status != REFUSED:
                 self.canaries.observe_round(before, flat_weights(self.model))
         accesses = max((r.accesses for r in replies), default=0)
-        entry = self.ledger.record(m, accesses, chosen, local_steps=local_steps)
+        entry = self.ledger.record(m, accesses, chosen, status, local_steps, secure)
+        epsilon = entry.epsilon
+        if self.secure is not None:  # against the server, as the release states it
+            shown = self.ledger.released() if self.withholds_selection else self.ledger
+            epsilon = _finite_or_none(shown.server_epsilon())
         acc, loss = evaluate(self.model, self.x_test, self.y_test)
         validation = None
         if len(self.y_val):
             validation = ValidationScore(m, *evaluate(self.model, self.x_val, self.y_val))
         upload = [r.upload_bytes for r in replies]
         return RoundRecord(
-            round=m, test_accuracy=acc, test_loss=loss, epsilon=entry.epsilon,
+            round=m, test_accuracy=acc, test_loss=loss, epsilon=epsilon,
             delta=entry.delta, rounds_spent=entry.rounds_spent, local_steps=entry.local_steps,
             lr=info.lr, accesses=accesses, clients=len(chosen), replies=len(replies),
             upload_bytes=float(np.mean(upload)) if upload else 0.0,
             seconds=time.perf_counter() - t0, extras=extra,
         ), validation
+
+
+def _finite_or_none(eps: float) -> float | None:
+    return None if eps == float("inf") else eps

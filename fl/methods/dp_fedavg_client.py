@@ -38,6 +38,12 @@ Contract — the mechanism :mod:`fedlap_privacy.accountant.client_level` prices:
   ``clip_count_sigma`` (default max(m / 20, sigma)). ``C_t`` is computed from released
   noisy values only (post-processing) and is broadcast to the clients.
 
+Over secure aggregation (``secure_aggregation``, :mod:`fedlap_privacy.fl.secure_sum.training`)
+the server never sees an update: each client's clipped upload is encoded with its own integer
+noise share and masked, the server decodes only the sum and steps with
+:meth:`DPFedAvgClient.step_on_sum` (no server noise); the epsilon then also holds against the
+server (distributed DP, ``fedlap_privacy.accountant.distributed``). Fixed clipping only.
+
 A round in which no client was selected still releases noise (``aggregate_without_replies``).
 The amplification by sampling holds against observers of the models who do not know who
 was selected, so the release (``ckpt.pt``, ``metrics.jsonl``) withholds who was selected in
@@ -162,6 +168,18 @@ class DPFedAvgClient(Method):
         if self.adaptive:
             payload[BELOW_CLIP] = torch.tensor(1.0 if norm <= clip else 0.0)
         return Reply(payload, 1, records)
+
+    def step_on_sum(self, model: nn.Module, total: Tensor) -> None:
+        """Over secure aggregation: the server's step on the decoded noisy sum of the clipped
+        updates (flat, in ``named_parameters`` order; the noise came from the clients),
+        ``w_g += server_lr * total / m`` with m the expected cohort (public)."""
+        scale = self.cfg.server_lr / self.cfg.sampling.expected_cohort
+        offset = 0
+        with torch.no_grad():
+            for p in model.parameters():
+                piece = total[offset:offset + p.numel()].view_as(p)
+                p.add_(piece.to(p.device, p.dtype), alpha=scale)
+                offset += p.numel()
 
     def aggregate(
         self, model: nn.Module, replies: list[Reply], server_state: State, info: RoundInfo,

@@ -8,6 +8,7 @@ this module decides what a NEW run is accounted with.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from fedlap_privacy.accountant import AccountantName, FedLAPSchedule, epsilon, plan_sigma
 from fedlap_privacy.accountant.report import large_epsilon_reason
@@ -22,6 +23,9 @@ from fedlap_privacy.vocabulary import (
     Notion,
     ThreatModel,
 )
+
+if TYPE_CHECKING:
+    from fedlap_privacy.fl.secure_sum.training import SecurePlan
 
 __all__ = [
     "build_ledger", "check_accountable", "large_epsilon_warning", "planned_epsilon",
@@ -90,15 +94,18 @@ def check_accountable(cfg: TrainConfig, schedule: FedLAPSchedule, sigma: float) 
                           "--set accountant=rdp") from None
 
 
-def build_ledger(cfg: TrainConfig, client_sizes: list[int]) -> PrivacyLedger:
+def build_ledger(cfg: TrainConfig, client_sizes: list[int],
+                 secure: SecurePlan | None = None) -> PrivacyLedger:
     """The empty ledger of a run of ``cfg`` (whose sigma is set: :func:`with_planned_sigma`),
     after :func:`check_accountable` found its accountant can price every round. Its sigma is
     the multiplier the accountant composes: the run's, halved for fixed-size client cohorts
-    (:mod:`fedlap_privacy.accountant.client_level`)."""
+    (:mod:`fedlap_privacy.accountant.client_level`); over secure aggregation (``secure``) the
+    one against outsiders, :attr:`~fedlap_privacy.fl.secure_sum.training.SecurePlan.outsider_sigma`
+    (the epsilon against the server comes from each entry's secure record)."""
     schedule = run_schedule(cfg, client_sizes)
     if schedule is not None and cfg.sigma is None:
         raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
-    sigma = cfg.sigma
+    sigma = cfg.sigma if secure is None else secure.outsider_sigma
     if sigma is not None and cfg.notion == Notion.CLIENT:  # fixed cohorts: sigma / 2
         sigma = cfg.sampling.accounted_sigma(sigma)
     if schedule is not None and sigma is not None:
@@ -114,7 +121,8 @@ def _finite(eps: float) -> float | None:
     return None if eps == float("inf") else eps
 
 
-def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger) -> PrivacyStatement:
+def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger,
+                      secure: str | None = None) -> PrivacyStatement:
     """The privacy statement of a run (in ``ckpt.pt`` and the summary; read by ``audit``).
 
     ``epsilon`` holds against ``threat_model`` (the one ``target_eps`` enforces), composed by
@@ -126,7 +134,10 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger) -> PrivacyStateme
     the release states who was selected in each round ("released") or withholds it because
     the epsilon assumes it hidden ("withheld"); there the epsilon against the server is
     computed from the released ledger too (every client counted in every round), so that it
-    reveals nothing of the selection either.
+    reveals nothing of the selection either. Over secure aggregation (``secure``, its
+    description) the epsilon is the one against the server (distributed DP, the released
+    rounds priced at min_survivors; composed in RDP), the outsiders' (``trusted-server``, by
+    the run's accountant) beside it.
     """
     gaussian = cfg.private
     allowed = NOTION_THREAT_MODELS[Notion(ledger.notion)]
@@ -134,15 +145,21 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger) -> PrivacyStateme
     shown = ledger.released() if withheld else ledger
     by_threat = {t.value: shown.epsilon_under(t) for t in allowed} if len(allowed) > 1 else None
     eps = by_threat[ledger.threat_model] if by_threat and ledger.threat_model else ledger.epsilon
+    threat, accountant = ledger.threat_model, cfg.accountant if gaussian else None
+    by_accountant = shown.epsilon_by_accountant() if gaussian else None
+    if secure is not None:  # the distributed mechanism's RDP (accountant.distributed)
+        accountant, by_accountant = AccountantName.RDP.value, None
+        by_threat = {ThreatModel.SERVER.value: shown.server_epsilon(), threat or "": eps}
+        threat, eps = ThreatModel.SERVER.value, by_threat[ThreatModel.SERVER]
     return PrivacyStatement(
         notion=ledger.notion,
         epsilon=_finite(eps),
-        threat_model=ledger.threat_model,
+        threat_model=threat,
         epsilon_by_threat_model=by_threat,
         delta=cfg.delta if gaussian else None,
         sigma=cfg.sigma if gaussian else None,
-        accountant=cfg.accountant if gaussian else None,
-        epsilon_by_accountant=shown.epsilon_by_accountant() if gaussian else None,
+        accountant=accountant,
+        epsilon_by_accountant=by_accountant,
         round_epsilon=ledger.round_epsilon,
         noise=ledger.noise,
         private=ledger.notion != Notion.NONE and ledger.noise == NoiseKind.SECRET,
@@ -150,6 +167,7 @@ def privacy_statement(cfg: TrainConfig, ledger: PrivacyLedger) -> PrivacyStateme
         selection="withheld" if withheld else "released",
         # client level: who takes part each round and how that is accounted
         client_sampling=cfg.sampling.describe() if cfg.notion == Notion.CLIENT else None,
+        secure_aggregation=secure,
     )
 
 
@@ -191,6 +209,7 @@ def large_epsilon_warning(cfg: TrainConfig, sizes: list[int], eps: float | None)
             f"{smallest:,} records)") or ""
         change = "a smaller --batch-size or more records per client (fewer --clients)"
     target = ("a smaller --target-eps" if cfg.target_eps is not None
+              else "a sigma planned by plan --secure-aggregation" if cfg.secure_aggregation
               else "--target-eps E (sigma planned for it)")
     return (f"epsilon {eps:.1f} after {cfg.rounds} rounds is above the usual range (at most "
             f"about {LARGE_EPSILON:g}) and promises little: {why}. To lower it: more noise "

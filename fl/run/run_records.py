@@ -81,12 +81,14 @@ class PrivacyStatement:
     public: tuple[str, ...]
     selection: str
     client_sampling: str | None = None
+    secure_aggregation: str | None = None  # the mechanism over secure aggregation, if any
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["public"] = list(self.public)
-        if self.client_sampling is None:
-            del out["client_sampling"]
+        for optional in ("client_sampling", "secure_aggregation"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod
@@ -95,9 +97,10 @@ class PrivacyStatement:
         public = _take(data, "public", (list, tuple), what)
         if not all(isinstance(p, str) for p in public):
             raise CheckpointError(f"{what}: 'public' is not a list of strings")
-        sampling = data.get("client_sampling")
-        if sampling is not None and not isinstance(sampling, str):
-            raise CheckpointError(f"{what}: 'client_sampling' is not a string")
+        sampling, secure = data.get("client_sampling"), data.get("secure_aggregation")
+        for key, value in (("client_sampling", sampling), ("secure_aggregation", secure)):
+            if value is not None and not isinstance(value, str):
+                raise CheckpointError(f"{what}: {key!r} is not a string")
         return cls(
             notion=_take(data, "notion", (str,), what),
             epsilon=_take(data, "epsilon", _NUMBER, what, optional=True),
@@ -115,6 +118,7 @@ class PrivacyStatement:
             public=tuple(public),
             selection=_take(data, "selection", (str,), what),
             client_sampling=sampling,
+            secure_aggregation=secure,
         )
 
 

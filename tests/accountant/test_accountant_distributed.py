@@ -238,6 +238,22 @@ def test_dropouts_raise_a_planned_epsilon():
     assert survivors.fewest_honest_shares == 60 and survivors.participations == 1500
 
 
+def test_a_plan_at_min_survivors_holds_whatever_survives_above_it():
+    """The planner's shares are sized for min_survivors - colluding honest shares: the target
+    holds in every released round (the 60-of-100 plan spends 4, not 5.36, at 60 survivors;
+    more survivors spend less), at a larger local share than the all-arrive plan's."""
+    common = dict(epsilon=4.0, delta=DELTA, model_size=65536, clients=100, rounds=1500,
+                  bits=20)
+    every = plan_distributed("skellam", **common)
+    plan = plan_distributed("skellam", **common, min_survivors=60, colluding=5)
+    assert plan.local_sigma == pytest.approx(every.local_sigma * math.sqrt(100 / 55), rel=2e-3)
+    for received in (60, 80, 100):
+        eps = distributed_epsilon(plan.mechanism, [received] * 1500, DELTA, 5).epsilon
+        assert eps <= 4.0 and (received > 60 or eps > 4.0 * (1 - 1e-3))
+    with pytest.raises(ConfigError, match="no honest noise share"):
+        plan_distributed("skellam", **common, min_survivors=5, colluding=5)
+
+
 # ---------------------------------------------------------------------- (c) properties
 
 

@@ -1,0 +1,165 @@
+"""Client-level DP-FedAvg over secure aggregation, one training round in process
+(docs/threat-model.md#secure-aggregation; Kairouz, Liu, Steinke, ICML 2021; Agarwal,
+Kairouz, Liu, NeurIPS 2021; Bell et al., CCS 2020).
+
+:class:`SecurePlan` is the run's mechanism, fixed before round 1 from its configuration and
+the model's size (:func:`~fedlap_privacy.accountant.distributed.share_mechanism`: the one
+place the local noise share is computed, for the clients and for the accountant alike).
+:func:`secure_sum_round` is one round: every client of the round gets fresh masking seeds
+(:func:`~.masking.setup_round`) and a public rotation seed; each client that answers encodes
+its clipped update with its own noise share (:func:`~.encoding.encode`) and masks it; the
+server object (:class:`~.masking.SecureSumServer`) holds only the masked uploads, unmasks
+their sum if at least ``min_survivors`` arrived, checks that the sum carries the noise of
+the shares that reached it (:func:`check_noise`) and decodes it. A refused round releases
+nothing and its record spends nothing.
+
+Which noise an audit can see missing: a client that skips its share (``encode(add_noise=
+False)``) removes 1/r of the summed noise variance of r shares. Canary clients cannot show it
+at test sizes: their one-run audit bounds epsilon from below by ranking a few dozen canary
+cosines, far from resolving a noise standard deviation lower by a factor sqrt((r-1)/r)
+(about 0.89 at r = 5). The server can: the decoded sum has d coordinates whose squares add
+up to about d r v (v: one share's variance) plus at most (r Delta2)^2 of signal, so a sum
+whose squared norm, even with all the signal counted as noise, falls below d r v (1 - 6
+sqrt(3/d)) lacks noise; that catches one skipped share when 1/r exceeds 6 sqrt(3/d) plus the
+signal's part (d = 2^15, r up to about 17), with a false alarm below a six-sigma tail.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fedlap_privacy.accountant.distributed import (
+    DistributedMechanism,
+    distributed_epsilon,
+    secure_bits,
+    share_mechanism,
+    share_variance,
+)
+from fedlap_privacy.fl.secure_sum.encoding import SecureSumSpec, decode, encode
+from fedlap_privacy.fl.secure_sum.masking import RoundRefused, SecureSumServer, setup_round
+from fedlap_privacy.state.secure_rounds import SecureRound
+
+if TYPE_CHECKING:
+    from fedlap_privacy.fl.config import TrainConfig
+
+__all__ = ["SecureOutcome", "SecurePlan", "check_noise", "secure_sum_round"]
+
+#: the tail, in standard deviations of the squared norm, the noise check allows
+_NOISE_CHECK_SIGMAS = 6.0
+
+
+@dataclass(frozen=True)
+class SecurePlan:
+    """A run's secure-aggregation mechanism: noise, bits, the most uploads a round sums
+    (``capacity``), the fewest it is released with, the colluding clients, the model size."""
+
+    mechanism: DistributedMechanism
+    bits: int
+    capacity: int
+    min_survivors: int
+    colluding: int
+    model_size: int
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, model_size: int) -> SecurePlan:
+        """The mechanism of ``cfg`` (validated, sigma set) for a model of ``model_size``
+        parameters: each share planned so that min_survivors - colluding honest shares add
+        noise ``sigma clip``; bits ``secure_bits`` or the fewest within 2% of central DP."""
+        assert cfg.secure_aggregation is not None and cfg.sigma is not None
+        honest = cfg.secure_min_survivors - cfg.colluding
+        common = dict(sigma=cfg.sigma, clip=cfg.clip, model_size=model_size,
+                      capacity=cfg.secure_capacity, honest=honest)
+        bits = cfg.secure_bits or secure_bits(cfg.secure_aggregation, **common)
+        return cls(share_mechanism(cfg.secure_aggregation, bits=bits, **common), bits,
+                   cfg.secure_capacity, cfg.secure_min_survivors, cfg.colluding, model_size)
+
+    @property
+    def outsider_sigma(self) -> float:
+        """The noise multiplier against those who see only the released models: the noise of
+        the fewest honest shares over the sensitivity after rounding, sigma c / (Delta2
+        gamma), with the summed integer noise taken as the Gaussian of its variance."""
+        q = self.mechanism.quantisation
+        honest = self.min_survivors - self.colluding
+        return math.sqrt(honest) * self.mechanism.local_std / q.l2
+
+    @property
+    def extra_noise(self) -> float:
+        """The price of rounding: the sensitivity after rounding over the clip (Delta2 gamma /
+        c); the summed noise is worth sigma over it (1.02 or less at the default bits)."""
+        q = self.mechanism.quantisation
+        return q.l2 * q.gamma / q.clip
+
+    def planned_epsilon(self, rounds: int, delta: float) -> float:
+        """Epsilon against the server after ``rounds`` participations of one client, each
+        round counting the fewest honest shares (min_survivors - colluding): what the run's
+        ledger never exceeds."""
+        honest = self.min_survivors - self.colluding
+        return distributed_epsilon(self.mechanism, [self.min_survivors] * rounds, delta,
+                                   self.colluding).epsilon if honest >= 1 else math.inf
+
+    def warnings(self) -> list[str]:
+        if self.extra_noise <= 1.02:
+            return []
+        return [f"{self.bits} bits: rounding inflates the sensitivity {self.extra_noise:.3g} "
+                "times, so the summed noise is worth sigma over that; more --bits (or the "
+                "default, the fewest within 2%) lowers epsilon"]
+
+    def record(self, planned: int, received: int, released: bool) -> SecureRound:
+        return SecureRound.of(self.mechanism, self.bits, planned, received, self.min_survivors,
+                              self.colluding, released)
+
+    def describe(self) -> str:
+        q = self.mechanism.quantisation
+        return (f"{self.mechanism.noise.value} shares over secure aggregation mod 2^{self.bits}"
+                f" (d {q.dim}, gamma {q.gamma:.4g}, each share {self.mechanism.local_std:.4g} "
+                f"grid units), a round released with at least {self.min_survivors} uploads, "
+                f"{self.colluding} clients assumed colluding with the server")
+
+
+@dataclass(frozen=True)
+class SecureOutcome:
+    """A round's result: the decoded noisy sum of the clipped updates (None: refused), its
+    ledger record and why it was refused."""
+
+    total: np.ndarray | None
+    record: SecureRound
+    refused: str | None = None
+
+
+def check_noise(total: np.ndarray, spec: SecureSumSpec, received: int) -> None:
+    """The server's check that the sum carries the noise of ``received`` shares (module
+    docstring); raises :class:`RoundRefused` when it does not."""
+    q = spec.mechanism.quantisation
+    centred = np.asarray(total, dtype=np.uint64).astype(np.int64)
+    centred[centred >= spec.modulus // 2] -= spec.modulus
+    norm = math.sqrt(math.fsum(centred.astype(np.float64) ** 2))
+    expected = q.dim * received * share_variance(spec.mechanism)
+    floor = expected * (1.0 - _NOISE_CHECK_SIGMAS * math.sqrt(3.0 / q.dim))
+    if (norm + received * q.l2) ** 2 < floor:
+        raise RoundRefused(f"the sum carries less noise than {received} shares add (squared "
+                           f"norm {norm**2:.4g}, expected {expected:.4g}): a client skipped "
+                           "its noise share; not released")
+
+
+def secure_sum_round(plan: SecurePlan, updates: list[np.ndarray], planned: int
+                     ) -> SecureOutcome:
+    """One round (module docstring): ``planned`` clients set up, the first ``len(updates)``
+    answer with their clipped updates (flat float vectors of the model's size); the others
+    dropped out."""
+    spec = SecureSumSpec(plan.mechanism, plan.bits, plan.model_size, secrets.token_bytes(32))
+    clients = setup_round(range(planned), plan.bits)
+    server = SecureSumServer(plan.bits, plan.mechanism.quantisation.dim, plan.min_survivors)
+    for cid, update in enumerate(updates):  # client side: its own share, masked
+        server.receive(cid, clients[cid].mask(encode(update, spec)))
+    received = len(server.survivors)
+    try:
+        total = server.unmask(clients)
+        check_noise(total, spec, received)
+    except RoundRefused as exc:
+        return SecureOutcome(None, plan.record(planned, received, released=False), str(exc))
+    return SecureOutcome(decode(total, spec), plan.record(planned, received, released=True))
