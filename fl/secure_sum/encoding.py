@@ -21,7 +21,8 @@ import numpy as np
 from fedlap_privacy.accountant.distributed import DistributedMechanism, DistributedNoise
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.secure_sum.hadamard import rotate, rotation_signs, unrotate
-from fedlap_privacy.fl.secure_sum.noise import discrete_gaussian, private_generator, skellam
+from fedlap_privacy.fl.secure_sum.noise import discrete_gaussian, skellam
+from fedlap_privacy.secret_random import os_generator
 
 __all__ = ["MAX_ROUNDING_TRIES", "SecureSumSpec", "decode", "encode"]
 
@@ -72,7 +73,7 @@ def encode(update: np.ndarray, spec: SecureSumSpec, *, add_noise: bool = True) -
     padded = np.zeros(q.dim)
     padded[: x.size] = x
     scaled = rotate(padded, rotation_signs(spec.rotation_seed, q.dim)) / q.gamma
-    rng = private_generator()
+    rng = os_generator()
     grid = _round_conditionally(scaled, q.l2, rng)
     if add_noise:
         grid = grid + _noise(spec.mechanism, q.dim, rng)

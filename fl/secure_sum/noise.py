@@ -1,5 +1,5 @@
 """Integer noise shares, drawn from the operating system's randomness (never from a seed a
-configuration could fix).
+configuration could fix: the caller passes :func:`fedlap_privacy.secret_random.os_generator`).
 
 * Skellam Sk(mu, mu): the difference of two Poisson(mu) draws (Agarwal, Kairouz, Liu 2021).
 * discrete Gaussian N_Z(0, s^2): Canonne, Kamath, Steinke 2020, Algorithm 3: propose from a
@@ -11,16 +11,10 @@ configuration could fix).
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
-__all__ = ["discrete_gaussian", "private_generator", "skellam"]
-
-
-def private_generator() -> np.random.Generator:
-    """A generator seeded with 256 bits from the operating system."""
-    return np.random.default_rng(int.from_bytes(os.urandom(32), "big"))
+__all__ = ["discrete_gaussian", "skellam"]
 
 
 def skellam(local_std: float, size: int, rng: np.random.Generator) -> np.ndarray:

@@ -27,7 +27,8 @@ from fedlap_privacy.fl.secure_sum import (
 )
 from fedlap_privacy.fl.secure_sum.hadamard import fwht, rotate, rotation_signs, unrotate
 from fedlap_privacy.fl.secure_sum.masking import SEED_BYTES, expand_mask
-from fedlap_privacy.fl.secure_sum.noise import discrete_gaussian, private_generator, skellam
+from fedlap_privacy.fl.secure_sum.noise import discrete_gaussian, skellam
+from fedlap_privacy.secret_random import os_generator
 
 BITS = 20
 
@@ -82,7 +83,7 @@ def test_fwht_matches_the_hadamard_matrix_and_keeps_norms():
 
 
 def test_skellam_share_has_its_variance():
-    x = skellam(5.0, 200_000, private_generator())
+    x = skellam(5.0, 200_000, os_generator())
     assert x.dtype == np.int64
     assert x.var() == pytest.approx(25.0, rel=0.02)
     assert abs(x.mean()) < 0.05
@@ -91,7 +92,7 @@ def test_skellam_share_has_its_variance():
 @pytest.mark.parametrize("s", [0.5, 3.0])
 def test_discrete_gaussian_share_matches_its_pmf(s):
     n = 200_000
-    x = discrete_gaussian(s, n, private_generator())
+    x = discrete_gaussian(s, n, os_generator())
     k = np.arange(-int(6 * s + 3), int(6 * s + 3) + 1)
     pmf = np.exp(-(k**2) / (2 * s**2))
     pmf /= pmf.sum()
