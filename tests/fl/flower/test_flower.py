@@ -358,9 +358,8 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
 
 def _flower_processes() -> set[int]:
     """Pids of Flower's processes run by this installation (to check that none is left
-    behind): SuperLink, SuperNodes (Flower's command or our ``local_supernode``), Flower's
-    app processes and the nodes' ClientApp processes; those of another installation on the
-    machine are not this test's."""
+    behind): SuperLink, SuperNodes, their SuperExecs and Flower's app processes; those of
+    another installation on the machine are not this test's."""
     pids = set()
     prefix = sys.prefix.encode()
     for entry in Path("/proc").glob("[0-9]*/cmdline"):
@@ -369,8 +368,7 @@ def _flower_processes() -> set[int]:
         except OSError:
             continue
         ours = cmd.startswith(prefix) or sys.executable.encode() in cmd
-        if ours and (b"flower-super" in cmd or b"flwr-" in cmd or b"clientapp_worker" in cmd
-                     or b"local_supernode" in cmd or b"node_zygote" in cmd):
+        if ours and (b"flower-super" in cmd or b"flwr-" in cmd):
             pids.add(int(entry.parent.name))
     return pids
 
@@ -401,7 +399,9 @@ def test_killed_supernode(deployment, tmp_path, allow):
     out = tmp_path / "run"
     hook, killed = _kill_in_round(1, out)
     cfg = tiny(rounds=1)
-    kwargs = dict(round_timeout=10.0, allow_client_failures=allow, on_poll=hook)
+    # the live node answers within the timeout: Flower starts a ClientApp process for every
+    # message (imports included: 10 to 20 s on a loaded machine)
+    kwargs = dict(round_timeout=40.0, allow_client_failures=allow, on_poll=hook)
     if allow:
         result = run_on(deployment, cfg, out, "cpu", **kwargs)
         assert [h.replies for h in result.history] == [1]
@@ -486,9 +486,10 @@ def test_a_resumed_run_keeps_each_nodes_budget(tmp_path, monkeypatch):
                          ids=["SIGTERM", "Ctrl-C"])
 def test_a_stopped_local_run_leaves_no_process_behind(tmp_path, sig):
     """``train --engine flower`` stopped from outside (a job scheduler's SIGTERM, Ctrl-C):
-    every process it started (SuperLink, zygote, ServerApp process, SuperNodes, their
-    ClientApp processes, ``flwr run``; each in a session of its own, so a signal to the
-    command's group reaches none of them) is gone when the command exits, with one line,
+    every process it started (SuperLink, SuperNodes, the SuperExecs they start and their
+    ServerApp and ClientApp processes, ``flwr run``; each in a session of its own, so a
+    signal to the command's group reaches none of them) is gone when the command exits,
+    with one line,
     its exit status and the run folder's lock free. The processes are those seen under the
     command in /proc while it ran (pid and start time: a reused pid is not counted)."""
     from fedlap_privacy.fl.flower.processes import family
@@ -517,7 +518,8 @@ def test_a_stopped_local_run_leaves_no_process_behind(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert len(seen) >= 8  # the command, SuperLink, zygote, ServerApp, 2 x (node, ClientApp)
+    assert len(seen) >= 8  # the command, SuperLink and its SuperExec, ServerApp, flwr run,
+    # 2 x (node, its SuperExec)
     expected = 128 + signal.SIGTERM if sig == signal.SIGTERM else 130
     assert proc.returncode == expected, output
     lines = output.strip().splitlines()
