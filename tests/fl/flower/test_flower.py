@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -333,8 +335,23 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     policy = write_policy(tmp_path / "policy.toml", allow_reproducible_noise=True)
     args = ["train", "--engine", "flower", "--clients", "2", "--rounds", "2", "--device", "cpu",
             "--out", str(tmp_path / "flower"), "--json", "--node-policy", str(policy), *sets]
-    before = _flower_processes()
-    result = CliRunner().invoke(app, args)
+    work = tmp_path / "tmp"  # the deployment's temporary working folder goes here
+    work.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(work))
+    seen: set[int] = set()  # the deployment's processes, looked at while it runs
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            seen.update(_flower_processes(work))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        done.set()
+        watcher.join()
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     local = train(tiny(), tmp_path / "local", "cpu")
@@ -350,25 +367,25 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     assert _strip([RoundRecord.from_json(h) for h in a["history"]]) == _strip(local.history)
     # the equality is not that of an untrained model: the weights moved from their init
     assert _moved(tiny(), a["model_state"]) > 0.1
-    assert _flower_processes() <= before  # SuperLink, SuperNodes and apps are gone
+    # SuperLink, 2 SuperNodes, their SuperExecs, flwr run, the app processes: all gone
+    assert len(seen) >= 6 and _flower_processes(work) == set()
     for k in range(2):  # each node's ledger is kept in the run folder, for --resume
         (path,) = (tmp_path / "flower" / NODE_STATE / f"node-{k}").glob("run-*.json")
         assert [e["round"] for e in json.loads(path.read_text())["entries"]] == [1, 2]
 
 
-def _flower_processes() -> set[int]:
-    """Pids of Flower's processes run by this installation (to check that none is left
-    behind): SuperLink, SuperNodes, their SuperExecs and Flower's app processes; those of
-    another installation on the machine are not this test's."""
+def _flower_processes(under: Path) -> set[int]:
+    """Pids of the processes of a deployment whose working folder is in ``under``: Flower's
+    processes inherit the deployment's ``FLWR_HOME`` (its working folder's ``home``), so
+    those of another test running beside this one (pytest -n) are not counted."""
+    marker = b"\0FLWR_HOME=" + str(under).encode()
     pids = set()
-    prefix = sys.prefix.encode()
-    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+    for entry in Path("/proc").glob("[0-9]*/environ"):
         try:
-            cmd = entry.read_bytes().replace(b"\0", b" ")
+            environ = b"\0" + entry.read_bytes()
         except OSError:
             continue
-        ours = cmd.startswith(prefix) or sys.executable.encode() in cmd
-        if ours and (b"flower-super" in cmd or b"flwr-" in cmd):
+        if marker in environ:
             pids.add(int(entry.parent.name))
     return pids
 
