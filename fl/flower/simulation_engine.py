@@ -360,7 +360,7 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
     folder (:func:`ray_init_args`), or the cluster at ``address`` joined, the cluster checked
     to hold at least one client of ``resources`` (one line otherwise, before the run folder
     is touched), and shut down (left) after the run, which stops the processes of a Ray
-    started here and ends the run's actors: Flower (1.40, 1.41) asks its actors to exit but they
+    started here and ends the run's actors: Flower (1.40 to 1.42) asks its actors to exit but they
     keep their CPUs until the job ends, so a second run on the same Ray job would find none
     free. A Ray that the caller started is left running."""
     import ray
