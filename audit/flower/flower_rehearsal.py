@@ -8,20 +8,34 @@ without a deployment: a population of ``population`` clients is available, the s
 samples among them as it would, and every sampled client answers with the round's model
 plus a synthetic update (a shared drift plus its own random part, of norm ``update_norm``,
 weight ``num_examples``). It audits what the server does with the replies (clipping,
-weighting, noise), in seconds, before a real deployment. Imported only when called
-(Flower is an optional extra).
+weighting, noise), in seconds, before a real deployment. A Message-API strategy runs as the
+ServerApp of Flower's Simulation Engine (:func:`_in_flower_runtime`: Flower's public API
+gives its messages a run's identity only there), which needs the ``simulation`` extra and
+adds Ray's start, about 10 s. Imported only when called (Flower is an optional extra).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+import signal
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.clientapp import ClientApp
 from flwr.common import (
     Code,
     FitRes,
@@ -32,8 +46,8 @@ from flwr.common import (
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy as LegacyStrategy
+from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy as MessageStrategy
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedlap_privacy.audit.flower.flower_strategies import find_attribute
 from fedlap_privacy.errors import ConfigError
@@ -78,23 +92,63 @@ class _Updates:
 
 
 @contextmanager
-def _offline(quiet: bool) -> Iterator[None]:
-    """Flower outside a run: Message-API messages read the run's identity, which a
-    deployment sets (0 while unset); Flower's per-reply INFO lines muted when ``quiet``."""
+def _quiet_flower(quiet: bool) -> Iterator[None]:
+    """Flower's per-reply INFO lines muted (below errors) while the block runs, when
+    ``quiet``."""
     logger = logging.getLogger("flwr")
     level = logger.level
-    unset = [name for name in ("_run_id", "_task_id", "_node_id")
-             if getattr(TaskIdentity, name) is None]
-    for name in unset:
-        setattr(TaskIdentity, name, 0)
     if quiet:
         logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
         logger.setLevel(level)
-        for name in unset:
-            setattr(TaskIdentity, name, None)
+
+
+def _in_flower_runtime(work: Callable[[], np.ndarray]) -> np.ndarray:
+    """``work()`` run as the ServerApp of Flower's Simulation Engine (its public
+    ``flwr.simulation.run_simulation``), in this process: a Message-API strategy builds its
+    instructions with ``Message(...)``, which takes the run's identity that only Flower's
+    runtimes give a ServerApp. The one virtual SuperNode is never asked (the replies are
+    :func:`rehearse`'s). Ray is started for the call on this machine, its sockets and
+    session files in a temporary folder of this user's, and shut down after it; the
+    process's SIGTERM handler, which ``ray.init`` replaces, is restored."""
+    try:
+        import ray
+        from flwr.simulation import run_simulation
+    except ImportError:
+        raise ConfigError("rehearsing a Message-API strategy runs it in Flower's Simulation "
+                          "Engine: pip install '.[simulation]' in a clone of "
+                          "fedlap-privacy") from None
+    if ray.is_initialized():
+        raise ConfigError("rehearsing a Message-API strategy starts a Ray instance of its "
+                          "own: call it outside a running Ray (ray.shutdown() first)")
+    done: list[np.ndarray] = []
+    app = ServerApp()
+
+    @app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        done.append(work())
+
+    before = signal.getsignal(signal.SIGTERM)
+    with tempfile.TemporaryDirectory(prefix="fedlap-ray-") as tmp, \
+            warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Ray's tips, Flower's deprecation notice
+        init = {"address": "local", "logging_level": "ERROR", "log_to_driver": False,
+                "include_dashboard": False, "_temp_dir": tmp}
+        try:
+            ray.init(**init)
+            run_simulation(server_app=app, client_app=ClientApp(), num_supernodes=1,
+                           backend_config={"client_resources": {"num_cpus": 1.0,
+                                                                "num_gpus": 0.0},
+                                           "init_args": init})
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            signal.signal(signal.SIGTERM, before)
+    if not done:
+        raise ConfigError("Flower's Simulation Engine ended before the rehearsal ran")
+    return done[0]
 
 
 def rehearse(strategy: Any, rounds: int, *, population: int, dimension: int,
@@ -116,11 +170,12 @@ def rehearse(strategy: Any, rounds: int, *, population: int, dimension: int,
     updates = _Updates(dimension, update_norm, drift, seed)
     model = np.zeros(dimension, dtype=np.float32)
     if isinstance(strategy, LegacyStrategy):
-        with _offline(quiet):
+        with _quiet_flower(quiet):
             return _legacy(strategy, rounds, population, model, updates, num_examples)
     if isinstance(strategy, MessageStrategy):
-        with _offline(quiet):
-            return _messages(strategy, rounds, population, model, updates, num_examples)
+        with _quiet_flower(quiet):
+            return _in_flower_runtime(lambda: _messages(strategy, rounds, population, model,
+                                                        updates, num_examples))
     raise ConfigError(f"rehearse drives a Flower strategy (flwr.server.strategy or "
                       f"flwr.serverapp.strategy), got {type(strategy).__name__}")
 

@@ -1,4 +1,4 @@
-"""Issue 45's Flower goal, as a user runs it: ``train --engine flower`` against in-process.
+"""Issue 58's Flower goal, as a user runs it: ``train --engine flower`` against in-process.
 
 Runs the command line ``fedlap-privacy train --clients 5 --rounds 4`` (digits, every other
 flag at its default) and the same with ``--engine flower``, each in a fresh process and its
@@ -8,8 +8,8 @@ command's, start-up included), the CPU seconds of its whole process tree (this p
 child subreaper, so the processes a deployment orphans on shutdown, such as the ServerApp,
 are reaped and counted here too: the steadier figure on a shared machine) and, for Flower,
 where its time went (``flower-timings.json`` in its run folder: :mod:`fl.flower.timings`);
-then the mean ratios and whether the goal holds: the Flower run within 2x the in-process
-run plus 30 s of start-up. Prints the machine's load before and after each run: on a shared
+then the mean ratios and whether the goal holds: the Flower run within 3x the in-process
+run plus 60 s. Prints the machine's load before and after each run: on a shared
 machine compare within one run of this script only.
 
     python benchmarks/speed/flower_local.py [--clients 5] [--rounds 4] [--repeats 2] [-- FLAGS...]
@@ -103,7 +103,7 @@ def _print(run: Run) -> None:
     if run.phases:
         p = run.phases
         rounds = ", ".join(f"{s:.1f}" for s in p["rounds_s"])  # type: ignore[union-attr]
-        print(f"{'':>12}SuperLink {p['superlink_s']:.1f} s, SuperNodes+ClientApp processes "
+        print(f"{'':>12}SuperLink {p['superlink_s']:.1f} s, SuperNodes "
               f"{p['supernodes_s']:.1f} s, ServerApp start {p['serverapp_s']:.1f} s, "
               f"discovery {p['discovery_s']:.1f} s, training {p['training_s']:.1f} s "
               f"(rounds {rounds}), finish {p['finish_s']:.1f} s, shutdown "
@@ -134,11 +134,11 @@ def main() -> None:
 
     base, flower = mean("in-process", "wall"), mean("flower", "wall")
     cpu_base, cpu_flower = mean("in-process", "cpu"), mean("flower", "cpu")
-    goal = 2 * base + 30
+    goal = 3 * base + 60
     print(f"mean wall: in-process {base:.1f} s, flower {flower:.1f} s ({flower / base:.2f}x); "
           f"CPU: in-process {cpu_base:.1f} s, flower {cpu_flower:.1f} s "
           f"({cpu_flower / cpu_base:.2f}x)")
-    print(f"goal: flower <= 2 x {base:.1f} + 30 = {goal:.1f} s: "
+    print(f"goal: flower <= 3 x {base:.1f} + 60 = {goal:.1f} s: "
           f"{'met' if flower <= goal else 'missed'} (every Flower run: "
           f"{'met' if all(r.wall <= goal for r in runs if r.engine == 'flower') else 'not all'})")
     print(f"load {Path('/proc/loadavg').read_text().strip()}")

@@ -1,18 +1,16 @@
 """A local Flower deployment against the in-process engine, in one run: the per-round tax.
 
-``train --engine flower --clients 5 --rounds 4`` (digits defaults: FedLAP-DP, the CPU) three
+``train --engine flower --clients 5 --rounds 4`` (digits defaults: FedLAP-DP, the CPU) two
 ways, each in a fresh process, one after the other so that they see the same machine:
 
 * ``in-process``: ``--engine simulation``;
-* ``flower, subprocess``: Flower 1.41's default isolation, a new ``flwr-clientapp`` process
-  for every message (what ``--engine flower`` ran before);
-* ``flower, process``: the default now, one long-lived ClientApp process per SuperNode
-  (``fl/flower/clientapp_worker.py``).
+* ``flower``: a local deployment of Flower's own commands, in Flower's default isolation (a
+  new ``flwr-clientapp`` process for every message).
 
 Prints each run's wall time (start-up included), the CPU time of its whole process tree (the
 steadier figure on a shared machine), its rounds' seconds as the run recorded them,
-the Flower / in-process ratios, and whether the goal of issue 45 holds: the Flower run
-within 2x the in-process run plus 30 s of start-up. Prints the machine's load (``uptime``)
+the Flower / in-process ratios, and whether the goal of issue 58 holds: the Flower run
+within 3x the in-process run plus 60 s. Prints the machine's load (``uptime``)
 before and after: on a shared machine compare within one run only.
 
     python benchmarks/speed/flower_rounds.py [--clients 5] [--rounds 4] [--set KEY=VALUE ...]
@@ -32,8 +30,7 @@ from pathlib import Path
 
 from flower_simulation import machine_load
 
-RUNS = (("in-process", None), ("flower, subprocess", "subprocess"),
-        ("flower, process", "process"))
+RUNS = (("in-process", False), ("flower", True))
 
 
 def worker(spec: dict) -> dict:
@@ -45,11 +42,11 @@ def worker(spec: dict) -> dict:
     cfg = resolve_config(None, {"clients": spec["clients"], "rounds": spec["rounds"]},
                          spec["sets"], schedule="auto")
     start = time.perf_counter()
-    if spec["isolation"] is None:
+    if not spec["flower"]:
         result = train(cfg, spec["out"], "cpu")
         history = result.history
     else:
-        flower = run_flower(cfg, spec["out"], device="cpu", isolation=spec["isolation"])
+        flower = run_flower(cfg, spec["out"], device="cpu")
         history = flower.history
     wall = time.perf_counter() - start
     return {"wall": wall, "rounds": [h.seconds for h in history],
@@ -69,9 +66,9 @@ def main() -> None:
     print(f"load before: {machine_load()}  (CPUs: {os.cpu_count()})")
     rows = {}
     with tempfile.TemporaryDirectory(prefix="flower-rounds-") as tmp:
-        for name, isolation in RUNS:
+        for name, flower in RUNS:
             spec = {"clients": args.clients, "rounds": args.rounds, "sets": args.sets,
-                    "isolation": isolation, "out": str(Path(tmp) / name.replace(", ", "-"))}
+                    "flower": flower, "out": str(Path(tmp) / name)}
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             done = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)],
                                   capture_output=True, text=True)
@@ -86,13 +83,13 @@ def main() -> None:
                   + ", ".join(f"{s:.1f}" for s in row["rounds"])
                   + f" s, test accuracy {row['accuracy']:.4f}", flush=True)
     base = rows["in-process"]["wall"]
-    for name in ("flower, subprocess", "flower, process"):
+    for name in ("flower",):
         wall = rows[name]["wall"]
         rounds = sum(rows[name]["rounds"]) / max(sum(rows["in-process"]["rounds"]), 1e-9)
         cpu = rows[name]["cpu"] / max(rows["in-process"]["cpu"], 1e-9)
         print(f"{name:>20}: {wall / base:5.2f}x the in-process wall time, {cpu:5.2f}x its CPU "
-              f"time, rounds {rounds:5.2f}x; goal (<= 2 x {base:.1f} + 30 = "
-              f"{2 * base + 30:.1f} s): {'met' if wall <= 2 * base + 30 else 'missed'}")
+              f"time, rounds {rounds:5.2f}x; goal (<= 3 x {base:.1f} + 60 = "
+              f"{3 * base + 60:.1f} s): {'met' if wall <= 3 * base + 60 else 'missed'}")
     print(f"load after: {machine_load()}")
 
 

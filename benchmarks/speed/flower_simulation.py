@@ -11,11 +11,7 @@ three ways, each in a fresh process, one after the other on the same machine:
   seeded run does by default, and the reference of the bit-for-bit check);
 * ``flower-simulation``: ``--engine flower-simulation`` with one CPU per virtual SuperNode
   (Ray actors side by side), its node policy admitting FedAvg, its batch size and seeded
-  batches;
-* ``flower-simulation-flower-queue`` (only when named in ``--runs``): the same with Flower's
-  own hand-over of messages to the virtual nodes (one walk over the waiting messages per node
-  every 0.1 s) instead of :mod:`fedlap_privacy.fl.flower.message_queue`'s single pass: the
-  start-up before that change, measured beside it.
+  batches.
 
 Prints each run's wall time, its start-up (the wall time before round 1 ends, less the
 round: Ray's start and the discovery of every virtual node, the data's load and split), its
@@ -44,8 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RUNS = ("packed", "loop", "flower-simulation", "flower-simulation-flower-queue")
-FLOWER_RUNS = ("flower-simulation", "flower-simulation-flower-queue")
+RUNS = ("packed", "loop", "flower-simulation")
+FLOWER_RUNS = ("flower-simulation",)
 
 
 def _config(spec: dict):
@@ -74,10 +70,6 @@ def worker(spec: dict) -> dict:
             first.append(time.perf_counter() - start)
 
     if spec["run"] in FLOWER_RUNS:
-        if spec["run"] == "flower-simulation-flower-queue":
-            from fedlap_privacy.fl.flower import simulation_engine
-
-            simulation_engine.one_pass_delivery = contextlib.nullcontext
         policy = Path(spec["out"]).with_suffix(".policy.toml")
         policy.write_text('threat-model = "trusted-server"\nallowed-methods = ["fedavg"]\n'
                           "allow-reproducible-noise = true\nmin-batch-size = 1\n")

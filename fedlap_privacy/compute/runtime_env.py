@@ -9,9 +9,10 @@ torch's default.
 Importing the package changes no environment (an Opacus program that imports the
 accountant keeps its own): the package's entry points set it as they start, before torch
 loads: the ``fedlap-privacy`` command (its ``main`` callback, before any sub-command
-imports torch) and the local deployment's node zygote (:mod:`fedlap_privacy.fl.flower.
-node_zygote`); the processes they start (Flower nodes, the Simulation Engine's Ray workers)
-inherit it. A program of the user's (the Python API, a SuperNode run with Flower's own
+imports torch) and the local deployment's environment for Flower's processes
+(:class:`fedlap_privacy.fl.flower.deployment.LocalDeployment`); the processes they start
+(Flower's SuperLink, SuperNodes and their app processes, the Simulation Engine's Ray
+workers) inherit it. A program of the user's (the Python API, a SuperNode run with Flower's own
 commands) keeps torch's default unless it sets ``THP_MEM_ALLOC_ENABLE=1`` itself.
 
 OpenMP's wait policy is deliberately left to torch: passive waiting (``OMP_WAIT_POLICY=

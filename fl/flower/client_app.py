@@ -30,13 +30,13 @@ line naming the rule, ``partition-id`` when known); the server fails the round w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import Mod
 from torch import nn
 
 from fedlap_privacy.compute.threads import apply_cpu_policy
@@ -208,6 +208,10 @@ def _train(msg: Message, context: Context) -> Message:
         return _refuse(msg, exc, _partition_hint(context))
     out = train_round(cfg, info, data, model, context, device, steps)
     return Message(out, reply_to=msg)
+
+
+#: a Flower mod, as ``ClientApp(mods=...)`` takes it: (message, context, the next handler)
+Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
 
 
 def make_client_app(mods: list[Mod] | None = None) -> ClientApp:

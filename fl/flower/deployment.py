@@ -1,18 +1,20 @@
 """A local Flower deployment: a SuperLink and one SuperNode per partition on 127.0.0.1.
 
-Contract: :class:`LocalDeployment` starts the processes (free ports, ``FLWR_HOME`` in its
-working folder, runtime dependency installation off), gives each SuperNode its own state
-folder (``state_root/node-K``: the node ledger) and, when given, the node policy file, runs
-each SuperNode in Flower's ``process`` isolation with one long-lived ClientApp process beside
-it (:mod:`.clientapp_worker`; ``isolation="subprocess"``: Flower's default, a process per
-message), runs each SuperNode as ``flower-supernode`` without its idle 3 s
-(:mod:`.local_supernode`), runs the SuperLink in ``process`` isolation with the ServerApp's
-process beside it (:mod:`.serverapp_worker`, in place of Flower's SuperExec), forks the nodes'
-and the ServerApp's processes from one that imported Flower, torch and this package once
-(:mod:`.node_zygote`), and stops every process it started on exit (:mod:`.processes`).
-With :class:`Secure` the SuperLink serves TLS (the CA, certificate and key given) and, when
-node keys are given, admits only SuperNodes whose public key was registered with ``flwr
-supernode register`` (Flower 1.41's SuperNode authentication: ECDSA keys in OpenSSH format).
+Contract: :class:`LocalDeployment` starts Flower's own commands as Flower documents them: a
+``flower-superlink`` and, per partition k of N, a ``flower-supernode`` (its
+``--node-config``: ``partition-id``, its state folder ``state_root/node-K`` holding the node
+ledger and, when given, the node policy file), both in Flower's default ``subprocess``
+isolation, in which each starts its own ``flower-superexec`` and that one a new
+``flwr-serverapp`` or ``flwr-clientapp`` process per task; a run is ``flwr run``
+(:meth:`LocalDeployment.flwr_run`). What is ours is the plumbing around them: free ports,
+``FLWR_HOME`` in its working folder (the ``flwr`` connection :data:`LocalDeployment.
+CONNECTION`), runtime dependency installation off, one log file per process, each node's
+share of the CPUs, and every process it started stopped on exit (:mod:`.processes`), a node
+killed or restarted on request (:meth:`LocalDeployment.kill_node`,
+:meth:`LocalDeployment.start_node`). With :class:`Secure` the SuperLink serves TLS (the CA,
+certificate and key given) and, when node keys are given, admits only SuperNodes whose
+public key was registered with ``flwr supernode register`` (Flower's SuperNode
+authentication: ECDSA keys in OpenSSH format). Nothing of Flower is imported here.
 """
 
 from __future__ import annotations
@@ -30,16 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from fedlap_privacy.compute.runtime_env import apply_runtime_defaults
 from fedlap_privacy.compute.threads import WORKERS_ENV
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
-from fedlap_privacy.fl.flower.node_zygote import ForkedProcess, Zygote, ZygoteError
 from fedlap_privacy.fl.flower.processes import (
-    Process,
     die_with_parent,
     free_port,
     kill_family,
     signals_held,
-    stop,
     stop_all,
 )
 from fedlap_privacy.fl.flower.run_config import toml_table
@@ -62,13 +62,8 @@ class Secure:
     node_keys: tuple[Path, ...] = ()
 
 
-#: how a SuperNode runs its ClientApp: ``process`` (default), one long-lived ClientApp process
-#: per node (:mod:`.clientapp_worker`, Flower's ``--isolation process``); ``subprocess``,
-#: Flower's default, a new ``flwr-clientapp`` process for every message
-ISOLATIONS = ("process", "subprocess")
-#: seconds the processes get to exit on SIGTERM before SIGKILL when the deployment closes (an
-#: idle ClientApp process exits at once; a SuperNode's and the ServerApp's own clean-up took 3
-#: to 5 s on a loaded machine, and nothing of the run is left to write by then)
+#: seconds the processes get to exit on SIGTERM before SIGKILL when the deployment closes
+#: (nothing of the run is left to write by then: the ServerApp wrote its status)
 CLOSE_GRACE_S = 2.0
 
 
@@ -76,20 +71,15 @@ class LocalDeployment:
     """A SuperLink and N SuperNodes (partition-id k of N) on 127.0.0.1, torn down on exit.
 
     Each node's torch threads: ``threads`` when given, else its share of the CPUs
-    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.compute.threads`). ``isolation``: see
-    :data:`ISOLATIONS`; with ``process`` each node's ClientApp process is started beside it
-    and stopped (or killed) with it. Node k keeps its state (its ledger) in
-    ``state_root/node-k`` (default: the working folder)."""
+    (``FEDLAP_WORKERS`` = N, :mod:`fedlap_privacy.compute.threads`). Node k keeps its state
+    (its ledger) in ``state_root/node-k`` (default: the working folder)."""
 
     CONNECTION = "fedlap-local"
 
     def __init__(self, clients: int, workdir: str | Path, device: str = "auto",
                  data_dir: str | None = None, policy_file: str | Path | None = None,
                  secure: Secure | None = None, threads: int | None = None,
-                 isolation: str = "process", state_root: str | Path | None = None) -> None:
-        if isolation not in ISOLATIONS:
-            raise FlowerError(f"isolation {isolation!r}: choose one of {', '.join(ISOLATIONS)}")
-        self.isolation = isolation
+                 state_root: str | Path | None = None) -> None:
         self.clients, self.device, self.data_dir = clients, device, data_dir
         self.policy_file = None if policy_file is None else Path(policy_file).resolve()
         self.secure = secure
@@ -98,20 +88,19 @@ class LocalDeployment:
         self.home = self.workdir / "home"
         self.port = 0
         self.superlink: subprocess.Popen[bytes] | None = None
-        self.zygote: Zygote | None = None  # the nodes' processes are forked from it
-        self.serverapp: Process | None = None  # runs each run's ServerApp (serverapp_worker)
-        self.supernodes: list[Process] = []
-        self.workers: dict[int, Process] = {}  # node k -> its ClientApp process
-        self.extra_workers: list[Process] = []  # those of extra nodes
+        self.supernodes: list[subprocess.Popen[bytes]] = []
+        self.extra_nodes: list[subprocess.Popen[bytes]] = []  # started with a log name
         self._logs: list[IO[bytes]] = []
         self.marks = LauncherMarks()  # when each phase ended (timings.py)
         bindir = str(Path(sys.executable).parent)
         self.env = {
             **os.environ, "FLWR_HOME": str(self.home), "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
+            # Flower's processes start `flower-superexec`, `flwr-clientapp`, ... by name
             "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
             WORKERS_ENV: str(clients),  # the nodes share this machine's CPUs (threads.py)
         }
+        apply_runtime_defaults(self.env)  # torch's allocator settings, before it loads
         if threads is not None:  # an explicit count wins over the share (threads.py)
             self.env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
 
@@ -132,16 +121,6 @@ class LocalDeployment:
                                 cwd=self.workdir, start_new_session=True,
                                 preexec_fn=die_with_parent())
 
-    def fork(self, module: str, args: list[str], log_name: str) -> ForkedProcess:
-        """Fork ``python -m module ARGS`` from the nodes' zygote (:mod:`.node_zygote`), in its
-        own session, output into ``workdir/log_name``."""
-        if self.zygote is None:
-            raise FlowerError("the deployment is not started")
-        try:
-            return self.zygote.spawn(module, args, self.workdir / log_name)
-        except ZygoteError as exc:
-            raise FlowerError(f"{exc}: see {self.workdir / 'zygote.log'}") from None
-
     def _log(self, name: str) -> IO[bytes]:
         log = open(self.workdir / name, "wb")
         self._logs.append(log)
@@ -161,28 +140,19 @@ class LocalDeployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.zygote = Zygote(self.env, self.workdir, self._log("zygote.log"))  # imports
-        # while the SuperLink starts
         transport = ("insecure = true\n" if self.secure is None else
                      f"root-certificates = {json.dumps(str(self.secure.ca_cert))}\n")
         (self.home / "config.toml").write_text(
             f'[superlink]\ndefault = "{self.CONNECTION}"\n\n[superlink.{self.CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\n' + transport
         )
-        # process isolation: no SuperExec; the ServerApp process is forked beside it
         self.superlink = self.spawn(
             [self.exe("flower-superlink"), *self._tls_link_args(), "--host", "127.0.0.1",
-             "--port", str(self.port), "--disable-runtime-dependency-installation",
-             "--isolation", "process"],
+             "--port", str(self.port), "--disable-runtime-dependency-installation"],
             "superlink.log",
         )
         self._wait_ready(timeout)
         self.marks.superlink = time.time()
-        tls = [] if self.secure is None else ["--root-certificates", str(self.secure.ca_cert)]
-        self.serverapp = self.fork(
-            "fedlap_privacy.fl.flower.serverapp_worker",
-            ["--runtime-api", f"127.0.0.1:{self.port}", "--superlink-pid",
-             str(self.superlink.pid), *tls], "serverapp.log")
         for key in self.secure.node_keys if self.secure else ():
             self.register(key.with_name(key.name + ".pub"))
         for k in range(self.clients):
@@ -211,14 +181,12 @@ class LocalDeployment:
         return " ".join(f"{key}={json.dumps(v)}" for key, v in items.items())
 
     def start_node(self, k: int, key: Path | None = None,
-                   log_name: str | None = None) -> Process:
-        """Start (or restart) the SuperNode holding partition ``k`` (with its key, if any;
-        ``key`` overrides it: a node with another key is an unregistered node)."""
-        runtime_port = free_port()
-        self.exe("flower-supernode")  # installed (else one line saying how)
-        args = ["--superlink", f"127.0.0.1:{self.port}",
-                "--port", str(runtime_port), "--node-config", self.node_config(k),
-                "--isolation", self.isolation]
+                   log_name: str | None = None) -> subprocess.Popen[bytes]:
+        """Start (or restart) ``flower-supernode`` for partition ``k`` (with its key, if any;
+        ``key`` overrides it: a node with another key is an unregistered node); with
+        ``log_name`` it is an extra node, beside node k's own."""
+        args = [self.exe("flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
+                "--port", str(free_port()), "--node-config", self.node_config(k)]
         if self.secure is None:
             args.append("--insecure")
         else:
@@ -226,37 +194,19 @@ class LocalDeployment:
             key = key or (self.secure.node_keys[k] if self.secure.node_keys else None)
             if key is not None:
                 args += ["--auth-supernode-private-key", str(key)]
-        log = log_name or f"supernode-{k}.log"
-        proc = self.fork("fedlap_privacy.fl.flower.local_supernode", args, log)
-        worker = None
-        if self.isolation == "process":  # the node's ClientApp process, beside it
-            worker = self.fork(
-                "fedlap_privacy.fl.flower.clientapp_worker",
-                ["--runtime-api", f"127.0.0.1:{runtime_port}", "--supernode-pid", str(proc.pid)],
-                log.replace(".log", "-clientapp.log"))
-        if log_name is None:
-            if k < len(self.supernodes):
-                self.supernodes[k] = proc
-            else:
-                self.supernodes.append(proc)
-            if worker is not None:
-                self._replace_worker(k, worker)
-        elif worker is not None:
-            self.extra_workers.append(worker)
+        proc = self.spawn(args, log_name or f"supernode-{k}.log")
+        if log_name is not None:
+            self.extra_nodes.append(proc)
+        elif k < len(self.supernodes):
+            self.supernodes[k] = proc
+        else:
+            self.supernodes.append(proc)
         return proc
 
-    def _replace_worker(self, k: int, worker: Process) -> None:
-        old = self.workers.get(k)
-        if old is not None:
-            stop(old)
-        self.workers[k] = worker
-
     def kill_node(self, k: int) -> None:
-        """SIGKILL SuperNode k, its ClientApp process and everything they started, at once
-        (a machine dying)."""
+        """SIGKILL SuperNode k and everything it started (its SuperExec, its ClientApp
+        process), at once (a machine dying)."""
         kill_family(self.supernodes[k])
-        if k in self.workers:
-            kill_family(self.workers[k])
 
     def _wait_ready(self, timeout: float) -> None:
         end = time.monotonic() + timeout
@@ -289,12 +239,8 @@ class LocalDeployment:
         """Stop every process this deployment started, all at once (:func:`.processes.stop_all`:
         TERM, SuperNodes first, then KILL what is left after :data:`CLOSE_GRACE_S`)."""
         with signals_held():  # a second Ctrl-C or SIGTERM waits until all are stopped
-            stop_all([*self.workers.values(), *self.extra_workers, *self.supernodes,
-                      *([self.serverapp] if self.serverapp else []),
+            stop_all([*self.extra_nodes, *self.supernodes,
                       *([self.superlink] if self.superlink else [])], grace=CLOSE_GRACE_S)
-            if self.zygote is not None:
-                self.zygote.close()
-                stop(self.zygote.proc, grace=CLOSE_GRACE_S)
         for log in self._logs:
             log.close()
         self._logs.clear()

@@ -101,8 +101,8 @@ def load_partition(
 
 
 #: the last simulated split this process computed: (its key, the dataset, the parts). A
-#: long-lived ClientApp process (:mod:`.clientapp_worker`, a simulation's actor) answers
-#: every round of a run, and of thousands of virtual nodes, from one load of the data.
+#: long-lived ClientApp process (a Simulation Engine's Ray actor) answers every round of a
+#: run, and of thousands of virtual nodes, from one load of the data.
 _LAST_SPLIT: list[tuple[str, Dataset, list[np.ndarray]]] = []
 
 

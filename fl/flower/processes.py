@@ -39,8 +39,7 @@ _ENDING = (signal.SIGTERM, signal.SIGHUP)
 
 
 class Process(Protocol):
-    """A started process as :class:`subprocess.Popen` shows it (also the node processes
-    forked by :mod:`.node_zygote`)."""
+    """A started process as :class:`subprocess.Popen` shows it."""
 
     pid: int
     returncode: int | None

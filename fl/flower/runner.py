@@ -181,7 +181,6 @@ def run_flower(
     node_policy: str | Path | None = None,
     threads: int | None = None,
     model: str | None = None,
-    isolation: str = "process",
 ) -> FlowerResult:
     """Train on a local Flower deployment (``fedlap-privacy train --engine flower``).
 
@@ -198,9 +197,6 @@ def run_flower(
     (``--threads``) sets every SuperNode's torch threads; by default each takes its share
     of the machine's CPUs (:mod:`fedlap_privacy.compute.threads`). ``model``: on resume, the
     model factory the caller names, which must be the run's (``train --resume --model``).
-    ``isolation``: how each SuperNode runs its ClientApp (:data:`.deployment.ISOLATIONS`;
-    ``process``: one long-lived process per node, ``subprocess``: Flower's default, a
-    process per message).
     """
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:
@@ -215,8 +211,7 @@ def run_flower(
         before = len(load_history(out)) if resume_run else 0  # rounds of earlier launches
         with tempfile.TemporaryDirectory(prefix="fedlap-flower-") as tmp:
             with LocalDeployment(n, tmp, device, cfg.data_dir, node_policy,
-                                 threads=threads, isolation=isolation,
-                                 state_root=out / NODE_STATE) as deployment:
+                                 threads=threads, state_root=out / NODE_STATE) as deployment:
                 result = run_on(
                     deployment, None if resume_run else cfg, out, device, callback,
                     allow_client_failures=allow_client_failures, round_timeout=round_timeout,

@@ -72,8 +72,10 @@ def _server_main(grid: Grid, context: Context) -> None:
 
     The ServerApp's own process: its CPU settings are an entry point's
     (:func:`fedlap_privacy.compute.threads.apply_cpu_policy`: the fused kernels, the allocator, and
-    torch's threads following the load, since it computes while the nodes wait)."""
-    apply_cpu_policy()
+    torch's threads following the load, since it computes while the nodes wait), as ONE
+    worker: the machine's CPUs, not the nodes' share (``FEDLAP_WORKERS`` = N in the local
+    deployment's environment, which Flower's ``flwr-serverapp`` inherits)."""
+    apply_cpu_policy(workers=1)
     serve(grid, context)
 
 

@@ -6,16 +6,17 @@ ServerApp work (:func:`.server_app.serve`: the simulator's round loop, ledger, c
 with :class:`.grid_clients.FlowerClients` asking the clients) and the same ClientApp
 (:func:`.client_app.make_client_app`: policy, node ledger, one client round) as ``--engine
 flower``, but the SuperNodes are virtual: one per client (partition-id k of N), run by
-Flower 1.41's Simulation Engine on a pool of Ray actors, each actor holding
-:class:`SimulationResources` (CPUs and GPUs per client), on this machine or on the Ray
-cluster at ``address``. Each virtual node gets its own state folder (its ledger) in the run
-folder (``flower-nodes/node-k``, kept across launches, so a resumed run's nodes count every
-round they answered; on a cluster the run folder must be on a file system every Ray node
-shares, else the nodes refuse) and the node policy file, as a local SuperNode does, through
-a Flower mod before the ClientApp's handlers. The run folder is locked from before it is
-read until the run ends; the ServerApp works under that lock (its token). A failed run raises
-:class:`.grid_clients.FlowerError` with the server's one line. Needs ``flwr[simulation]``
-(Ray): ``pip install '.[simulation]'`` in a clone of fedlap-privacy.
+Flower's Simulation Engine (its public ``flwr.simulation.run_simulation``) on a pool of Ray
+actors, each actor holding :class:`SimulationResources` (CPUs and GPUs per client), on this
+machine or on the Ray cluster at ``address``. Each virtual node gets its own state folder
+(its ledger) in the run folder (``flower-nodes/node-k``, kept across launches, so a resumed
+run's nodes count every round they answered; on a cluster the run folder must be on a file
+system every Ray node shares, else the nodes refuse) and the node policy file, as a local
+SuperNode does, through a Flower mod before the ClientApp's handlers. The run folder is
+locked from before it is read until the run ends; the ServerApp works under that lock (its
+token). A failed run raises :class:`.grid_clients.FlowerError` with the server's one line.
+Needs ``flwr[simulation]`` (Ray): ``pip install '.[simulation]'`` in a clone of
+fedlap-privacy.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.simulation import Callback
 from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
-from fedlap_privacy.fl.flower.message_queue import one_pass_delivery
 from fedlap_privacy.fl.flower.node_ledger import NODE_STATE, mark_state_root
 from fedlap_privacy.fl.flower.policy import NodePolicy
 from fedlap_privacy.fl.flower.run_config import run_config_of
@@ -109,6 +109,23 @@ class SimulationResources:
                                 "address": self.address or "local"}
         return {"client_resources": {"num_cpus": self.cpus, "num_gpus": self.gpus},
                 "init_args": init}
+
+    def pool_size(self, nodes: list[dict[str, Any]]) -> int:
+        """How many clients of these resources the Ray nodes ``nodes`` (``ray.nodes()``:
+        each alive node's ``Resources``) hold side by side, counted node by node as Flower
+        sizes its actor pool: ``CPU // cpus`` on each node, capped by ``GPU // gpus`` where
+        a client holds a GPU share (a node without GPUs then holds none); a node that left
+        the cluster (no resources) holds none."""
+        total = 0
+        for node in nodes:
+            have = node.get("Resources") or {}
+            if not node.get("Alive", True) or not have:
+                continue
+            fits = int(float(have.get("CPU", 0)) / self.cpus)
+            if self.gpus > 0:
+                fits = min(fits, int(float(have.get("GPU", 0)) / self.gpus))
+            total += fits
+        return total
 
     @property
     def node_device(self) -> str:
@@ -312,10 +329,9 @@ def run_simulation_engine(
                 client = make_client_app([node_config_mod(
                     str(out / NODE_STATE), resources.node_device, policy, token)])
                 try:
-                    with one_pass_delivery():
-                        run_simulation(server_app=_server(run_config, log, callback),
-                                       client_app=client, num_supernodes=cfg.clients,
-                                       backend_config=resources.backend_config())
+                    run_simulation(server_app=_server(run_config, log, callback),
+                                   client_app=client, num_supernodes=cfg.clients,
+                                   backend_config=resources.backend_config())
                 except Exception as exc:  # the ServerApp's failure is in STATUS, one line
                     if not (out / STATUS).exists():
                         if isinstance(exc, FedlapError):
@@ -344,17 +360,15 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
     folder (:func:`ray_init_args`), or the cluster at ``address`` joined, the cluster checked
     to hold at least one client of ``resources`` (one line otherwise, before the run folder
     is touched), and shut down (left) after the run, which stops the processes of a Ray
-    started here and ends the run's actors: Flower 1.41 asks its actors to exit but they
+    started here and ends the run's actors: Flower (1.40 to 1.42) asks its actors to exit but they
     keep their CPUs until the job ends, so a second run on the same Ray job would find none
     free. A Ray that the caller started is left running."""
     import ray
-    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
 
     started_here = not ray.is_initialized()
     if started_here and resources.address not in (None, "local"):
         resources = dataclasses.replace(resources,
                                         address=resolve_ray_address(str(resources.address)))
-    config = resources.backend_config()
     temp_dir = None
     with _quiet_flower(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Flower's deprecation notice, Ray's tips
@@ -373,14 +387,12 @@ def _ray(resources: SimulationResources) -> Iterator[None]:
                     where = ("Ray on this machine" if temp_dir is not None
                              else f"the Ray cluster at {resources.address}")
                     raise FlowerError(f"{where} did not start: {first[:200]}") from None
-            try:
-                pool_size_from_resources(config["client_resources"])
-            except ValueError:
+            if resources.pool_size(ray.nodes()) == 0:
                 total = ray.cluster_resources()
                 raise ConfigError(
                     f"no Ray node can hold a client with --client-cpus {resources.cpus:g} "
                     f"--client-gpus {resources.gpus:g} (the cluster has "
-                    f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs)") from None
+                    f"{total.get('CPU', 0):g} CPUs, {total.get('GPU', 0):g} GPUs)")
             yield
         finally:
             if started_here and ray.is_initialized():

@@ -29,7 +29,7 @@ SERVER_MARKS = ("started", "discovered", "finished")
 @dataclass
 class LauncherMarks:
     """The launcher's instants (``time.time()``), in order: it began, the SuperLink served,
-    the SuperNodes and their ClientApp processes were started, ``flwr run`` was started,
+    the SuperNodes were started, ``flwr run`` was started,
     ``flwr run`` ended, every process was stopped."""
 
     begin: float = 0.0
@@ -45,11 +45,11 @@ class FlowerTimings:
     """Seconds of each phase of one local Flower run (module docstring).
 
     ``superlink_s``: the SuperLink started until it served; ``supernodes_s``: the SuperNodes
-    and their ClientApp processes spawned (they import Flower, torch and this package in the
-    background, during the next phases); ``serverapp_s``: ``flwr run`` started until the
-    ServerApp began (the Flower App's packaging, the SuperLink's SuperExec, the ServerApp
-    process's imports); ``discovery_s``: every partition's SuperNode answered (the
-    ClientApp processes' remaining start-up included); ``training_s``: discovery to the end
+    spawned (they connect in the background, during the next phases); ``serverapp_s``:
+    ``flwr run`` started until the ServerApp began (the Flower App's packaging, the
+    SuperLink's SuperExec, the ServerApp process's imports); ``discovery_s``: every
+    partition's SuperNode answered (each node's first ClientApp process started and
+    imported Flower, torch and this package); ``training_s``: discovery to the end
     of training, of which ``rounds_s`` are the rounds as ``metrics.jsonl`` recorded them;
     ``finish_s``: the training ended until ``flwr run`` returned; ``shutdown_s``: every
     process stopped; ``total_s``: the launcher's whole run."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -333,8 +333,23 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     policy = write_policy(tmp_path / "policy.toml", allow_reproducible_noise=True)
     args = ["train", "--engine", "flower", "--clients", "2", "--rounds", "2", "--device", "cpu",
             "--out", str(tmp_path / "flower"), "--json", "--node-policy", str(policy), *sets]
-    before = _flower_processes()
-    result = CliRunner().invoke(app, args)
+    work = tmp_path / "tmp"  # the deployment's temporary working folder goes here
+    work.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(work))
+    seen: set[int] = set()  # the deployment's processes, looked at while it runs
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            seen.update(_flower_processes(work))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        done.set()
+        watcher.join()
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
     local = train(tiny(), tmp_path / "local", "cpu")
@@ -350,27 +365,25 @@ def test_train_engine_flower_two_rounds_equal_simulator(tmp_path, monkeypatch):
     assert _strip([RoundRecord.from_json(h) for h in a["history"]]) == _strip(local.history)
     # the equality is not that of an untrained model: the weights moved from their init
     assert _moved(tiny(), a["model_state"]) > 0.1
-    assert _flower_processes() <= before  # SuperLink, SuperNodes and apps are gone
+    # SuperLink, 2 SuperNodes, their SuperExecs, flwr run, the app processes: all gone
+    assert len(seen) >= 6 and _flower_processes(work) == set()
     for k in range(2):  # each node's ledger is kept in the run folder, for --resume
         (path,) = (tmp_path / "flower" / NODE_STATE / f"node-{k}").glob("run-*.json")
         assert [e["round"] for e in json.loads(path.read_text())["entries"]] == [1, 2]
 
 
-def _flower_processes() -> set[int]:
-    """Pids of Flower's processes run by this installation (to check that none is left
-    behind): SuperLink, SuperNodes (Flower's command or our ``local_supernode``), Flower's
-    app processes and the nodes' ClientApp processes; those of another installation on the
-    machine are not this test's."""
+def _flower_processes(under: Path) -> set[int]:
+    """Pids of the processes of a deployment whose working folder is in ``under``: Flower's
+    processes inherit the deployment's ``FLWR_HOME`` (its working folder's ``home``), so
+    those of another test running beside this one (pytest -n) are not counted."""
+    marker = b"\0FLWR_HOME=" + str(under).encode()
     pids = set()
-    prefix = sys.prefix.encode()
-    for entry in Path("/proc").glob("[0-9]*/cmdline"):
+    for entry in Path("/proc").glob("[0-9]*/environ"):
         try:
-            cmd = entry.read_bytes().replace(b"\0", b" ")
+            environ = b"\0" + entry.read_bytes()
         except OSError:
             continue
-        ours = cmd.startswith(prefix) or sys.executable.encode() in cmd
-        if ours and (b"flower-super" in cmd or b"flwr-" in cmd or b"clientapp_worker" in cmd
-                     or b"local_supernode" in cmd or b"node_zygote" in cmd):
+        if marker in environ:
             pids.add(int(entry.parent.name))
     return pids
 
@@ -401,7 +414,9 @@ def test_killed_supernode(deployment, tmp_path, allow):
     out = tmp_path / "run"
     hook, killed = _kill_in_round(1, out)
     cfg = tiny(rounds=1)
-    kwargs = dict(round_timeout=10.0, allow_client_failures=allow, on_poll=hook)
+    # the live node answers within the timeout: Flower starts a ClientApp process for every
+    # message (imports included: 10 to 20 s on a loaded machine)
+    kwargs = dict(round_timeout=40.0, allow_client_failures=allow, on_poll=hook)
     if allow:
         result = run_on(deployment, cfg, out, "cpu", **kwargs)
         assert [h.replies for h in result.history] == [1]
@@ -456,84 +471,3 @@ def test_each_node_prices_its_answers_with_pld_as_the_in_process_engine(tmp_path
     assert spent[min(spent)] == pytest.approx(privacy.epsilon, rel=1e-9)
     assert spent[max(spent)] < privacy.epsilon
     assert privacy.epsilon < privacy.epsilon_by_accountant["rdp"]
-
-
-@pytest.mark.flower
-def test_a_resumed_run_keeps_each_nodes_budget(tmp_path, monkeypatch):
-    """The attacker's way around a node's budget: stop the run and ``--resume`` it. The
-    local nodes' ledgers stay in the run folder, so the resumed run's nodes still count the
-    first round: with a budget that fits one round but not two, the node refuses round 2
-    (with the nodes' ledgers in the deployment's temporary folder it admitted it)."""
-    from fedlap_privacy.fl.flower.runner import run_flower
-
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    out = tmp_path / "run"
-    allow = write_policy(tmp_path / "allow.toml", allow_reproducible_noise=True)
-    first = run_flower(tiny(method="dp-fedavg", rounds=1), out, device="cpu",
-                       node_policy=allow)
-    one_round = first.summary.privacy.epsilon
-    assert first.summary.rounds_run == 1 and one_round > 0
-    strict = write_policy(tmp_path / "strict.toml", allow_reproducible_noise=True,
-                          epsilon=1.1 * one_round)
-    with pytest.raises(FlowerError, match="refused"):
-        run_flower(None, out, device="cpu", resume_run=True, rounds=2, node_policy=strict)
-    (path,) = (out / NODE_STATE / "node-0").glob("run-*.json")
-    assert [e["round"] for e in json.loads(path.read_text())["entries"]] == [1]
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT,
-                                                                marks=pytest.mark.slow)],
-                         ids=["SIGTERM", "Ctrl-C"])
-def test_a_stopped_local_run_leaves_no_process_behind(tmp_path, sig):
-    """``train --engine flower`` stopped from outside (a job scheduler's SIGTERM, Ctrl-C):
-    every process it started (SuperLink, zygote, ServerApp process, SuperNodes, their
-    ClientApp processes, ``flwr run``; each in a session of its own, so a signal to the
-    command's group reaches none of them) is gone when the command exits, with one line,
-    its exit status and the run folder's lock free. The processes are those seen under the
-    command in /proc while it ran (pid and start time: a reused pid is not counted)."""
-    from fedlap_privacy.fl.flower.processes import family
-
-    sets = [f"--set={k}={v}" for k, v in {**helpers.TINY, **FLOWER}.items()
-            if k not in ("rounds", "clients")]
-    policy = write_policy(tmp_path / "policy.toml", allow_reproducible_noise=True)
-    out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fedlap_privacy", "train", "--engine", "flower", "--clients",
-         "2", "--rounds", "200", "--device", "cpu", "--json", "--out", str(out),
-         "--node-policy", str(policy), *sets],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
-    seen: set[tuple[int, int]] = set()
-    deadline = time.monotonic() + 120
-    try:  # until the first round is done: every process is up
-        while not (out / "metrics.jsonl").exists() and proc.poll() is None:
-            assert time.monotonic() < deadline, "the run did not finish a round in 120 s"
-            seen.update(family(proc.pid))
-            time.sleep(0.1)
-        seen.update(family(proc.pid))
-        assert proc.poll() is None, proc.communicate()[0]
-        proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert len(seen) >= 8  # the command, SuperLink, zygote, ServerApp, 2 x (node, ClientApp)
-    expected = 128 + signal.SIGTERM if sig == signal.SIGTERM else 130
-    assert proc.returncode == expected, output
-    lines = output.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in output, output
-    assert ("stopped by SIGTERM" if sig == signal.SIGTERM else "interrupted") in lines[0]
-    time.sleep(0.5)
-    alive = []
-    for pid, started in seen:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[19]) == started:
-            alive.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120])
-    assert alive == []
-    import fcntl  # the run folder's lock is free (its file stays, by design: run_lock.py)
-
-    with open(out / "run.lock", "rb") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

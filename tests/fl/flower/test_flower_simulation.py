@@ -151,6 +151,23 @@ def test_resources_and_flags(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+def test_the_pool_counts_clients_node_by_node_as_flower_sizes_its_actors():
+    """Two Ray nodes of 2 and 4 CPUs hold 1 + 2 clients of 2 CPUs, one of 3 CPUs (a count
+    over the cluster's 6 CPUs would say 2); a GPU share caps each node by its GPUs, a
+    node without GPUs holds none; a node that left (no resources, not alive) holds none."""
+    nodes = [{"Alive": True, "Resources": {"CPU": 2.0}},
+             {"Alive": True, "Resources": {"CPU": 4.0, "GPU": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}},
+             {"Alive": True, "Resources": {}}]
+    assert SimulationResources(cpus=1).pool_size(nodes) == 6
+    assert SimulationResources(cpus=2).pool_size(nodes) == 3
+    assert SimulationResources(cpus=3).pool_size(nodes) == 1
+    assert SimulationResources(cpus=0.5, gpus=0.25).pool_size(nodes) == 4
+    assert SimulationResources(cpus=1, gpus=0.5).pool_size(nodes) == 2
+    assert SimulationResources(cpus=5).pool_size(nodes) == 0
+    assert SimulationResources(cpus=1, gpus=0.5).pool_size(nodes[:1]) == 0
+
+
 def test_node_config_mod_gives_each_virtual_node_its_state_folder(tmp_path):
     from flwr.app import Context, RecordDict
 
