@@ -28,6 +28,7 @@ Contract (docs/threat-model.md, "Cross-silo deployment"):
 
 from __future__ import annotations
 
+import hmac
 import json
 import math
 import os
@@ -77,7 +78,7 @@ def check_state_root(root: Path, token: str) -> None:
         seen = (root / LAUNCH_MARK).read_text()
     except OSError:
         seen = ""
-    if seen != token:
+    if not hmac.compare_digest(seen.encode(), token.encode()):  # no timing hint
         raise ConfigError(f"this node does not see the run's node ledgers in {root}: the run "
                           "folder must be on a file system every Ray node shares")
 
