@@ -45,7 +45,7 @@ server epochs unless ``--full``, and also prints the full round extrapolated fro
     python benchmarks/speed/fedlap_round.py [--config digits|paper-dp|both] [--repeats 2]
         [--threads 1] [--records 1600] [--data-dir data/fashion-mnist] [--full]
         [--clock cpu|wall] [--without kernels,second-order,allocator]
-    python benchmarks/speed/fedlap_round.py --config digits --repeats 3 --without kernels,gn-relu-pool,few-channels,conv-gram,cosine-rows
+    python benchmarks/speed/fedlap_round.py --config digits --repeats 3 --without kernels,gn-relu-pool
 
 The smallest run: ``--config digits --repeats 1 --without ""`` (before and after only).
 

@@ -5,17 +5,13 @@ The ``kernels`` fast path (:mod:`fedlap_privacy.compute.fast_paths`) switches ev
 off at once, and with them the written-out matching step, the fused per-record gradients and
 Winograd's convolutions, which run on them. :func:`route_to_twin` leaves all of those on and
 replaces one kernel's entry points, in the modules that call them, by torch's operations
-computing the same function:
-
-* ``gn-relu-pool``: the GroupNorm -> ReLU -> 2x2 pooling block's forward, backward (with each
-  plane's GroupNorm weight and bias gradients) and double backward
-  (``fedlap_privacy.compute.kernels.block``): the forward and backward through torch's
-  GroupNorm kernels, the double backward by autograd through that backward;
-* ``few-channels``: the first convolution's kernels (images of 1 to 3 channels): torch's
-  convolution and its gradients, as where the kernel does not apply;
-* ``conv-gram``: the shifted sum of the pixel Gram norms: its torch version
-  (``conv_gram._shifted_dot_torch``);
-* ``cosine-rows``: the matching distance's gradient: ``MatchTarget._gradient_torch``.
+computing the same function. ``gn-relu-pool``: the GroupNorm -> ReLU -> 2x2 pooling
+block's forward, backward (with each plane's GroupNorm weight and bias gradients) and double
+backward (``fedlap_privacy.compute.kernels.block``): the forward and backward through
+torch's GroupNorm kernels, the double backward by autograd through that backward
+(``winograd.c``'s twin is the ``winograd`` fast path itself.) The ``few-channels``,
+``conv-gram`` and ``cosine-rows`` kernels measured this way bought less than 1.3x and were
+removed (docs/performance.md, Tried and not kept).
 
 Benchmark code only: the package never calls this module.
 """
@@ -26,11 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-KERNELS = ("gn-relu-pool", "few-channels", "conv-gram", "cosine-rows")
-
-
-def _never(*_tensors: object) -> bool:
-    return False
+KERNELS = ("gn-relu-pool",)
 
 
 def block_forward(z: Tensor, weight: Tensor, bias: Tensor, eps: float
@@ -92,29 +84,16 @@ def _eps(rstd: Tensor, var: Tensor) -> Tensor:
 
 def route_to_twin(kernel: str) -> None:
     """Make the package call ``kernel``'s torch twin (module docstring) in this process."""
-    if kernel == "gn-relu-pool":
-        import fedlap_privacy.models as models
-        from fedlap_privacy.compute import per_sample, second_order
-        from fedlap_privacy.compute.kernels import block
-        from fedlap_privacy.fl.engine import packed_cohort
-
-        models.gn_relu_pool = block.reference_block
-        packed_cohort.gn_relu_pool = block.reference_block
-        for module in (per_sample, second_order):
-            module.block_forward = block_forward
-            module.block_backward = block_backward
-        second_order.block_double_backward = block_double_backward
-    elif kernel == "few-channels":
-        from fedlap_privacy.compute.kernels import few_channels
-
-        few_channels.applies = _never
-    elif kernel == "conv-gram":
-        from fedlap_privacy.compute.kernels import conv_gram
-
-        conv_gram.fusable = _never
-    elif kernel == "cosine-rows":
-        from fedlap_privacy.fl.methods import matching
-
-        matching.fusable = _never
-    else:
+    if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; one of {', '.join(KERNELS)}")
+    import fedlap_privacy.models as models
+    from fedlap_privacy.compute import per_sample, second_order
+    from fedlap_privacy.compute.kernels import block
+    from fedlap_privacy.fl.engine import packed_cohort
+
+    models.gn_relu_pool = block.reference_block
+    packed_cohort.gn_relu_pool = block.reference_block
+    for module in (per_sample, second_order):
+        module.block_forward = block_forward
+        module.block_backward = block_backward
+    second_order.block_double_backward = block_double_backward
