@@ -8,7 +8,7 @@ replaces one kernel's entry points, in the modules that call them, by torch's op
 computing the same function. ``gn-relu-pool``: the GroupNorm -> ReLU -> 2x2 pooling
 block's forward, backward (with each plane's GroupNorm weight and bias gradients) and double
 backward (``fedlap_privacy.compute.kernels.block``): the forward and backward through
-torch's GroupNorm kernels, the double backward by autograd through that backward
+torch's GroupNorm kernels, the double backward by autograd through that backward.
 (``winograd.c``'s twin is the ``winograd`` fast path itself.) The ``few-channels``,
 ``conv-gram`` and ``cosine-rows`` kernels measured this way bought less than 1.3x and were
 removed (docs/performance.md, Tried and not kept).
