@@ -45,6 +45,7 @@ server epochs unless ``--full``, and also prints the full round extrapolated fro
     python benchmarks/speed/fedlap_round.py [--config digits|paper-dp|both] [--repeats 2]
         [--threads 1] [--records 1600] [--data-dir data/fashion-mnist] [--full]
         [--clock cpu|wall] [--without kernels,second-order,allocator]
+    python benchmarks/speed/fedlap_round.py --config digits --repeats 3 --without kernels,gn-relu-pool
 
 The smallest run: ``--config digits --repeats 1 --without ""`` (before and after only).
 
@@ -68,6 +69,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from kernel_twins import KERNELS, route_to_twin
 from torch import Tensor, nn
 
 from fedlap_privacy.compute import fast_paths
@@ -151,18 +153,19 @@ def plain_step_time(model: nn.Module, x: Tensor, repeats: int = 5) -> float:
     return statistics.median(times[1:])
 
 
-def run_round(s: Setup) -> tuple[dict[str, float], float, SyntheticSet]:
+def run_round(s: Setup) -> tuple[dict[str, float], float, float, SyntheticSet]:
     """One client round and one server optimisation by the package, with the fast paths
-    this process was started with: per-phase seconds, the client round's and S_k."""
+    this process was started with: per-phase seconds, the client round's (the chosen clock,
+    then elapsed seconds) and S_k."""
     cfg = s.cfg
     gen = torch.Generator().manual_seed(123)
     syn = init_synthetic(s.x, s.y, cfg.ipc, cfg.init, gen)
     dsa = DSA().draw if cfg.dsa else None
     lr = cfg.lr_net
     with timing(_clock) as phases:
-        start = _clock()
+        start, start_wall = _clock(), time.perf_counter()
         learned = client_approximation(s.model, s.x, s.y, syn, cfg, lr, gen, dsa).synthetic
-        client = _clock() - start
+        client, client_wall = _clock() - start, time.perf_counter() - start_wall
     times = {name: phases.get(name) for name in PHASES}
     # server: five clients' sets (this client's, relabelled as five disjoint class pairs)
     classes = torch.unique(learned.labels)
@@ -178,7 +181,7 @@ def run_round(s: Setup) -> tuple[dict[str, float], float, SyntheticSet]:
     server_optimisation(model, sets, [0.2] * 5, cfg.radius, lr, cfg.server_epochs,
                         cfg.server_batch, gen, cfg.server_momentum, dsa)
     times["server"] = _clock() - start
-    return times, client, learned
+    return times, client, client_wall, learned
 
 
 BEFORE, AFTER = "before", "after"
@@ -192,14 +195,26 @@ def variants(without: list[str]) -> dict[str, dict[str, str]]:
     found = {BEFORE: {fast_paths.FAST_PATHS_ENV: "off"},
              AFTER: {fast_paths.FAST_PATHS_ENV: "on", fast_paths.KERNELS_ENV: "require"}}
     for path in without:
+        if path in KERNELS:  # routed to its twin in the child (child_kernel)
+            found[f"after without {path}"] = dict(found[AFTER])
+            continue
         off = ",".join(f"-{p}" for p in path.split("+"))
         found[f"after without {path}"] = {fast_paths.FAST_PATHS_ENV: off}
     return found
 
 
+def child_kernel(variant: str) -> str | None:
+    """The C kernel a variant routes to its torch twin, None for a path variant."""
+    name = variant.removeprefix("after without ")
+    return name if name != variant and name in KERNELS else None
+
+
 def child(args: argparse.Namespace) -> None:
     """One variant in this process: warm up, time one round, save the times and S_k."""
     paths = fast_paths.current()
+    kernel = child_kernel(args.child)
+    if kernel is not None:
+        route_to_twin(kernel)
     setting = tune_allocator()  # as every fedlap-privacy command does at start-up
     if paths.allocator and setting.state is not AllocatorState.TUNED:
         raise SystemExit(f"allocator not tuned here: {setting.reason}")
@@ -209,8 +224,8 @@ def child(args: argparse.Namespace) -> None:
                  s.model, s.x, s.y, s.scale)
     run_round(warm)  # warm-up (allocator, kernels), not timed
     unit = plain_step_time(s.model, s.x)
-    times, client, learned = run_round(s)
-    torch.save({"times": times, "client": client, "unit": unit, "images": learned.images,
+    times, client, client_wall, learned = run_round(s)
+    torch.save({"times": times, "client": client, "client_wall": client_wall, "unit": unit, "images": learned.images,
                 "paths": dataclasses.asdict(paths.effective())}, args.save)
 
 
@@ -272,6 +287,29 @@ def report(name: str, args: argparse.Namespace, results: dict[str, list[dict[str
                 for v in labels}
         print(f"   full {name} round (extrapolated from the measured fraction): "
               + ", ".join(f"{v} {full[v]:.0f} s" for v in labels))
+    wall = {v: statistics.median(r["client_wall"] for r in results[v]) for v in labels}
+    print(f"   {'client, wall':14s} " + " ".join(f"{wall[v]:{width}.3f}" for v in labels)
+          + f" {wall[BEFORE] / wall[AFTER]:8.2f}x")
+    buys(labels, results)
+
+
+def buys(labels: list[str], results: dict[str, list[dict[str, Any]]]) -> None:
+    """What each switched-off path or kernel buys: "after without P" over "after", the
+    median of the repeat-by-repeat ratios (each repeat's variants ran one after the other)
+    and their range, for each phase, the client round (clock chosen, and wall)."""
+    after = results[AFTER]
+
+    def ratios(v: str, of: Any) -> str:
+        r = sorted(of(w) / of(a) for w, a in zip(results[v], after, strict=True))
+        return f"{statistics.median(r):.2f}x [{r[0]:.2f}, {r[-1]:.2f}]"
+
+    for v in labels:
+        if v in (BEFORE, AFTER):
+            continue
+        parts = [f"{phase} {ratios(v, lambda r, p=phase: r['times'][p])}" for phase in PHASES]
+        parts.append(f"client round {ratios(v, lambda r: r['client'])}")
+        parts.append(f"client wall {ratios(v, lambda r: r['client_wall'])}")
+        print(f"   {v.removeprefix('after without ')} buys: " + "; ".join(parts))
 
 
 def main() -> None:
@@ -297,8 +335,8 @@ def main() -> None:
     args = parser.parse_args()
     names = [n.strip().replace("_", "-") for n in args.without.split(",") if n.strip()]
     known = [p.replace("_", "-") for p in fast_paths.PATHS]
-    if any(p not in known for n in names for p in n.split("+")):
-        parser.error(f"--without takes names among {', '.join(known)}")
+    if any(n not in KERNELS and p not in known for n in names for p in n.split("+")):
+        parser.error(f"--without takes names among {', '.join(known + list(KERNELS))}")
     args.without = names
     _CLOCK[0] = args.clock
     torch.set_num_threads(args.threads)

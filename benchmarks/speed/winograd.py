@@ -1,6 +1,5 @@
 """Time the ConvNet's 3x3 convolutions through Winograd's F(4x4, 3x3)
-(fedlap_privacy.compute.kernels.winograd) and its first convolution through the few-channel kernel
-(fedlap_privacy.compute.kernels.few_channels) against torch's own (oneDNN's direct convolution), the
+(fedlap_privacy.compute.kernels.winograd) against torch's own (oneDNN's direct convolution), the
 kernels a user of torch would otherwise run.
 
 For each shape a FedLAP-DP round makes (128 channels; a DP chunk of 128 records and a
@@ -8,11 +7,6 @@ synthetic set of 20 images; the 16x16 and 8x8 maps of the 28x28 ConvNet), the fo
 input gradient and the weight gradient, each way interleaved within one run so that they
 see the same machine load. Checks first that both agree (float64, 1e-12 of the output's
 scale), then prints the median times and the ratio torch / ours, with the load average.
-Last, the first convolution of FashionMNIST's 28x28 grey images (padding 3, 128 output
-channels) for the same two batches: its forward; the images' gradient of the matching step
-(the block's two convolutions summed; torch: its native kernel on the two concatenated, as
-the package ran it before); and every record's weight and bias gradients of a DP chunk
-(torch: a convolution with the records folded into the groups, and a sum over the map).
 
     python benchmarks/speed/winograd.py [--repeats 7] [--threads 1]
 """
@@ -30,8 +24,7 @@ from torch import Tensor, nn
 
 from fedlap_privacy.compute import fast_paths
 from fedlap_privacy.compute.allocator import tune_allocator
-from fedlap_privacy.compute.kernels import few_channels, winograd
-from fedlap_privacy.compute.per_sample import _conv_weight_grads
+from fedlap_privacy.compute.kernels import winograd
 
 # (records, height and width) at 128 channels
 SHAPES = [(128, 16), (20, 16), (128, 8), (20, 8)]
@@ -98,35 +91,6 @@ def main() -> None:
                 continue
             _race(f"{n} x {side}x{side}", pass_,
                   {"torch": _torch(module, pass_, x, gy), "ours": ours}, args.repeats)
-    first = nn.Conv2d(1, 128, 3, padding=3).requires_grad_(False)
-    for n in sorted({n for n, _ in SHAPES}, reverse=True):
-        x = torch.randn(n, 1, 28, 28)
-        assert few_channels.applies(x, first.weight, first)
-        _race(f"{n} x 28x28", "1st forward", {
-            "torch": lambda x=x: torch.ops.aten.convolution(
-                x, first.weight, first.bias, [1, 1], [3, 3], [1, 1], False, [0, 0], 1),
-            "ours": lambda x=x: few_channels.conv(x, first.weight, first.bias, (3, 3))},
-            args.repeats)
-        gy, gz, u_w = (torch.randn(n, 128, 32, 32), torch.randn(n, 128, 32, 32),
-                       torch.randn(128, 1, 3, 3))
-        stacked, kernels = torch.cat([gy, gz], 1), torch.cat([first.weight, u_w], 0)
-        races = {
-            "1st in grad": {
-                "torch": lambda x=x, g=stacked, w=kernels: (
-                    torch.ops.aten._slow_conv2d_backward.output_mask(
-                        g, x, w, [3, 3], [1, 1], [3, 3], [True, False, False])[0]),
-                "ours": lambda gy=gy, gz=gz, u_w=u_w: few_channels.input_grad_sum(
-                    [(gy, first.weight), (gz, u_w)], (3, 3), (28, 28))},
-            "1st per-rec": {
-                "torch": lambda x=x, gy=gy: (_conv_weight_grads(first, x, gy),
-                                             gy.sum(dim=(2, 3))),
-                "ours": lambda x=x, gy=gy: few_channels.per_record_grads(x, gy, (3, 3))}}
-        for pass_, runs in races.items():
-            want, got = runs["torch"](), runs["ours"]()
-            for a, b in zip(torch.utils._pytree.tree_leaves(want),
-                            torch.utils._pytree.tree_leaves(got), strict=True):
-                torch.testing.assert_close(b, a, atol=1e-4 * a.abs().max().item(), rtol=0)
-            _race(f"{n} x 28x28", pass_, runs, args.repeats)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 
 

@@ -6,10 +6,8 @@ rounding, in less time or memory; switched off, the reference twin runs:
 
 * ``kernels``: the fused C kernels (:mod:`fedlap_privacy.compute.kernels`): the ConvNet's GroupNorm
   -> ReLU -> 2x2 pooling block in the forward (:meth:`fedlap_privacy.models.ConvNet.fused_blocks`),
-  backward and double backward, the matching distance's gradient, and the first convolution
-  of images of one to three channels (:mod:`fedlap_privacy.compute.kernels.few_channels`). Off:
-  torch's modules one by one, the matching distance through torch's operations and torch's
-  convolution.
+  backward and double backward (:mod:`fedlap_privacy.compute.kernels.block`). Off: torch's
+  modules one by one.
 * ``second_order``: the written-out matching gradient and first-order weight gradient of
   the ConvNet (:mod:`fedlap_privacy.compute.second_order`, with the augmentation's adjoint in closed
   form). Off: autograd differentiates its own backward graph (``create_graph=True``).

@@ -13,7 +13,7 @@ by layer:
   ``T`` positions (a sequence, or a convolution's unfolded input columns) it is
   ``<a_i a_i^T, g_i g_i^T>`` (two ``T x T`` Gram matrices). For a convolution with stride 1
   the columns' Gram matrix is the input's pixel Gram matrix summed over the kernel's
-  offsets (:mod:`fedlap_privacy.compute.kernels.conv_gram`), ``C_in`` instead of ``C_in kh kw``
+  offsets (:mod:`fedlap_privacy.compute.conv_gram`), ``C_in`` instead of ``C_in kh kw``
   multiply-adds per entry. Each layer takes the cheapest of these and the per-record
   gradient itself, counted in multiply-adds (the 28x28 ConvNet: the first convolution's
   gradient is formed, the 16x16 and 8x8 ones go through pixel Gram matrices), as do the
@@ -46,12 +46,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedlap_privacy.compute import fast_paths
-from fedlap_privacy.compute.kernels import few_channels, fusable, winograd
-from fedlap_privacy.compute.kernels.conv_gram import (
+from fedlap_privacy.compute.conv_gram import (
     PixelGeometry,
     conv_weight_grad_sq,
     pixel_gram_cost,
 )
+from fedlap_privacy.compute.kernels import winograd
 from fedlap_privacy.compute.kernels.winograd import conv2d_backward
 from fedlap_privacy.compute.per_sample import (
     TransformedInputs,
@@ -83,7 +83,7 @@ def _conv_norm_route(module: nn.Conv2d, inp: Tensor, gy: Tensor
                      ) -> PixelGeometry | Literal["columns", "gradient"]:
     """The cheapest way to a Conv2d layer's per-record weight-gradient norms, in
     multiply-adds per record: the pixel Gram matrices (stride 1, one group:
-    :mod:`fedlap_privacy.compute.kernels.conv_gram`), the Gram matrices of the unfolded columns, or
+    :mod:`fedlap_privacy.compute.conv_gram`), the Gram matrices of the unfolded columns, or
     the gradient itself."""
     positions = gy.shape[2] * gy.shape[3]
     p = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
@@ -122,12 +122,6 @@ def _layer_norms(module: nn.Module, inp: Tensor, gy: Tensor) -> tuple[Tensor, di
             sq = conv_weight_grad_sq(inp, gy, route)
         elif route == "columns":
             sq = _conv_gram_sq(module, inp, gy)
-        elif few_channels.applies(inp, module.weight, module) and fusable(gy):
-            # the first convolution of images: both gradients in one pass over gy
-            formed["weight"], bias = few_channels.per_record_grads(
-                inp, gy, (module.padding[0], module.padding[1]))
-            if module.bias is not None:
-                formed["bias"] = bias
         else:
             formed["weight"] = _conv_weight_grads(module, inp, gy)
         if module.bias is not None and "bias" not in formed:

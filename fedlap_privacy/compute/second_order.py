@@ -23,13 +23,9 @@ autograd:
 
 That is 4 convolutions per block where autograd's graph makes 6 (and computes a weight
 gradient of the double backward that nobody asked for), and none of autograd's per-node
-bookkeeping. The first block (at most 3 input channels: the images) runs its convolutions
-in :mod:`fedlap_privacy.compute.kernels.few_channels`: the forward and step 3's through
-:func:`~fedlap_privacy.compute.kernels.winograd.conv2d`, the weight and bias gradients in one pass
-over ``gz_1`` (:func:`~fedlap_privacy.compute.kernels.few_channels.per_record_grads`, summed), and
-the images' own gradient as the sum of its two convolutions
-(:func:`~fedlap_privacy.compute.kernels.few_channels.input_grad_sum`); torch's kernels where those
-do not apply. Where a block's convolutions run through
+bookkeeping. The first block (at most 3 input channels: the images) runs torch's
+convolutions, the images' gradient through torch's native kernel (oneDNN's is slower
+there). Where a block's convolutions run through
 Winograd's F(4x4, 3x3) (:mod:`fedlap_privacy.compute.kernels.winograd`), its input ``a_{l-1}``,
 its kernels and ``gz_l`` are transformed once per step and shared by the block's four
 convolutions, and each pair of stacked operands becomes two sets of products summed before
@@ -56,8 +52,6 @@ from fedlap_privacy.compute.kernels import (
     block_backward,
     block_double_backward,
     block_forward,
-    few_channels,
-    fusable,
     winograd,
 )
 from fedlap_privacy.compute.kernels.winograd import ConvTiles, KernelTiles, conv2d, conv2d_backward
@@ -92,13 +86,7 @@ def supported_blocks(model: nn.Module, x: Tensor) -> Blocks | None:
 
 def _first_block_grads(conv: nn.Conv2d, gz: Tensor, a: Tensor) -> tuple[Tensor, Tensor | None]:
     """The weight gradient (and the bias's, None without one) of the first block's
-    convolution, summed over the batch: each record's in one pass over ``gz``
-    (:func:`~fedlap_privacy.compute.kernels.few_channels.per_record_grads`; 20 images of the 28x28
-    ConvNet took about 2 ms where torch's convolution backward and the bias's sum over the
-    32x32 maps took 4), where the kernel applies; torch's otherwise."""
-    if few_channels.applies(a, conv.weight, conv) and fusable(gz):
-        dw, db = few_channels.per_record_grads(a, gz, (conv.padding[0], conv.padding[1]))
-        return dw.sum(0), None if conv.bias is None else db.sum(0)
+    convolution, summed over the batch."""
     dw = conv2d_backward(conv, gz, a, conv.weight, (False, True))[1]
     assert dw is not None
     return dw, None if conv.bias is None else gz.sum((0, 2, 3))
@@ -304,12 +292,6 @@ def weight_grad_input_vjp(
                 bar_a = winograd.input_grad_sum(pairs)
                 continue
             u_w = u[id(conv.weight)]
-            summed = [(bar_z, conv.weight)] + ([] if u_w is None else [(t.gz[i], u_w)])
-            if few_channels.applies(t.inputs[i], conv.weight, conv) and all(
-                    fusable(g, w) for g, w in summed):
-                bar_a = few_channels.input_grad_sum(
-                    summed, (conv.padding[0], conv.padding[1]), t.inputs[i].shape[2:])
-                continue
             gz = _stacked([bar_z, None if u_w is None else t.gz[i]], 1)
             weight = _stacked([conv.weight, u_w], 0)
             assert gz is not None and weight is not None

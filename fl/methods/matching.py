@@ -22,10 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from fedlap_privacy.compute.kernels import cosine_rows_grad, fusable
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["MatchTarget", "layer_distance", "match_distance"]
@@ -94,7 +92,6 @@ class MatchTarget:
         row_lengths = lengths.repeat_interleave(counts)
         self.row_of = torch.arange(int(counts.sum()), device=reference.device).repeat_interleave(
             row_lengths)
-        self.start = F.pad(row_lengths.cumsum(0), (1, 0))  # row r is [start[r], start[r + 1])
         self.norm_real = torch.cat([torch.linalg.vector_norm(r, dim=1) for r in rows])
         # mean over a layer's rows; a layer whose real gradient is all zero adds nothing
         weights = [r.ne(0).any().to(r.dtype) / r.shape[0] for r in rows]
@@ -125,16 +122,12 @@ class MatchTarget:
         b = self._flat_syn(g_syn)
         if self.flat is None:
             return [torch.zeros_like(g) for g in g_syn]
-        if fusable(self.flat, b, self.norm_real, self.row_weight):
-            flat = cosine_rows_grad(self.flat, b, self.start, self.norm_real, self.row_weight,
-                                    _EPS, self.mse_weight)
-        else:
-            flat = self._gradient_torch(b)
+        flat = self._gradient_flat(b)
         return [part.view(shape) for part, shape in
                 zip(flat.split([s.numel() for s in self.shapes]), self.shapes, strict=True)]
 
-    def _gradient_torch(self, b: Tensor) -> Tensor:
-        """:meth:`gradient` with torch's operations (any device; the C kernel's oracle)."""
+    def _gradient_flat(self, b: Tensor) -> Tensor:
+        """:meth:`gradient` of the flat synthetic vector ``b``, as one flat vector."""
         dot, norm_syn = self._row_sums(b)
         den = self.norm_real * norm_syn + _EPS
         along_a = self.row_weight / den

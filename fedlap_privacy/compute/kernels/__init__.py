@@ -2,8 +2,7 @@
 
 :func:`gn_relu_pool` is the GroupNorm -> ReLU -> 2x2 average pooling block that follows
 every convolution of the FedLAP-DP ConvNet, differentiable to second order
-(:mod:`~fedlap_privacy.compute.kernels.block`); :func:`cosine_rows_grad` is the gradient of gradient
-matching's row-wise cosine distance (:mod:`~fedlap_privacy.compute.kernels.cosine`);
+(:mod:`~fedlap_privacy.compute.kernels.block`);
 :mod:`~fedlap_privacy.compute.kernels.winograd` runs the ConvNet's 3x3 convolutions through
 Winograd's F(4x4, 3x3) transforms;
 :mod:`~fedlap_privacy.compute.kernels.build` compiles and
@@ -20,14 +19,12 @@ from fedlap_privacy.compute.kernels.block import (
     reference_block,
 )
 from fedlap_privacy.compute.kernels.build import KERNELS_ENV, kernel_mode, load_kernels
-from fedlap_privacy.compute.kernels.cosine import cosine_rows_grad
 
 __all__ = [
     "KERNELS_ENV",
     "block_backward",
     "block_double_backward",
     "block_forward",
-    "cosine_rows_grad",
     "fusable",
     "gn_relu_pool",
     "kernel_mode",

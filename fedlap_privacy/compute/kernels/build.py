@@ -1,10 +1,9 @@
 """Compile the package's C kernels once per machine and load them with :mod:`ctypes`.
 
-The kernels (``gn_relu_pool.c``, ``cosine_rows.c``, ``winograd.c``, ``conv_gram.c``) are
-plain C with no Python or torch headers, so a build takes about two seconds with the system
-C compiler
-(``$CC``, else ``cc``), optimised for the processor it runs on (``-O3 -march=native``,
-retried without ``-march=native`` where the compiler refuses it). The shared library is cached in
+The kernels (``gn_relu_pool.c``, ``winograd.c``) are plain C with no Python or torch
+headers, so a build takes about two seconds with the system C compiler (``$CC``, else
+``cc``), optimised for the processor it runs on (``-O3 -march=native``, retried without
+``-march=native`` where the compiler refuses it). The shared library is cached in
 ``$FEDLAP_CACHE_DIR/kernels``, else ``$XDG_CACHE_HOME/fedlap-privacy/kernels``, else
 ``~/.cache/fedlap-privacy/kernels``, under a name that hashes the sources, the flags, the
 compiler and the processor's feature flags, so that an edited source, another compiler or a
@@ -22,7 +21,7 @@ to choose it (issue 33):
 * each build runs in a fresh private directory (mode 0700) inside the cache, on copies of
   the very source bytes the cache key hashes, written there and compiled by their path from
   there: a quoted ``#include`` is looked up beside the file that includes it first, so no
-  ``cosine_rows.c`` of the working folder (or any other folder) is ever compiled in; the library's
+  ``winograd.c`` of the working folder (or any other folder) is ever compiled in; the library's
   SHA-256 is recorded in a manifest (``kernels-<key>.sha256``, as ``sha256sum`` writes it),
   and both are renamed into place atomically, so processes that start together (Flower
   nodes) never load a partly written file;
@@ -77,8 +76,7 @@ __all__ = [
 CACHE_ENV = "FEDLAP_CACHE_DIR"
 MODES = KERNEL_MODES
 SOURCES = tuple(Path(__file__).with_name(name)
-                for name in ("gn_relu_pool.c", "cosine_rows.c", "winograd.c", "conv_gram.c",
-                              "few_channels.c"))
+                for name in ("gn_relu_pool.c", "winograd.c"))
 _BASE_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp-simd")
 _NATIVE_FLAG = "-march=native"
 _COMPILE_TIMEOUT_S = 120
@@ -118,8 +116,6 @@ SIGNATURES: dict[str, list[type]] = {
     # z, gp, gamma, beta, mean, rstd, u, ug, ub, C, H, W, p0, p1, dz, dgp, dgam
     "gnrp_double_backward": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P,
                              _P],
-    # a, b, start, norm_a, weight, eps, mse, r0, r1, grad
-    "cosine_rows_grad": [_P, _P, _P, _P, _P, _D, _D, _I, _I, _P],
     # x, N, C, H, W, zeros, lo, hi, out
     "wino_input": [_P, _I, _I, _I, _I, _P, _I, _I, _P],
     # m, bias, N, C, H, W, lo, hi, y
@@ -132,14 +128,6 @@ SIGNATURES: dict[str, list[type]] = {
     "wino_weight": [_P, _I, _I, _I, _I, _P, _P],
     # m, R, C_out, C_in, lo, hi, dw
     "wino_weight_grad": [_P, _I, _I, _I, _I, _I, _P],
-    # q, gg, H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, lo, hi, out
-    "conv_gram_dot": [_P, _P, *[_I] * 12, _P],
-    # x, w, b, C_in, C_out, H, W, ph, pw, lo, hi, y
-    "conv3x3_few": [_P, _P, _P, *[_I] * 8, _P],
-    # gy, w, C_in, C_out, H, W, ph, pw, add, lo, hi, dx
-    "conv3x3_few_input_grad": [_P, _P, *[_I] * 9, _P],
-    # x, gy, C_in, C_out, H, W, ph, pw, lo, hi, dw, db
-    "conv3x3_few_weight_grads": [_P, _P, *[_I] * 8, _P, _P],
 }
 SUFFIXES = ("_f32", "_f64")
 

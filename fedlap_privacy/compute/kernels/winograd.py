@@ -36,7 +36,6 @@ import torch
 from torch import Tensor, nn
 
 from fedlap_privacy.compute import fast_paths
-from fedlap_privacy.compute.kernels import few_channels
 from fedlap_privacy.compute.kernels.block import fusable, run_split
 
 __all__ = [
@@ -288,12 +287,9 @@ def conv2d(module: nn.Conv2d, x: Tensor, weight: Tensor,
            bias: Tensor | None = None) -> Tensor:
     """``module``'s convolution of ``x`` with ``weight`` and ``bias`` (which may differ from
     the module's own, e.g. stacked along the input channels): here where :func:`applies`,
-    through :mod:`~fedlap_privacy.compute.kernels.few_channels` where that applies (the first
-    convolution of images), else torch's."""
+    else torch's."""
     if applies(x, weight, module):
         return conv(x, weight, bias)
-    if few_channels.applies(x, weight, module):
-        return few_channels.conv(x, weight, bias, (module.padding[0], module.padding[1]))
     return torch.ops.aten.convolution(x, weight, bias, list(module.stride),
                                       list(module.padding), list(module.dilation), False,
                                       [0, 0], module.groups)

@@ -1,10 +1,10 @@
 """Per-record weight-gradient norms from pixel Gram matrices
-(fedlap_privacy.compute.kernels.conv_gram).
+(fedlap_privacy.compute.conv_gram).
 
 The oracle is the per-record gradient itself (torch's weight-gradient convolution, record
-by record): the squared norms must equal its squared norms to 1e-12 in float64, through the
-C pass and through torch's operations (the kernels switched off), on the ConvNet's shapes and
-on odd ones (padding 0, 2 and 3, dilation, 1x1 and 5x5 kernels, non-square maps).
+by record): the squared norms must equal its squared norms to 1e-12 in float64, on the
+ConvNet's shapes and on odd ones (padding 0, 2 and 3, dilation, 1x1 and 5x5 kernels,
+non-square maps).
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedlap_privacy.compute import fast_paths
-from fedlap_privacy.compute.kernels import conv_gram
-from fedlap_privacy.compute.kernels.conv_gram import PixelGeometry, conv_weight_grad_sq
+from fedlap_privacy.compute import conv_gram
+from fedlap_privacy.compute.conv_gram import PixelGeometry, conv_weight_grad_sq
 
 # (records, input channels, output channels, height, width, kernel, padding, dilation)
 SHAPES = [
@@ -51,15 +50,11 @@ def _case(shape, dtype):
     return conv, x, gy, geometry
 
 
-@pytest.mark.parametrize("kernels", [True, False], ids=["c-pass", "torch-ops"])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_pixel_gram_norms_equal_the_gradients_norms(shape, kernels):
-    if kernels and not fast_paths.current().kernels:
-        pytest.skip("the kernels are switched off (FEDLAP_KERNELS, FEDLAP_FAST_PATHS)")
+def test_the_pixel_gram_norms_equal_the_gradients_norms(shape):
     torch.manual_seed(0)
     conv, x, gy, geometry = _case(shape, torch.float64)
-    with fast_paths.using(kernels=kernels, require_kernels=kernels):
-        got = conv_weight_grad_sq(x, gy, geometry)
+    got = conv_weight_grad_sq(x, gy, geometry)
     want = _direct_sq(conv, x, gy)
     torch.testing.assert_close(got, want, atol=0, rtol=1e-12)
 

@@ -17,7 +17,7 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from torch import Tensor, nn
 
 from fedlap_privacy.compute import fast_paths, ghost_clipping
-from fedlap_privacy.compute.kernels.conv_gram import PixelGeometry
+from fedlap_privacy.compute.conv_gram import PixelGeometry
 from fedlap_privacy.compute.per_sample import per_sample_grad_norms, per_sample_grads
 from fedlap_privacy.fl.methods.dp import clip_factors, clipped_sum, dp_gradient
 from fedlap_privacy.models import ModelConfig, TabularMLP, build_model

@@ -272,7 +272,7 @@ def test_the_manifest_records_the_librarys_sha256_and_nothing_is_left_behind(
 
 def test_sources_planted_in_the_working_folder_are_never_compiled_in(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """Another user leaves ``cosine_rows.c`` (and every other source's name) in a shared
+    """Another user leaves ``gn_relu_pool.c`` (and every other source's name) in a shared
     folder the victim runs ``train`` from: each plant is the genuine source plus a
     constructor that writes a marker, so a build that compiled it in would work and cache
     it under the genuine key. The build reads only the package's sources, copied into its

@@ -6,7 +6,8 @@ and to 1e-12 in float64, where gradcheck and gradgradcheck also check them again
 differences. The ConvNet uses the kernels only where nothing must see its modules run
 (hooks, TorchScript, export), and its per-record gradients equal the hook path's. The build
 is cached per machine in a private directory (its attacks: test_kernel_cache.py), and a
-missing compiler falls back (or, with FEDLAP_KERNELS=require, fails with one line).
+missing compiler falls back, the ConvNet's per-record gradients included (or, with
+FEDLAP_KERNELS=require, fails with one line).
 """
 
 from __future__ import annotations
@@ -229,6 +230,21 @@ def test_without_a_compiler_auto_falls_back_and_require_refuses(
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # warned once per process, not per call
                 torch.testing.assert_close(_fused(z, w, b), _reference(z, w, b))
+                # a DP client's per-record gradients run on torch's kernels: each record's
+                # is its own loss's gradient, and they sum to the batch's
+                torch.manual_seed(0)
+                model = build_model(ModelConfig(1, 8, 3)).double()
+                x = torch.randn(5, 1, 8, 8, dtype=torch.float64)
+                y = torch.tensor([0, 1, 2, 0, 1])
+                assert model.fused_blocks(x) is None
+                per_record = per_sample_grads(model, x, y)
+                loss = F.cross_entropy(model(x[3:4]), y[3:4])
+                one = torch.autograd.grad(loss, list(model.parameters()))
+                batch = torch.autograd.grad(F.cross_entropy(model(x), y, reduction="sum"),
+                                            list(model.parameters()))
+                for g, o, s in zip(per_record, one, batch, strict=True):
+                    torch.testing.assert_close(g[3], o, rtol=1e-10, atol=1e-12)
+                    torch.testing.assert_close(g.sum(0), s, rtol=1e-10, atol=1e-12)
     finally:
         kbuild._load.cache_clear()
         kbuild._warn_fallback.cache_clear()

@@ -141,9 +141,9 @@ def test_match_target_equals_the_definition_on_convnet_gradients() -> None:
 def test_match_target_gradient_is_the_derivative_of_its_distance() -> None:
     """MatchTarget.gradient, the closed form the written-out matching step uses, equals
     autograd through MatchTarget.distance in float64 (with the MSE term, a layer left out,
-    a real layer of zeros), through both the C kernel and torch's operations, and the two
-    agree to float32 rounding in float32. At a synthetic row of zeros, where autograd's
-    norm gives NaN, it is finite: the cosine's derivative along the real row."""
+    a real layer of zeros), and to float32 rounding in float32. At a synthetic row of zeros,
+    where autograd's norm gives NaN, it is finite: the cosine's derivative along the real
+    row."""
     from fedlap_privacy.fl.methods.matching import MatchTarget
 
     real = [*_grads(3), torch.zeros(2, 3, dtype=torch.float64)]
@@ -153,12 +153,9 @@ def test_match_target_gradient_is_the_derivative_of_its_distance() -> None:
         parts = [syn[i].clone().requires_grad_(True) for i in target.included]
         expect = torch.autograd.grad(target.distance(parts), parts)
         got = target.gradient([p.detach() for p in parts])
-        torch_ops = target._gradient_torch(torch.cat([p.detach().reshape(-1) for p in parts]))
-        for e, g, t in zip(expect, got, torch_ops.split([p.numel() for p in parts]),
-                           strict=True):
+        for e, g in zip(expect, got, strict=True):
             assert g.shape == e.shape
             torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(t.view_as(e), e, rtol=1e-12, atol=1e-12)
         single = MatchTarget([r.float() for r in real], mse, include=include)
         got32 = single.gradient([syn[i].float() for i in single.included])
         for e, g in zip(expect, got32, strict=True):
