@@ -180,6 +180,9 @@ def privacy_sentence(p: PrivacyStatement, sigma_planned: bool = False) -> str:
                 "against those who see the released models; the server, which sees each "
                 "update, is trusted",
         }.get(p.threat_model or "", "")
+        if p.secure_aggregation and p.threat_model == ThreatModel.SERVER:
+            against = ("against the server (it sees whom it selected and only the sum of the "
+                       "uploads)")
         planned = " (planned for the target)" if sigma_planned else ""
         text = (f"({eps:.3f}, {p.delta:g})-DP for {unit} ({notion}) {against}, "
                 f"sigma {p.sigma:.4g}{planned}")
@@ -192,7 +195,9 @@ def privacy_sentence(p: PrivacyStatement, sigma_planned: bool = False) -> str:
         others = p.epsilon_by_threat_model or {}
         other = [f"{eps_t:.3f} {t}" for t, eps_t in others.items() if t != p.threat_model]
         if other:
-            text += f" (epsilon {', '.join(other)})"
+            approximate = (": an approximation, the summed integer noise taken as Gaussian; "
+                           "the bound proven is the server's" if p.secure_aggregation else "")
+            text += f" (epsilon {', '.join(other)}{approximate})"
         if p.client_sampling:
             text += f"; {p.client_sampling}"
         if p.secure_aggregation:

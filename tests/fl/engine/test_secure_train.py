@@ -79,6 +79,18 @@ def test_cli_refuses_in_one_line_and_a_bits_that_cannot_hold_the_sum(tmp_path: P
     assert "Traceback" not in result.output and not (tmp_path / "b").exists()
 
 
+def test_the_printed_guarantee_says_what_the_server_sees_and_which_figure_is_proven(
+        tmp_path: Path) -> None:
+    result = runner.invoke(app, ["train", "--method", "dp-fedavg-client", "--secure-aggregation",
+                                 "skellam", "--clients", "6", "--split", "iid", "--rounds", "1",
+                                 "--sigma", "2", "--local-steps", "1", "--set", "width=8",
+                                 "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "against the server (it sees whom it selected and only the sum of the uploads)" in text
+    assert "trusted-server: an approximation" in text and "the bound proven is the server's" in text
+
+
 def test_default_bits_follow_the_model_size_within_two_percent() -> None:
     # the plan of docs/accounting.md: 100 clients, noise multiplier 44.83
     common = dict(sigma=44.83, clip=1.0, capacity=100, honest=100)
