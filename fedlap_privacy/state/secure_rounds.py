@@ -8,9 +8,12 @@ step, clip, padded dimension, rounding bias, each client's noise share), the upl
 set up for and those that reached the sum, the sensitivity bounds and the round's RDP vector
 against the server over :data:`~fedlap_privacy.accountant.rdp.DEFAULT_ORDERS`. Nothing stored
 is trusted: :meth:`SecureRound.check` recomputes the sensitivities and the RDP from the
-parameters. A refused round (fewer survivors than the minimum, or a sum that failed the
-server's noise check) released nothing and spends nothing: its RDP is zero. An interrupted
-round is priced at the fewest shares a released round can count (min_survivors - colluding).
+parameters. A refused round (fewer survivors than the minimum: the server never unmasked
+the sum) released nothing and spends nothing: its RDP is zero. A sum that failed the server's
+noise check (status :data:`NOISE_MISSING`) did not move the model, but the server unmasked it:
+it is charged at the shares its noise shows (``received``: a lower bound), and without an
+honest one its RDP is infinite. An interrupted round is priced at the fewest shares a
+released round can count (min_survivors - colluding).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from fedlap_privacy.accountant.distributed import (
 from fedlap_privacy.accountant.rdp import DEFAULT_ORDERS, rdp_to_epsilon
 from fedlap_privacy.errors import CheckpointError
 
-__all__ = ["REFUSED", "SecureRound", "server_epsilon"]
+__all__ = ["NOISE_MISSING", "REFUSED", "SecureRound", "server_epsilon"]
 
 #: the ledger status of a round secure aggregation did not release
 REFUSED = "refused"
+#: the ledger status of a round whose unmasked sum lacked noise (charged, the model unmoved)
+NOISE_MISSING = "noise-missing"
 _RTOL = 1e-9
 
 
@@ -64,10 +69,15 @@ class SecureRound:
     def of(cls, mechanism: DistributedMechanism, bits: int, planned: int, received: int,
            min_survivors: int, colluding: int, released: bool) -> SecureRound:
         """The record of a round of ``mechanism``; its RDP is that of ``received`` shares
-        less the colluding ones, or zero when the round was not ``released``."""
+        less the colluding ones (infinite when none is honest), or zero when the round was not
+        ``released``."""
         q = mechanism.quantisation
-        rdp = (round_rdp(mechanism, received, colluding) if released
-               else np.zeros(len(DEFAULT_ORDERS)))
+        if not released:
+            rdp = np.zeros(len(DEFAULT_ORDERS))
+        elif received - colluding < 1:  # no honest noise reached the server: no guarantee
+            rdp = np.full(len(DEFAULT_ORDERS), np.inf)
+        else:
+            rdp = round_rdp(mechanism, received, colluding)
         return cls(mechanism.noise.value, bits, 1 << bits, q.gamma, q.clip, q.dim, q.beta,
                    mechanism.local_std, planned, received, min_survivors, colluding, q.l2,
                    q.l1, tuple(float(v) for v in rdp))
@@ -105,10 +115,12 @@ class SecureRound:
 
     def withheld(self) -> SecureRound:
         """The record as a release that hides the selection states it: no count of the
-        uploads planned, a released round priced at its fewest shares (min_survivors), no
-        epsilon of the realised rounds."""
+        uploads planned, a released round priced at its fewest shares (min_survivors, or
+        fewer where the server's noise check found fewer), no epsilon of the realised
+        rounds."""
+        shares = min(self.received, self.min_survivors)
         return dataclasses.replace(
-            SecureRound.of(self.distributed_mechanism(), self.bits, 0, self.min_survivors,
+            SecureRound.of(self.distributed_mechanism(), self.bits, 0, shares,
                            self.min_survivors, self.colluding, self.released),
             server_epsilon=None)
 

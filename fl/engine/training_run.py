@@ -50,7 +50,7 @@ from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.ledger import ledger_digest, selection_withheld
 from fedlap_privacy.state.run_state import ModelRelease, PrivateRunState, ValidationScore
-from fedlap_privacy.state.secure_rounds import REFUSED, SecureRound
+from fedlap_privacy.state.secure_rounds import NOISE_MISSING, REFUSED, SecureRound
 from fedlap_privacy.vocabulary import CanaryKind, NoiseKind
 
 __all__ = [
@@ -485,8 +485,9 @@ class TrainingRun:
                                               server_gen)
             else:
                 extra, secure = self._secure_step(sent, len(chosen) + len(canary_sent))
-                status = "completed" if secure.released else REFUSED
-            if before is not None and self.canaries is not None and status != REFUSED:
+                status = ("completed" if "secure_refused" not in extra
+                          else NOISE_MISSING if secure.released else REFUSED)
+            if before is not None and self.canaries is not None and status == "completed":
                 self.canaries.observe_round(before, flat_weights(self.model))
         accesses = max((r.accesses for r in replies), default=0)
         entry = self.ledger.record(m, accesses, chosen, status, local_steps, secure)

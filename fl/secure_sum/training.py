@@ -10,8 +10,10 @@ place the local noise share is computed, for the clients and for the accountant 
 its clipped update with its own noise share (:func:`~.encoding.encode`) and masks it; the
 server object (:class:`~.masking.SecureSumServer`) holds only the masked uploads, unmasks
 their sum if at least ``min_survivors`` arrived, checks that the sum carries the noise of
-the shares that reached it (:func:`check_noise`) and decodes it. A refused round releases
-nothing and its record spends nothing.
+the shares that reached it (:func:`check_noise`) and decodes it. A round refused for too few
+survivors was never unmasked: it releases nothing and its record spends nothing. A sum that
+fails the noise check does not move the model, but the server has unmasked it: its record
+charges the shares the sum's noise shows (:func:`shares_present`, a lower bound).
 
 Which noise an audit can see missing: a client that skips its share (``encode(add_noise=
 False)``) removes 1/r of the summed noise variance of r shares. Canary clients cannot show it
@@ -47,7 +49,7 @@ from fedlap_privacy.state.secure_rounds import SecureRound
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
 
-__all__ = ["SecureOutcome", "SecurePlan", "check_noise", "secure_sum_round"]
+__all__ = ["SecureOutcome", "SecurePlan", "check_noise", "secure_sum_round", "shares_present"]
 
 #: the tail, in standard deviations of the squared norm, the noise check allows
 _NOISE_CHECK_SIGMAS = 6.0
@@ -131,13 +133,29 @@ class SecureOutcome:
     refused: str | None = None
 
 
+def _norm(total: np.ndarray, spec: SecureSumSpec) -> float:
+    """The L2 norm of the sum, its residues centred on zero."""
+    centred = np.asarray(total, dtype=np.uint64).astype(np.int64)
+    centred[centred >= spec.modulus // 2] -= spec.modulus
+    return math.sqrt(math.fsum(centred.astype(np.float64) ** 2))
+
+
+def shares_present(total: np.ndarray, spec: SecureSumSpec, received: int) -> int:
+    """A lower bound on the noise shares in the sum: its squared norm less the most the
+    ``received`` clipped updates can add, over one share's ``d v``, at the check's tail (the
+    squared norm of ``k`` shares is ``d k v (1 +- 6 sqrt(3/d))``)."""
+    q = spec.mechanism.quantisation
+    noise = max(0.0, _norm(total, spec) - received * q.l2) ** 2
+    per_share = q.dim * share_variance(spec.mechanism)
+    return min(received, int(noise / (per_share * (1.0 + _NOISE_CHECK_SIGMAS
+                                                   * math.sqrt(3.0 / q.dim)))))
+
+
 def check_noise(total: np.ndarray, spec: SecureSumSpec, received: int) -> None:
     """The server's check that the sum carries the noise of ``received`` shares (module
     docstring); raises :class:`RoundRefused` when it does not."""
     q = spec.mechanism.quantisation
-    centred = np.asarray(total, dtype=np.uint64).astype(np.int64)
-    centred[centred >= spec.modulus // 2] -= spec.modulus
-    norm = math.sqrt(math.fsum(centred.astype(np.float64) ** 2))
+    norm = _norm(total, spec)
     expected = q.dim * received * share_variance(spec.mechanism)
     floor = expected * (1.0 - _NOISE_CHECK_SIGMAS * math.sqrt(3.0 / q.dim))
     if (norm + received * q.l2) ** 2 < floor:
@@ -159,7 +177,12 @@ def secure_sum_round(plan: SecurePlan, updates: list[np.ndarray], planned: int
     received = len(server.survivors)
     try:
         total = server.unmask(clients)
-        check_noise(total, spec, received)
-    except RoundRefused as exc:
+    except RoundRefused as exc:  # never unmasked: nothing seen, nothing spent
         return SecureOutcome(None, plan.record(planned, received, released=False), str(exc))
+    try:
+        check_noise(total, spec, received)
+    except RoundRefused as exc:  # unmasked: the server saw the sum, charged at its noise
+        present = shares_present(total, spec, received)
+        return SecureOutcome(None, plan.record(planned, present, released=True),
+                             f"{exc}; charged at the {present} shares its noise shows")
     return SecureOutcome(decode(total, spec), plan.record(planned, received, released=True))
