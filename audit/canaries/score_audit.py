@@ -42,7 +42,7 @@ from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve, beyond_pld
 from fedlap_privacy.audit.bounds.noise_check import NoiseSample
 from fedlap_privacy.errors import ConfigError
 
-__all__ = ["LISTED_SCORES", "MAX_CANARIES", "MIN_CANARIES", "ClaimedMechanism",
+__all__ = ["LISTED_SCORES", "MAX_CANARIES", "MIN_CANARIES", "CanaryClaim", "ClaimedMechanism",
            "ScoreAuditResult", "audit_canary_scores", "check_bits", "check_claim",
            "check_scores", "score_summary"]
 
@@ -139,18 +139,42 @@ class ClaimedMechanism:
 
 
 @dataclass(frozen=True)
+class CanaryClaim:
+    """The promise every canary audit tests (scores, Opacus canaries, Flower canary clients):
+    ``(epsilon, delta)``-DP and, when known, the mechanism said to deliver it."""
+
+    epsilon: float
+    delta: float
+    mechanism: ClaimedMechanism | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epsilon": float(self.epsilon), "delta": float(self.delta),
+                "mechanism": None if self.mechanism is None else self.mechanism.to_json()}
+
+
+@dataclass(frozen=True)
 class ScoreAuditResult:
     """What :func:`audit_canary_scores` found: one :class:`~.canary_verdicts.CanaryAudit`
-    per score name, the claim and (when given) the claimed mechanism with its accountant
-    epsilon at ``delta`` (``mechanism_epsilon``)."""
+    per score name, the claim and (with a claimed mechanism) that mechanism's accountant
+    epsilon at the claim's delta (``mechanism_epsilon``)."""
 
     audits: list[CanaryAudit]
-    claimed_epsilon: float
-    delta: float
-    mechanism: ClaimedMechanism | None
+    claim: CanaryClaim
     confidence: float = 0.95
     title: str = "canary scores"
     mechanism_epsilon: float | None = None
+
+    @property
+    def claimed_epsilon(self) -> float:
+        return self.claim.epsilon
+
+    @property
+    def delta(self) -> float:
+        return self.claim.delta
+
+    @property
+    def mechanism(self) -> ClaimedMechanism | None:
+        return self.claim.mechanism
 
     @property
     def strongest(self) -> CanaryAudit:
@@ -200,9 +224,7 @@ class ScoreAuditResult:
                    if k not in ("scores_in", "scores_out", "histogram")}
         return {
             "source": self.title,
-            "claim": {"epsilon": self.claimed_epsilon, "delta": self.delta,
-                      "mechanism": None if self.mechanism is None else self.mechanism.to_json(),
-                      "mechanism_epsilon": self.mechanism_epsilon},
+            "claim": {**self.claim.to_json(), "mechanism_epsilon": self.mechanism_epsilon},
             "confidence": self.confidence,
             "verdict": self.verdict,
             "violation": self.violation,
@@ -314,7 +336,7 @@ def audit_canary_scores(
         mechanism_eps = mechanism.epsilon(delta)
     audits = audit_scores(checked, bits, float(claimed_epsilon), float(delta),
                           float(confidence), curve, noise)
-    result = ScoreAuditResult(audits, float(claimed_epsilon), float(delta), mechanism,
+    result = ScoreAuditResult(audits, CanaryClaim(float(claimed_epsilon), float(delta), mechanism),
                               float(confidence), title, mechanism_eps)
     if out is not None:
         result.write(out)

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,11 @@ from fedlap_privacy.accountant.pld import pld_epsilons
 from fedlap_privacy.audit.bounds.canary_verdicts import CanaryAudit, audit_once, strongest_audit
 from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve, beyond_pld
 from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
-from fedlap_privacy.audit.canaries.score_audit import ClaimedMechanism, ScoreAuditResult
+from fedlap_privacy.audit.canaries.score_audit import (
+    CanaryClaim,
+    ClaimedMechanism,
+    ScoreAuditResult,
+)
 from fedlap_privacy.audit.reports.report_folder import ReportFolder
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.secret_random import os_generator
@@ -78,7 +82,6 @@ __all__ = [
     "SERVER_SIDE_SCALE",
     "CanaryClientRounds",
     "FlowerAudit",
-    "FlowerClaim",
 ]
 
 #: canary update in units of the clip for server-side clipping: any clip brings it to C
@@ -90,35 +93,23 @@ LIKELIHOOD = "clients/round-likelihood"
 
 
 @dataclass(frozen=True)
-class FlowerClaim:
-    """The claimed client-level mechanism: ``rounds`` releases of a Poisson-subsampled
-    Gaussian with noise multiplier ``noise_multiplier`` (noise std over the per-client
-    sensitivity ``C / n``) at rate ``sample_rate``; ``epsilon`` at ``delta`` (our PLD
-    accountant unless the user gave it)."""
-
-    noise_multiplier: float
-    sample_rate: float
-    rounds: int
-    delta: float
-    epsilon: float
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class FlowerAudit:
     """The outcome of :meth:`CanaryClientRounds.audit`: one
     :class:`~fedlap_privacy.audit.canaries.canary_audit.CanaryAudit` per score, the claim, and what
     the canaries did (``participations``: rounds each included canary took part in)."""
 
-    claim: FlowerClaim
+    claim: CanaryClaim  # its mechanism: the client-level subsampled Gaussian, one step a round
     audits: list[CanaryAudit]
     canaries: int
     included: int
     rounds: int
     dimension: int
     mean_participations: float
+
+    @property
+    def mechanism(self) -> ClaimedMechanism:
+        assert self.claim.mechanism is not None
+        return self.claim.mechanism
 
     @property
     def verdict(self) -> str:
@@ -159,9 +150,9 @@ class FlowerAudit:
 
     def summary(self) -> str:
         """A few readable lines: the claim, then per score its bound, p-value, estimate."""
-        c = self.claim
+        c, m = self.claim, self.mechanism
         lines = [f"claim: epsilon {c.epsilon:.3f} at delta {c.delta:g} (noise multiplier "
-                 f"{c.noise_multiplier:g}, rate {c.sample_rate:.4g}, {c.rounds} rounds); "
+                 f"{m.noise_multiplier:g}, rate {m.sample_rate:.4g}, {m.steps} rounds); "
                  f"verdict: {self.verdict}"]
         for a in self.audits:
             p = "-" if a.claim_test is None else f"{a.claim_test.p_value:.3g}"
@@ -175,11 +166,9 @@ class FlowerAudit:
         <fedlap_privacy.audit.canaries.score_audit.ScoreAuditResult.write>` (``report.json``,
         ``report.md``, ``report.html``, ``scores.png``) and ``flower-canaries.json`` (this
         record: the claim, the canaries' participation) into ``out``; the paths by kind."""
-        c = self.claim
-        mechanism = ClaimedMechanism(c.noise_multiplier, c.sample_rate, c.rounds)
         report = ScoreAuditResult(
-            self.audits, c.epsilon, c.delta, mechanism,
-            title="Flower canary clients", mechanism_epsilon=mechanism.epsilon(c.delta))
+            self.audits, self.claim, title="Flower canary clients",
+            mechanism_epsilon=self.mechanism.epsilon(self.claim.delta))
         paths = report.write(out)
         with ReportFolder(out) as folder:
             path = folder.write_text("flower-canaries.json",
@@ -274,22 +263,22 @@ class CanaryClientRounds:
 
     # ------------------------------------------------------------------ the audit
     def claim(self, noise_multiplier: float, delta: float, sample_rate: float | None = None,
-              rounds: int | None = None, claimed_epsilon: float | None = None) -> FlowerClaim:
+              rounds: int | None = None, claimed_epsilon: float | None = None) -> CanaryClaim:
         """The claimed mechanism: the given values, else the rate the strategy sampled at
         (mean over rounds) and the rounds observed; epsilon by the PLD accountant."""
         rate = float(np.mean(self.rates)) if sample_rate is None else float(sample_rate)
         steps = len(self.projections) if rounds is None else int(rounds)
         if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
             raise ConfigError(f"the claimed noise multiplier must be > 0, got {noise_multiplier}")
+        mechanism = ClaimedMechanism(float(noise_multiplier), rate, steps).validate()
         if claimed_epsilon is None:
             try:
                 claimed_epsilon = pld_epsilons([{(noise_multiplier, rate): steps}], delta)[0]
             except ConfigError:
                 raise ConfigError(beyond_pld({(noise_multiplier, rate): steps})) from None
-        return FlowerClaim(float(noise_multiplier), rate, steps, float(delta),
-                           float(claimed_epsilon))
+        return CanaryClaim(float(claimed_epsilon), float(delta), mechanism)
 
-    def scores(self, claim: FlowerClaim) -> dict[str, np.ndarray]:
+    def scores(self, claim: CanaryClaim) -> dict[str, np.ndarray]:
         """Every canary's three scores (module docstring), by audit name."""
         if len(self.projections) < 1 or self.total_delta is None:
             raise ConfigError("no aggregation was observed: nothing to audit")
@@ -301,7 +290,8 @@ class CanaryClientRounds:
         u = proj / units  # the change along c_j, in units of C/n
         u = u - np.median(u, axis=0)  # minus what every round has along c_j (training)
         s2 = np.maximum(np.asarray(self.noise)[:, None] / units, 1e-6) ** 2
-        q = claim.sample_rate
+        assert claim.mechanism is not None
+        q = claim.mechanism.sample_rate
         log_lr = np.logaddexp(math.log1p(-q) if q < 1 else -np.inf,
                               math.log(q) + (u - 0.5) / s2)
         return {"clients/final": total, "clients/all-iterates": cosines.max(axis=0),
@@ -317,7 +307,9 @@ class CanaryClientRounds:
         if self.included.sum() < 2 or (~self.included).sum() < 2:
             raise ConfigError("the coins left fewer than 2 canaries in or out: use more canaries")
         scores = self.scores(claim)
-        curve = ClaimCurve.from_steps({(claim.noise_multiplier, claim.sample_rate): claim.rounds},
+        m = claim.mechanism
+        assert m is not None
+        curve = ClaimCurve.from_steps({(m.noise_multiplier, m.sample_rate): m.steps},
                                       delta)
         state = self.state()
         audits = [a if a.name != LIKELIHOOD else replace(a, estimate=None)  # not a cosine

@@ -66,7 +66,7 @@ def _audit(api, config, noise, *, wrapper="ServerSideFixedClipping", seed=0, **c
 
 def test_a_correct_server_side_wrapper_is_consistent():
     _, result = _audit("legacy", COHORT, 1.0)
-    assert result.claim.sample_rate == pytest.approx(0.1)
+    assert result.claim.mechanism.sample_rate == pytest.approx(0.1)
     assert result.claim.epsilon == pytest.approx(2.520, abs=0.01)
     assert result.verdict == "consistent"
     assert result.epsilon_lower_bound < result.claim.epsilon
@@ -159,7 +159,7 @@ def test_the_report_is_written(tmp_path):
     ours = json.loads((tmp_path / "audit" / "flower-canaries.json").read_text())
     assert {a["audit"] for a in ours["audits"]} == {
         "clients/final", "clients/all-iterates", "clients/round-likelihood"}
-    assert ours["claim"]["rounds"] == 5
+    assert ours["claim"]["mechanism"]["steps"] == 5
     assert (tmp_path / "audit" / "report.html").exists()
 
 
