@@ -176,6 +176,13 @@ class ScoreAuditResult:
     def mechanism(self) -> ClaimedMechanism | None:
         return self.claim.mechanism
 
+    def score(self, name: str) -> CanaryAudit:
+        """The audit of the score called ``name``; one line naming the scores otherwise."""
+        for a in self.audits:
+            if a.name == name:
+                return a
+        raise ConfigError(f"no score named {name!r}: {[a.name for a in self.audits]}")
+
     @property
     def strongest(self) -> CanaryAudit:
         """The audit with the strongest valid verdict (ties: the largest bound)."""

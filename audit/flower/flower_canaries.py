@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from fedlap_privacy.accountant.pld import pld_epsilons
-from fedlap_privacy.audit.bounds.canary_verdicts import CanaryAudit, audit_once, strongest_audit
+from fedlap_privacy.audit.bounds.canary_verdicts import CanaryAudit, audit_once
 from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve, beyond_pld
 from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
 from fedlap_privacy.audit.canaries.score_audit import (
@@ -81,6 +81,7 @@ __all__ = [
     "MAX_DIRECTION_BYTES",
     "SERVER_SIDE_SCALE",
     "CanaryClientRounds",
+    "CanaryClientRun",
     "FlowerAudit",
 ]
 
@@ -93,18 +94,35 @@ LIKELIHOOD = "clients/round-likelihood"
 
 
 @dataclass(frozen=True)
-class FlowerAudit:
-    """The outcome of :meth:`CanaryClientRounds.audit`: one
-    :class:`~fedlap_privacy.audit.canaries.canary_audit.CanaryAudit` per score, the claim, and what
-    the canaries did (``participations``: rounds each included canary took part in)."""
+class CanaryClientRun:
+    """What the canary clients did: ``canaries`` (m), those ``included`` by their coins, the
+    ``rounds`` observed, the model's ``dimension`` and the rounds an included canary took part
+    in on average (``mean_participations``)."""
 
-    claim: CanaryClaim  # its mechanism: the client-level subsampled Gaussian, one step a round
-    audits: list[CanaryAudit]
     canaries: int
     included: int
     rounds: int
     dimension: int
     mean_participations: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class FlowerAudit:
+    """The outcome of :meth:`CanaryClientRounds.audit`: the canary audit's result
+    (``audit``, a :class:`~fedlap_privacy.audit.canaries.score_audit.ScoreAuditResult` as
+    every canary audit gives, one :class:`~.canary_verdicts.CanaryAudit` per score) and what
+    the canary clients did (``run``)."""
+
+    audit: ScoreAuditResult
+    run: CanaryClientRun
+
+    @property
+    def claim(self) -> CanaryClaim:
+        """The claim; its mechanism: the client-level subsampled Gaussian, one step a round."""
+        return self.audit.claim
 
     @property
     def mechanism(self) -> ClaimedMechanism:
@@ -112,39 +130,33 @@ class FlowerAudit:
         return self.claim.mechanism
 
     @property
+    def audits(self) -> list[CanaryAudit]:
+        return self.audit.audits
+
+    @property
     def verdict(self) -> str:
         """The family's verdict over the scores (:func:`~.canary_verdicts.strongest_audit`)."""
-        return strongest_audit(self.audits).verdict
+        return self.audit.verdict
 
     @property
     def violation(self) -> bool:
-        return self.verdict == "violation"
+        return self.audit.violation
 
     @property
     def epsilon_lower_bound(self) -> float:
         """The largest valid bound over the scores and methods."""
-        return max(a.epsilon_lower_bound for a in self.audits)
+        return self.audit.epsilon_lower_bound
 
     @property
     def claim_p_value(self) -> float:
         """The smallest claim-curve p-value over the scores (each already corrected)."""
         return min(a.claim_test.p_value for a in self.audits if a.claim_test is not None)
 
-    def audit(self, name: str) -> CanaryAudit:
-        """The audit of one score (``clients/final``, ``clients/all-iterates``,
-        ``clients/round-likelihood``)."""
-        for a in self.audits:
-            if a.name == name:
-                return a
-        raise ConfigError(f"no score named {name!r}: {[a.name for a in self.audits]}")
-
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": "flower-canary-clients", "verdict": self.verdict,
             "violation": self.violation, "epsilon_lower_bound": self.epsilon_lower_bound,
-            "claim": self.claim.to_json(), "canaries": self.canaries,
-            "included": self.included, "rounds": self.rounds, "dimension": self.dimension,
-            "mean_participations": self.mean_participations,
+            "claim": self.claim.to_json(), **self.run.to_json(),
             "audits": [a.to_json() for a in self.audits],
         }
 
@@ -166,10 +178,7 @@ class FlowerAudit:
         <fedlap_privacy.audit.canaries.score_audit.ScoreAuditResult.write>` (``report.json``,
         ``report.md``, ``report.html``, ``scores.png``) and ``flower-canaries.json`` (this
         record: the claim, the canaries' participation) into ``out``; the paths by kind."""
-        report = ScoreAuditResult(
-            self.audits, self.claim, title="Flower canary clients",
-            mechanism_epsilon=self.mechanism.epsilon(self.claim.delta))
-        paths = report.write(out)
+        paths = self.audit.write(out)
         with ReportFolder(out) as folder:
             path = folder.write_text("flower-canaries.json",
                                      json.dumps(json_safe(self.to_json()), indent=2))
@@ -317,6 +326,9 @@ class CanaryClientRounds:
                       state, None, claim.epsilon, delta, confidence, extra_scores=scores,
                       curve=curve))]
         included = self.included
-        return FlowerAudit(claim, audits, self.size, int(included.sum()),
-                           len(self.projections), int(self.dimension or 0),
-                           float(self.participations[included].mean()))
+        assert claim.mechanism is not None
+        result = ScoreAuditResult(audits, claim, confidence, title="Flower canary clients",
+                                  mechanism_epsilon=claim.mechanism.epsilon(claim.delta))
+        return FlowerAudit(result, CanaryClientRun(
+            self.size, int(included.sum()), len(self.projections), int(self.dimension or 0),
+            float(self.participations[included].mean())))

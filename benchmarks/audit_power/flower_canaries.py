@@ -87,8 +87,8 @@ def run(row: Row, seed: int) -> dict[str, object]:
                     seed=seed)
     result = strategy.audit(noise_multiplier=row.z)
     best = max(result.audits, key=lambda a: a.epsilon_lower_bound)
-    final = result.audit("clients/final").estimate
-    every = result.audit("clients/all-iterates").estimate
+    final = result.audit.score("clients/final").estimate
+    every = result.audit.score("clients/all-iterates").estimate
     return {"claim": result.claim.epsilon, "verdict": result.verdict,
             "bound": result.epsilon_lower_bound, "score": best.name.split("/")[1],
             "p": result.claim_p_value, "final": final.epsilon if final else float("nan"),

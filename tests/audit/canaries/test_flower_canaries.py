@@ -70,7 +70,7 @@ def test_a_correct_server_side_wrapper_is_consistent():
     assert result.claim.epsilon == pytest.approx(2.520, abs=0.01)
     assert result.verdict == "consistent"
     assert result.epsilon_lower_bound < result.claim.epsilon
-    assert 1.5 < result.mean_participations < 2.5  # q T = 2
+    assert 1.5 < result.run.mean_participations < 2.5  # q T = 2
 
 
 def test_noise_at_a_third_of_the_claim_is_a_violation():
@@ -94,8 +94,9 @@ def test_a_large_num_examples_scales_a_client_past_the_noise():
     assert equal.verdict == "consistent"
     assert large.violation
     assert large.epsilon_lower_bound > equal.epsilon_lower_bound + 0.5
-    estimate = large.audit("clients/final").estimate
-    assert estimate is not None and estimate.epsilon > equal.audit("clients/final").estimate.epsilon
+    estimate = large.audit.score("clients/final").estimate
+    baseline = equal.audit.score("clients/final").estimate
+    assert estimate is not None and estimate.epsilon > baseline.epsilon
 
 
 def _one_round_change(wrapper, **canary_kw):
