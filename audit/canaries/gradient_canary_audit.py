@@ -52,6 +52,7 @@ from fedlap_privacy.audit.canaries.canary_steps import describe_change
 from fedlap_privacy.audit.canaries.gradient_canary_scores import CanaryRun
 from fedlap_privacy.audit.canaries.score_audit import (
     ClaimedMechanism,
+    OnScoreAudit,
     ScoreAuditResult,
     audit_canary_scores,
 )
@@ -113,7 +114,7 @@ class SamplingTest:
 
 
 @dataclass(frozen=True)
-class GradientCanaryAudit:
+class GradientCanaryAudit(OnScoreAudit):
     """The audit (``audit``: the score audit's result) and the run the canaries saw
     (``run``); ``mechanism_source`` says where the claimed mechanism came from (``given``,
     ``set up``, ``optimizer``, ``calibrated to the claimed epsilon``, or ``none``),
@@ -135,26 +136,6 @@ class GradientCanaryAudit:
         if self.sampling is not None and self.sampling.rejected:
             return "violation"
         return self.audit.verdict
-
-    @property
-    def violation(self) -> bool:
-        return self.verdict == "violation"
-
-    @property
-    def epsilon_lower_bound(self) -> float:
-        return self.audit.epsilon_lower_bound
-
-    @property
-    def claim_curve_p_value(self) -> float | None:
-        return self.audit.claim_curve_p_value
-
-    @property
-    def claimed_epsilon(self) -> float:
-        return self.audit.claimed_epsilon
-
-    @property
-    def mechanism(self) -> ClaimedMechanism | None:
-        return self.audit.mechanism
 
     def to_json(self) -> dict[str, Any]:
         """The score audit's report with the canaries' run added (``gradient_canaries``);

@@ -43,7 +43,7 @@ from fedlap_privacy.audit.bounds.noise_check import NoiseSample
 from fedlap_privacy.errors import ConfigError
 
 __all__ = ["LISTED_SCORES", "MAX_CANARIES", "MIN_CANARIES", "CanaryClaim", "ClaimedMechanism",
-           "ScoreAuditResult", "audit_canary_scores", "check_bits", "check_claim",
+           "OnScoreAudit", "ScoreAuditResult", "audit_canary_scores", "check_bits", "check_claim",
            "check_scores", "score_summary"]
 
 #: fewest canaries an audit of scores accepts (below it no bound can exceed a tiny epsilon)
@@ -294,6 +294,49 @@ def check_claim(claimed_epsilon: float, delta: float, confidence: float) -> None
         raise ConfigError(f"delta must lie in (0, 1), got {delta}")
     if not (math.isfinite(confidence) and 0.0 < confidence < 1.0):
         raise ConfigError(f"confidence must lie in (0, 1), got {confidence}")
+
+
+
+class OnScoreAudit:
+    """What a framework's audit record (the score audit ``audit`` and what its canaries saw:
+    :class:`~.gradient_canary_audit.GradientCanaryAudit`,
+    :class:`~fedlap_privacy.audit.flower.flower_canaries.FlowerAudit`) reads from the score
+    audit; a record overrides ``verdict`` where its own test can decide."""
+
+    audit: ScoreAuditResult
+
+    @property
+    def claim(self) -> CanaryClaim:
+        return self.audit.claim
+
+    @property
+    def claimed_epsilon(self) -> float:
+        return self.audit.claimed_epsilon
+
+    @property
+    def mechanism(self) -> ClaimedMechanism | None:
+        return self.audit.mechanism
+
+    @property
+    def audits(self) -> list[CanaryAudit]:
+        return self.audit.audits
+
+    @property
+    def verdict(self) -> str:
+        return self.audit.verdict
+
+    @property
+    def violation(self) -> bool:
+        return self.verdict == "violation"
+
+    @property
+    def epsilon_lower_bound(self) -> float:
+        """The largest valid bound over the scores and methods."""
+        return self.audit.epsilon_lower_bound
+
+    @property
+    def claim_curve_p_value(self) -> float | None:
+        return self.audit.claim_curve_p_value
 
 
 def audit_canary_scores(

@@ -62,12 +62,13 @@ import numpy as np
 import torch
 
 from fedlap_privacy.accountant.pld import pld_epsilons
-from fedlap_privacy.audit.bounds.canary_verdicts import CanaryAudit, audit_once
+from fedlap_privacy.audit.bounds.canary_verdicts import audit_once
 from fedlap_privacy.audit.bounds.claim_curve import ClaimCurve, beyond_pld
 from fedlap_privacy.audit.canaries.canary_audit import run_canary_audits
 from fedlap_privacy.audit.canaries.score_audit import (
     CanaryClaim,
     ClaimedMechanism,
+    OnScoreAudit,
     ScoreAuditResult,
 )
 from fedlap_privacy.audit.reports.report_folder import ReportFolder
@@ -110,7 +111,7 @@ class CanaryClientRun:
 
 
 @dataclass(frozen=True)
-class FlowerAudit:
+class FlowerAudit(OnScoreAudit):
     """The outcome of :meth:`CanaryClientRounds.audit`: the canary audit's result
     (``audit``, a :class:`~fedlap_privacy.audit.canaries.score_audit.ScoreAuditResult` as
     every canary audit gives, one :class:`~.canary_verdicts.CanaryAudit` per score) and what
@@ -120,32 +121,10 @@ class FlowerAudit:
     run: CanaryClientRun
 
     @property
-    def claim(self) -> CanaryClaim:
-        """The claim; its mechanism: the client-level subsampled Gaussian, one step a round."""
-        return self.audit.claim
-
-    @property
     def mechanism(self) -> ClaimedMechanism:
+        """The claimed mechanism: the client-level subsampled Gaussian, one step a round."""
         assert self.claim.mechanism is not None
         return self.claim.mechanism
-
-    @property
-    def audits(self) -> list[CanaryAudit]:
-        return self.audit.audits
-
-    @property
-    def verdict(self) -> str:
-        """The family's verdict over the scores (:func:`~.canary_verdicts.strongest_audit`)."""
-        return self.audit.verdict
-
-    @property
-    def violation(self) -> bool:
-        return self.audit.violation
-
-    @property
-    def epsilon_lower_bound(self) -> float:
-        """The largest valid bound over the scores and methods."""
-        return self.audit.epsilon_lower_bound
 
     @property
     def claim_p_value(self) -> float:
