@@ -13,21 +13,24 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-# pip runs again only when pyproject.toml changed since the last install (a stamp file in
-# the virtual env); setuptools' "Editable installation" banner (about folders named like the
-# package in the working directory: this repository maps them on purpose) is silenced
+# pip runs again only when pyproject.toml, setup.py or a C kernel changed since the last
+# install (a stamp file in the virtual env; setup.py compiles the kernels); setuptools'
+# "Editable installation" banner (about folders named like the package in the working
+# directory: this repository maps them on purpose) is silenced
 QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 install: $(VENV)/.installed
 
 install-dev: $(VENV)/.installed-dev
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+KERNEL_BUILD := pyproject.toml setup.py $(wildcard fedlap_privacy/compute/kernels/*.c)
+
+$(VENV)/.installed: $(KERNEL_BUILD) | $(PY)
 	$(PY) -m pip install -q $(TORCH)
 	$(QUIET_EDITABLE) $(PY) -m pip install -q -e .
 	touch $@
 
-$(VENV)/.installed-dev: pyproject.toml | $(PY)
+$(VENV)/.installed-dev: $(KERNEL_BUILD) | $(PY)
 	$(PY) -m pip install -q $(TORCH)
 	$(QUIET_EDITABLE) $(PY) -m pip install -q -e '.[dev,flower,simulation]'
 	touch $@ $(VENV)/.installed
@@ -49,4 +52,4 @@ docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) build site *.egg-info fedlap_privacy/compute/kernels/_kernels*.so

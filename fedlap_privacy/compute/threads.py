@@ -303,7 +303,7 @@ def apply_cpu_policy(requested: int | None = None, workers: int | None = None,
     which takes a measurable moment), :func:`fedlap_privacy.compute.allocator.tune_allocator` and
     :func:`fedlap_privacy.compute.kernels.load_kernels`."""
     global _follower
-    from fedlap_privacy.compute.kernels.build import load_kernels
+    from fedlap_privacy.compute.kernels.library import load_kernels
 
     paths = fast_paths.refresh()
     threads = apply_thread_policy(requested, workers)

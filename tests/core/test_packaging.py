@@ -61,29 +61,41 @@ def _source_dir(package: str) -> Path:
     return ROOT / _folder(package)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of pyproject.toml, README.md and the package folders
-    (so the build writes nothing into the checkout)."""
-    tmp = tmp_path_factory.mktemp("wheel")
+def _build_wheel(tmp: Path, extra_env: dict[str, str] | None = None) -> Path:
+    """A wheel built from a copy of pyproject.toml, setup.py, README.md and the package
+    folders (so the build writes nothing into the checkout; the kernels are compiled anew)."""
     src = tmp / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, src / name)
     for folder in {_folder(p) for p in PACKAGES}:
         shutil.copytree(
-            ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-            dirs_exist_ok=True,
+            ROOT / folder, src / folder, dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"),
         )
     dist = tmp / "dist"
     _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "--disable-pip-version-check", "-w", dist, src],
-        cwd=tmp,
+        cwd=tmp, extra_env=extra_env,
     )
     (built,) = dist.glob("fedlap_privacy-*.whl")
     return built
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def test_a_machine_without_a_c_compiler_installs(tmp_path: Path) -> None:
+    """setup.py builds the kernels where it can; without a compiler the wheel is built all
+    the same, without them (the package then runs torch's kernels)."""
+    built = _build_wheel(tmp_path, {"CC": str(tmp_path / "no-such-cc")})
+    names = zipfile.ZipFile(built).namelist()
+    assert "fedlap_privacy/compute/kernels/block.py" in names
+    assert not [n for n in names if n.endswith(".so")]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +125,9 @@ def test_wheel_contains_every_package_module_and_py_typed(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "fedlap_privacy/py.typed" in names
     assert "fedlap_privacy/__main__.py" in names
-    assert "fedlap_privacy/compute/kernels/gn_relu_pool.c" in names  # compiled on first use
+    # the kernels, compiled at the build, and the sources their key is checked against
+    assert any(re.fullmatch(r"fedlap_privacy/compute/kernels/_kernels\..*\.so", n) for n in names)
+    assert "fedlap_privacy/compute/kernels/gn_relu_pool.c" in names
     for package in PACKAGES:
         installed = package.replace(".", "/")
         source = _source_dir(package)
@@ -149,14 +163,14 @@ def test_installed_wheel_runs_the_cli(venv_python: Path, tmp_path: Path) -> None
     table = _run([script, "plan", "--eps", "10", "--delta", "1e-5"], cwd=tmp_path).stdout
     assert "sigma (planned)" in table
     assert f"{out['sigma']:.4f}" in table
-    # the fused kernels build from the installed source
+    # the fused kernels the wheel's build compiled, loaded from the installed package
     code = ("import torch; from fedlap_privacy.compute.kernels import load_kernels, gn_relu_pool, "
             "reference_block as r; z = torch.randn(2, 3, 4, 4); w, b = torch.ones(3), "
             "torch.zeros(3); print(load_kernels().path.parent, "
             "float((gn_relu_pool(z, w, b, 1e-5) - r(z, w, b, 1e-5)).abs().max()))")
-    env = {"FEDLAP_KERNELS": "require", "FEDLAP_CACHE_DIR": str(tmp_path)}
+    env = {"FEDLAP_KERNELS": "require"}
     where, err = _run([venv_python, "-c", code], cwd=tmp_path, extra_env=env).stdout.split()
-    assert Path(where) == tmp_path / "kernels" and float(err) < 1e-5
+    assert Path(where) == Path(module).parent / "compute" / "kernels" and float(err) < 1e-5
 
 
 def _declared_distributions() -> set[str]:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from fedlap_privacy.compute.kernels.build import KernelLibrary, load_kernels
+from fedlap_privacy.compute.kernels.library import KernelLibrary, load_kernels
 
 __all__ = [
     "block_backward",
@@ -69,7 +69,7 @@ def _plain(t: Tensor) -> bool:
 def fusable(*tensors: Tensor | None) -> bool:
     """True when the kernels can run on these tensors: dense CPU tensors of one dtype,
     float32 or float64, outside TorchScript, tracing, compilation and export, with the
-    kernels loaded (:func:`~fedlap_privacy.compute.kernels.build.load_kernels`)."""
+    kernels loaded (:func:`~fedlap_privacy.compute.kernels.library.load_kernels`)."""
     if not tensors or any(t is None for t in tensors):
         return False
     dtype = tensors[0].dtype

@@ -7,7 +7,7 @@
    within a plane are free. Mathematics and the derivation of the double backward:
    docs/algorithms.md#fused-normalisation-block.
 
-   This file is compiled by fedlap_privacy/compute/kernels/build.py through a wrapper that defines
+   This file is compiled through kernels.c, which defines
    scalar_t (float, double) and FN(name) (the exported name for that type) and includes
    it once per type. A plane p of an (N, C, H, W) tensor starts at p * H * W; its channel
    is p % C. Every function handles the planes p0 <= p < p1, so that callers can split the

@@ -26,7 +26,7 @@
    two-dimensional transform runs as two passes of a one-dimensional one (the rows of a
    tile, then its columns) through the scratch block, each pass a loop over the channels
    that the compiler vectorises; one pass for the whole 6x6 tile made a basic block too
-   large to compile quickly. Compiled by fedlap_privacy/compute/kernels/build.py once per scalar
+   large to compile quickly. Compiled through kernels.c once per scalar
    type (scalar_t, FN(name)), like gn_relu_pool.c. */
 
 #ifndef WINOGRAD_1D

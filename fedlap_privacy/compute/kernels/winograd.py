@@ -14,7 +14,7 @@ product sums over a record's few tiles (16 at 16x16), too few for a matrix produ
 fast; through F(2x2, 3x3), 64 tiles, it was still no faster than torch's grouped
 convolution on this CPU.
 
-The transforms are C kernels (:mod:`fedlap_privacy.compute.kernels.build`) on (N, C, H, W) maps;
+The transforms are C kernels (:mod:`fedlap_privacy.compute.kernels.library`) on (N, C, H, W) maps;
 the products are torch's batched matrix multiplication. Exact arithmetic gives the direct
 convolution's result; in floating point the rounding differs: in float64 it agrees with
 torch's convolution to about 1e-14 relative, in float32 to about 1e-5 (F(4x4, 3x3)'s

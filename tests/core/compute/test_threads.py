@@ -125,7 +125,7 @@ def test_own_cpu_time_is_not_counted_as_others_load():
 
 def test_load_following_is_off_where_the_count_was_chosen(monkeypatch):
     monkeypatch.setattr(threads, "tune_allocator", lambda: None)
-    monkeypatch.setattr("fedlap_privacy.compute.kernels.build.load_kernels", lambda: None)
+    monkeypatch.setattr("fedlap_privacy.compute.kernels.library.load_kernels", lambda: None)
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(threads, "usable_cpus", lambda *a: 2)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", threads.FOLLOW_ENV, threads.WORKERS_ENV):
