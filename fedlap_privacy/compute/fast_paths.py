@@ -37,7 +37,7 @@ rounding, in less time or memory; switched off, the reference twin runs:
 The environment is read once, on first use: ``FEDLAP_FAST_PATHS=off`` switches every path
 off; ``FEDLAP_FAST_PATHS=-second-order,-per-sample`` (say) switches off the paths named;
 ``on`` (the default) leaves them on. The per-path variables keep working:
-``FEDLAP_KERNELS=auto|off|require`` (``require``: a kernel build that fails is an error
+``FEDLAP_KERNELS=auto|off|require`` (``require``: kernels that cannot be loaded are an error
 instead of a warning and torch's kernels), ``FEDLAP_ALLOCATOR=tuned|system`` and
 ``FEDLAP_FOLLOW_LOAD=0``. A path is on only where both its variable and
 ``FEDLAP_FAST_PATHS`` leave it on. Nothing else in the package reads these variables.
@@ -89,8 +89,8 @@ ALLOCATOR_CHOICES = ("tuned", "system")
 
 @dataclass(frozen=True)
 class FastPaths:
-    """Which fast paths are on (module docstring). ``require_kernels``: a kernel build that
-    fails raises :class:`~fedlap_privacy.errors.ConfigError` (where ``kernels`` is on)."""
+    """Which fast paths are on (module docstring). ``require_kernels``: kernels that cannot be
+    loaded raise :class:`~fedlap_privacy.errors.ConfigError` (where ``kernels`` is on)."""
 
     kernels: bool = True
     second_order: bool = True

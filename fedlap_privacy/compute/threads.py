@@ -36,9 +36,9 @@ their first torch operation, or inherit ``FEDLAP_WORKERS=n`` from the process th
 them. The thread count changes speed only, never results beyond floating-point rounding.
 
 Entry points call :func:`apply_cpu_policy`, which also keeps freed tensor memory in the
-process (:mod:`fedlap_privacy.compute.allocator`) and builds or loads the fused C kernels
+process (:mod:`fedlap_privacy.compute.allocator`) and loads the fused C kernels
 (:mod:`fedlap_privacy.compute.kernels`) before any data is read, so that a bad ``FEDLAP_KERNELS``
-is one line at start-up and the one-time build is not inside the first round. It reads the
+is one line at start-up and the loading is not inside the first round. It reads the
 fast-path switches from the environment (:func:`fedlap_privacy.compute.fast_paths.refresh`).
 """
 
@@ -313,7 +313,7 @@ def apply_cpu_policy(requested: int | None = None, workers: int | None = None,
     _follower = LoadFollower(threads, cpus) if follow and threads > 1 and cpus else None
     policy = CpuPolicy(threads, tune_allocator(), load_kernels() is not None)
     if _follower is not None and _follower.last is not None:
-        # the first look spans at least STARTUP_LOOK seconds (the kernels were cached)
+        # the first look spans at least STARTUP_LOOK seconds (loading the kernels was quick)
         time.sleep(max(0.0, STARTUP_LOOK - (time.monotonic() - _follower.last.wall)))
         _follower.update()
     return policy
