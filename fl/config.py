@@ -356,8 +356,6 @@ class TrainConfig:
                if self.method != "dp-fedavg-client" else
                "sums the updates at a fixed clip: adaptive clipping's noisy count is not summed "
                "securely (leave clip_quantile unset)" if self.clip_quantile is not None else
-               "takes the noise multiplier of the sum as --sigma (plan it with plan "
-               "--secure-aggregation), not --target-eps" if self.target_eps is not None else
                "draws every share from the operating system: --reproducible-noise does not "
                "apply" if self.reproducible_noise else None)
         if why is None and not (self.colluding < self.secure_min_survivors

@@ -364,11 +364,13 @@ def plan_run(cfg: TrainConfig, sizes: Sequence[int], timing: RoundTiming | None,
         import torch
 
         from fedlap_privacy.fl.run.user_runs import run_model
-        from fedlap_privacy.fl.secure_sum.training import SecurePlan
+        from fedlap_privacy.fl.secure_sum.training import SecurePlan, with_planned_noise
 
         with torch.random.fork_rng(devices=[]):
             model = run_model(planned, data.input_shape, data.num_classes).model
-        secure = SecurePlan.of(planned, sum(p.numel() for p in model.parameters()))
+        size = sum(p.numel() for p in model.parameters())
+        planned = with_planned_noise(planned, size)
+        secure = SecurePlan.of(planned, size)
     ledger = build_ledger(planned, list(sizes), secure)
     if ledger_entries:
         ledger.load(ledger_entries)

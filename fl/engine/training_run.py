@@ -45,7 +45,11 @@ from fedlap_privacy.fl.run.released_metrics import released_history
 from fedlap_privacy.fl.run.run_files import METRICS, PENDING, commit_run_files, public_config
 from fedlap_privacy.fl.run.run_records import PrivacyStatement, RoundRecord
 from fedlap_privacy.fl.run.user_runs import prepare_data, run_model
-from fedlap_privacy.fl.secure_sum.training import SecurePlan, secure_sum_round
+from fedlap_privacy.fl.secure_sum.training import (
+    SecurePlan,
+    secure_sum_round,
+    with_planned_noise,
+)
 from fedlap_privacy.models import ModelConfig
 from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.ledger import ledger_digest, selection_withheld
@@ -184,8 +188,11 @@ class TrainingRun:
         built = run_model(cfg, self.data.input_shape, self.data.num_classes)
         self.model_config, self.model_factory = built.model_config, built.factory
         self.model = built.model.to(device)
-        self.secure = None if cfg.secure_aggregation is None else SecurePlan.of(
-            cfg, sum(p.numel() for p in self.model.parameters()))
+        self.secure = None
+        if cfg.secure_aggregation is not None:
+            size = sum(p.numel() for p in self.model.parameters())
+            self.cfg = cfg = with_planned_noise(cfg, size)
+            self.secure = SecurePlan.of(cfg, size)
         self.ledger = build_ledger(cfg, self.sizes, self.secure)
         self.method = build_method(cfg, device)
         self.server_state = self.method.init_server_state(self.model, self.ledger)

@@ -59,12 +59,15 @@ def run_schedule(cfg: TrainConfig, client_sizes: list[int]) -> FedLAPSchedule | 
 
 
 def with_planned_sigma(cfg: TrainConfig, client_sizes: list[int]) -> TrainConfig:
-    """``cfg`` itself when it has a sigma (or needs none); otherwise a NEW configuration
-    whose sigma spends ``target_eps`` in ``rounds`` against the run's threat model (against
-    the server: as if every round selected the same client)."""
+    """``cfg`` itself when it has a sigma (or needs none, or is planned over secure
+    aggregation once its model is built); otherwise a NEW configuration whose sigma spends
+    ``target_eps`` in ``rounds`` against the run's threat model (against the server: as if
+    every round selected the same client)."""
     schedule = run_schedule(cfg, client_sizes)
     if schedule is None or cfg.sigma is not None:
         return cfg
+    if cfg.secure_aggregation is not None and cfg.target_eps is not None:
+        return cfg  # planned for the model's size (fl.secure_sum.training.with_planned_noise)
     if cfg.target_eps is None:
         raise ConfigError("a DP run needs --sigma, or --target-eps to plan it")
     if cfg.resolved_threat_model == ThreatModel.SERVER:

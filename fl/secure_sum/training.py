@@ -28,6 +28,7 @@ signal's part (d = 2^15, r up to about 17), with a false alarm below a six-sigma
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from dataclasses import dataclass
@@ -37,7 +38,9 @@ import numpy as np
 
 from fedlap_privacy.accountant.distributed import (
     DistributedMechanism,
+    central_gaussian_sigma,
     distributed_epsilon,
+    plan_distributed,
     secure_bits,
     share_mechanism,
     share_variance,
@@ -49,10 +52,34 @@ from fedlap_privacy.state.secure_rounds import SecureRound
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
 
-__all__ = ["SecureOutcome", "SecurePlan", "check_noise", "secure_sum_round", "shares_present"]
+__all__ = ["SecureOutcome", "SecurePlan", "check_noise", "secure_sum_round", "shares_present",
+           "with_planned_noise"]
 
 #: the tail, in standard deviations of the squared norm, the noise check allows
 _NOISE_CHECK_SIGMAS = 6.0
+
+
+def with_planned_noise(cfg: TrainConfig, model_size: int) -> TrainConfig:
+    """``cfg`` itself when it has a sigma; otherwise (``--target-eps``) a NEW configuration
+    whose sigma and bits spend ``target_eps`` against the server over ``rounds``
+    participations of one client, each round counting the fewest honest shares
+    (:func:`~fedlap_privacy.accountant.distributed.plan_distributed`, as ``plan
+    --secure-aggregation`` plans it). The bits are ``secure_bits``, else the fewest within 2%
+    of central DP at the central Gaussian's multiplier for the target; both are recorded in
+    the configuration, so the run's mechanism (:meth:`SecurePlan.of`) is the plan's."""
+    if cfg.sigma is not None:
+        return cfg
+    assert cfg.secure_aggregation is not None and cfg.target_eps is not None
+    common = dict(clip=cfg.clip, model_size=model_size)
+    bits = cfg.secure_bits or secure_bits(
+        cfg.secure_aggregation, capacity=cfg.secure_capacity,
+        sigma=central_gaussian_sigma(cfg.target_eps, cfg.delta, cfg.rounds),
+        honest=cfg.secure_min_survivors - cfg.colluding, **common)
+    plan = plan_distributed(cfg.secure_aggregation, epsilon=cfg.target_eps, delta=cfg.delta,
+                            clients=cfg.secure_capacity, rounds=cfg.rounds, bits=bits,
+                            min_survivors=cfg.secure_min_survivors, colluding=cfg.colluding,
+                            **common)
+    return dataclasses.replace(cfg, sigma=plan.noise_multiplier, secure_bits=bits).validate()
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from typer.testing import CliRunner
 
 from fedlap_privacy.accountant.distributed import (
     DistributedNoise,
+    central_gaussian_sigma,
     counted_shares,
     distributed_epsilon,
+    plan_distributed,
     round_rdp,
     secure_bits,
     share_mechanism,
@@ -53,7 +55,6 @@ def _updates(n: int, size: int, seed: int = 0) -> list[np.ndarray]:
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(method="dp-normfedavg"), "client-level DP-FedAvg's"),
     (dict(clip_quantile=0.5), "adaptive clipping's noisy count"),
-    (dict(target_eps=4.0), "not --target-eps"),
     (dict(reproducible_noise=True), "--reproducible-noise does not apply"),
     (dict(colluding=5), r"colluding \(5\) < min_survivors"),
     (dict(min_survivors=6), r"min_survivors \(6\) <= the uploads a round sums \(5\)"),
@@ -298,6 +299,36 @@ def test_a_small_secure_run_learns_like_the_central_run_at_the_same_noise(
     privacy = secure.summary.privacy
     assert privacy.threat_model == "server" and privacy.secure_aggregation.startswith(noise)
     assert set(privacy.epsilon_by_threat_model) == {"server", "trusted-server"}
+
+
+def test_a_target_epsilon_plans_the_shares_and_the_bits_against_the_server(tmp_path) -> None:
+    """--target-eps over secure aggregation: the run's sigma and bits are plan
+    --secure-aggregation's for its model, its epsilon against the server reaches the target
+    and never exceeds it, and a dry run plans the same."""
+    cfg = _cfg(sigma=None, target_eps=30.0, rounds=2, min_survivors=4, colluding=1).validate()
+    size = _size(train(cfg, tmp_path / "r", device="cpu"))
+    release = load_checkpoint(tmp_path / "r" / CHECKPOINT)
+    run = TrainConfig.from_dict(release["config"])
+    expected = plan_distributed("skellam", epsilon=30.0, delta=cfg.delta, model_size=size,
+                                clients=5, rounds=2, min_survivors=4, colluding=1,
+                                bits=run.secure_bits)
+    assert run.sigma == pytest.approx(expected.noise_multiplier, rel=1e-12)
+    assert run.secure_bits == secure_bits(
+        "skellam", sigma=central_gaussian_sigma(30.0, cfg.delta, 2), clip=cfg.clip,
+        model_size=size, capacity=5, honest=3)
+    server = PrivacyLedger.replay(release["ledger"]).server_epsilon()
+    assert 0.9 * 30.0 < server <= 30.0  # every share arrived: below the plan at 4 survivors
+    assert SecurePlan.of(run, size).planned_epsilon(2, cfg.delta) == pytest.approx(
+        expected.epsilon, rel=1e-9) and expected.epsilon <= 30.0
+    dry = runner.invoke(app, ["train", "--method", "dp-fedavg-client", "--secure-aggregation",
+                              "skellam", "--clients", "5", "--rounds", "2", "--split", "iid",
+                              "--min-survivors", "4", "--colluding", "1", "--target-eps", "30",
+                              "--local-steps", "2", "--set", "lr_local=0.1", "--set", "width=8",
+                              "--dry-run", "--json", "--out", str(tmp_path / "d")])
+    assert dry.exit_code == 0, dry.output
+    planned = json.loads(dry.stdout)["run"]
+    assert planned["config"]["sigma"] == pytest.approx(run.sigma, rel=1e-12)
+    assert planned["privacy"]["epsilon"] == pytest.approx(expected.epsilon, rel=1e-9)
 
 
 def test_the_training_run_builds_its_plan_from_the_model(monkeypatch) -> None:
