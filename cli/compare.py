@@ -28,6 +28,12 @@ from fedlap_privacy.cli.common import (
     print_json,
     print_schedule,
 )
+from fedlap_privacy.fl.engine.events import (
+    ComparisonEvent,
+    ComparisonRunEnded,
+    ComparisonRunStarted,
+    ComparisonStarted,
+)
 from fedlap_privacy.fl.engine.stop import stop_between_rounds
 
 if TYPE_CHECKING:
@@ -133,14 +139,14 @@ def compare(
     )
     task = progress.add_task("compare", total=None, info="")
 
-    def on_event(event: str, info: dict[str, Any]) -> None:
-        if event == "start":
-            progress.update(task, total=info["runs"])
-        elif event == "run_start":
-            budget = "no DP" if info["eps"] is None else f"eps {info['eps']:g}"
-            count = f" {info['rounds']} rounds" if several else ""
-            progress.update(task, info=f"{info['method']} {budget}{count} seed {info['seed']}")
-        elif event == "run_end":
+    def on_event(event: ComparisonEvent) -> None:
+        if isinstance(event, ComparisonStarted):
+            progress.update(task, total=event.runs)
+        elif isinstance(event, ComparisonRunStarted):
+            budget = "no DP" if event.eps is None else f"eps {event.eps:g}"
+            count = f" {event.rounds} rounds" if several else ""
+            progress.update(task, info=f"{event.method} {budget}{count} seed {event.seed}")
+        elif isinstance(event, ComparisonRunEnded):
             progress.advance(task)
 
     with progress, stop_between_rounds():

@@ -35,7 +35,17 @@ from fedlap_privacy.cli.common import (
 from fedlap_privacy.fl.config import PRESETS
 from fedlap_privacy.fl.config_resolve import number_text
 from fedlap_privacy.fl.config_rules import METHODS
+from fedlap_privacy.fl.engine.events import (
+    ClientDone,
+    ClientStep,
+    RoundEnded,
+    RoundEstimate,
+    RunEvent,
+    RunStarted,
+    RunWarning,
+)
 from fedlap_privacy.fl.engine.stop import STOP_EXIT_CODE, STOPPED, stop_between_rounds
+from fedlap_privacy.fl.engine.terminal_progress import duration
 from fedlap_privacy.fl.run.run_records import RoundRecord, RunSummary
 from fedlap_privacy.vocabulary import ThreatModel, words
 
@@ -235,35 +245,32 @@ def train(
     )
     task = progress.add_task("training", total=cfg.rounds, info="")
 
-    def on_event(event: str, info: dict[str, Any]) -> None:
-        if event == "start":  # the bar shows from here: a refused run shows none
+    def on_event(event: RunEvent) -> None:
+        if isinstance(event, RunStarted):  # the bar shows from here: a refused run shows none
             progress.start()
-            progress.update(task, completed=info["start_round"] - 1,
-                            total=info["config"]["rounds"],
-                            info=f"{info['config']['method']}  sigma={info['sigma']}")
-        elif event == "warning":
-            err_console.print(f"[bold yellow]warning:[/] {info['message']}", highlight=False)
-        elif event == "estimate" and info["long"]:
+            progress.update(task, completed=event.start_round - 1, total=event.config.rounds,
+                            info=f"{event.config.method}  sigma={event.config.sigma}")
+        elif isinstance(event, RunWarning):
+            err_console.print(f"[bold yellow]warning:[/] {event.message}", highlight=False)
+        elif isinstance(event, RoundEstimate) and event.long:
             err_console.print(
-                f"[bold yellow]note:[/] one access takes {info['access_s']:.1f} s on this "
-                f"machine: a round (T = {info['accesses']} accesses x {info['clients']:g} "
-                f"clients) will take about {_duration(info['round_s'])}, the run about "
-                f"{_duration(info['run_s'])}", highlight=False)
-        elif event == "client_step":
-            who = (f"cohort of {info['clients']} clients" if info.get("cohort") else
-                   f"client {info['position'] + 1}/{info['clients']}")
+                f"[bold yellow]note:[/] one access takes {event.access_s:.1f} s on this "
+                f"machine: a round (T = {event.accesses} accesses x {event.clients:g} "
+                f"clients) will take about {duration(event.round_s)}, the run about "
+                f"{duration(event.run_s)}", highlight=False)
+        elif isinstance(event, ClientStep):
+            who = (f"cohort of {event.clients} clients" if event.cohort else
+                   f"client {event.position + 1}/{event.clients}")
             progress.update(task, info=(
-                f"round {info['round']}: {who} "
-                f"step {info['step']}/{info['steps']}, round ~"
-                f"{_duration(info['round_estimate_s'])} ({_duration(info['elapsed_s'])} "
-                "so far)"))
-        elif event == "client_done":
-            progress.update(task, info=f"round {info['round']}: client {info['client']} done")
-        elif event == "round_end":
-            eps = info["epsilon"]
-            progress.update(task, completed=info["round"], info=(
-                f"round {info['round']}  acc {info['test_accuracy']:.2%}  "
-                + ("eps -" if eps is None else f"eps {eps:.2f}")))
+                f"round {event.round}: {who} step {event.step}/{event.steps}, round ~"
+                f"{duration(event.round_estimate_s)} ({duration(event.elapsed_s)} so far)"))
+        elif isinstance(event, ClientDone):
+            progress.update(task, info=f"round {event.round}: client {event.client} done")
+        elif isinstance(event, RoundEnded):
+            r = event.record
+            progress.update(task, completed=r.round, info=(
+                f"round {r.round}  acc {r.test_accuracy:.2%}  "
+                + ("eps -" if r.epsilon is None else f"eps {r.epsilon:.2f}")))
 
     def run() -> Any:
         if engine is Engine.flower_simulation:
@@ -304,15 +311,6 @@ def train(
         _print_summary(result.summary, result.history)
     if result.summary.stopped == STOPPED:
         raise typer.Exit(STOP_EXIT_CODE)
-
-
-def _duration(seconds: float) -> str:
-    """A duration in words: 42 s, 3.5 min, 2.1 h."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def _typed(ctx: typer.Context, param: str) -> bool:

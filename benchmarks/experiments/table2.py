@@ -26,6 +26,7 @@ from typing import Any
 
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
 from fedlap_privacy.fl.config_resolve import parse_overrides
+from fedlap_privacy.fl.engine.events import ClientDone, RoundEnded, RunEvent
 from fedlap_privacy.fl.engine.simulation import train
 
 #: Table 2 of the paper, sigma = 1: {dataset: {eps: {method: accuracy}}}
@@ -78,11 +79,14 @@ def main() -> None:
     print(markdown(results, args.dataset))
 
 
-def _log(event: str, info: dict[str, Any]) -> None:
+def _log(event: RunEvent) -> None:
     """Progress on stderr: long runs (an hour on CPU) show where they are."""
-    if event in ("client_done", "round_end"):
-        shown = {k: v for k, v in info.items() if k in ("round", "client", "test_accuracy")}
-        print(time.strftime("%H:%M:%S"), event, shown, file=sys.stderr, flush=True)
+    if isinstance(event, ClientDone):
+        print(time.strftime("%H:%M:%S"), f"round {event.round} client {event.client} done",
+              file=sys.stderr, flush=True)
+    elif isinstance(event, RoundEnded):
+        print(time.strftime("%H:%M:%S"), f"round {event.round} test accuracy "
+              f"{event.record.test_accuracy:.4f}", file=sys.stderr, flush=True)
 
 
 def markdown(results: list[dict[str, Any]], dataset: str) -> str:

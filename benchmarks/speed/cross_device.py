@@ -56,7 +56,7 @@ def worker(spec: dict) -> dict:
         chosen = sorted(rng.choice(cfg.clients, spec["cohort"], replace=False).tolist())
         info = run.method.round_info(m, run.server_state)
         start, start_cpu = time.perf_counter(), time.process_time()
-        replies = local_clients(run, m, chosen, info, lambda event, info: None)
+        replies = local_clients(run, m, chosen, info, lambda event: None)
         run.method.aggregate(run.model, replies, run.server_state, info,
                              torch.Generator().manual_seed(m))
         seconds.append(time.perf_counter() - start)

@@ -44,6 +44,7 @@ def measure(name: str, data_dir: str | None, rounds: int) -> dict[str, Any]:
     """The estimate and the measured rounds of configuration ``name``."""
     from fedlap_privacy.fl.config_resolve import resolve_config
     from fedlap_privacy.fl.engine.dry_run import plan_run, read_data, time_steps
+    from fedlap_privacy.fl.engine.events import RoundEnded, RoundStarted, RunEvent
     from fedlap_privacy.fl.engine.simulation import train
 
     flags = {**CONFIGS[name], "rounds": rounds, "split_seed": 0}
@@ -61,10 +62,10 @@ def measure(name: str, data_dir: str | None, rounds: int) -> dict[str, Any]:
     walls: list[float] = []
     cpus: list[float] = []
 
-    def clock(event: str, info: dict[str, Any]) -> None:
-        if event == "round_start":
+    def clock(event: RunEvent) -> None:
+        if isinstance(event, RoundStarted):
             marks["wall"], marks["cpu"] = time.perf_counter(), time.process_time()
-        elif event == "round_end":
+        elif isinstance(event, RoundEnded):
             walls.append(time.perf_counter() - marks["wall"])
             cpus.append(time.process_time() - marks["cpu"])
 

@@ -58,6 +58,7 @@ def _config(spec: dict):
 
 def worker(spec: dict) -> dict:
     """One run in this (fresh) process."""
+    from fedlap_privacy.fl.engine.events import RoundEnded, RunEvent
     from fedlap_privacy.fl.engine.simulation import train
     from fedlap_privacy.fl.flower.simulation_engine import run_simulation_engine
 
@@ -65,8 +66,8 @@ def worker(spec: dict) -> dict:
     start = time.perf_counter()
     first: list[float] = []
 
-    def progress(event: str, info: dict) -> None:
-        if event == "round_end" and not first:
+    def progress(event: RunEvent) -> None:
+        if isinstance(event, RoundEnded) and not first:
             first.append(time.perf_counter() - start)
 
     if spec["run"] in FLOWER_RUNS:

@@ -52,7 +52,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,12 @@ from fedlap_privacy.fl.engine.compare_budgets import (
     round_counts,
 )
 from fedlap_privacy.fl.engine.compare_plots import plot_comparison, plot_round_counts, plot_rounds
+from fedlap_privacy.fl.engine.events import (
+    ComparisonCallback,
+    ComparisonRunEnded,
+    ComparisonRunStarted,
+    ComparisonStarted,
+)
 from fedlap_privacy.fl.engine.stop import STOPPED, StopRequested
 from fedlap_privacy.fl.methods.method_table import METHOD_TABLE, Budget
 from fedlap_privacy.fl.run.run_files import (
@@ -107,9 +113,6 @@ __all__ = [
 ]
 
 COMPARISON = "comparison.json"
-
-Callback = Callable[[str, dict[str, Any]], None]
-
 
 def comparison_split_seed(base: Bases, out_dir: str | Path) -> int:
     """The split seed every run of the comparison in ``out_dir`` shares: ``split_seed`` of
@@ -279,7 +282,7 @@ def run_comparison(
     seeds: int = 1,
     out_dir: str | Path = "runs/compare",
     device: str = "auto",
-    callback: Callback | None = None,
+    callback: ComparisonCallback | None = None,
     jobs: list[Job] | None = None,
     rounds: Sequence[int] | None = None,
     split_seed: int | None = None,
@@ -300,8 +303,8 @@ def run_comparison(
     first = base_for(base, methods[0])
     counts = sorted({job.rounds for job in jobs}) or [first.rounds]
     out = Path(out_dir)
-    callback = callback or (lambda event, info: None)
-    callback("start", {"runs": len(jobs), "round_counts": counts})
+    callback = callback or (lambda event: None)
+    callback(ComparisonStarted(len(jobs), counts))
     t0 = time.perf_counter()
     rows: dict[str, dict[str, Any]] = {
         m: {"notion": METHOD_TABLE[m].notion.value, "upload_bytes": None, "results": {}}
@@ -309,7 +312,7 @@ def run_comparison(
     }
     for job in jobs:
         method, eps, seed = job.method, job.eps, job.seed
-        callback("run_start", {"method": method, "eps": eps, "rounds": job.rounds, "seed": seed})
+        callback(ComparisonRunStarted(method, eps, job.rounds, seed))
         started = time.perf_counter()
         folder = run_dir(out, job, len(counts) > 1)
         summary = _train_or_resume(job.config, folder, device, split_seed)
@@ -349,7 +352,7 @@ def run_comparison(
             row["upload_bytes"] = float(np.mean(uploads))
         cell = row["results"].setdefault(NO_DP if eps is None else f"{eps:g}", {"runs": []})
         cell["runs"].append(run)
-        callback("run_end", {"method": method, "eps": eps, **run})
+        callback(ComparisonRunEnded(method, eps, run))
     for row in rows.values():
         for cell in row["results"].values():
             _summarise(cell, counts[-1])

@@ -6,8 +6,9 @@ after each of its T accesses to the private data (step t of T); the driver insta
 reporter around each client's step with :func:`reporting` (a context variable, so the
 methods' signatures, shared with the Flower client, do not change, and nothing is reported
 where no driver listens). :class:`RoundClock` turns the steps into the driver's
-``client_step`` event: the client, step t of T, the seconds since the round began and an
-estimate of the whole round's seconds from the steps done so far. The methods never print.
+:class:`~fedlap_privacy.fl.engine.events.ClientStep` event: the client, step t of T, the
+seconds since the round began and an estimate of the whole round's seconds from the steps
+done so far. The methods never print.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+
+from fedlap_privacy.fl.engine.events import ClientStep
 
 __all__ = ["LONG_ROUND_S", "RoundClock", "StepReporter", "report_step", "reporting"]
 
@@ -50,7 +53,7 @@ def reporting(reporter: StepReporter) -> Iterator[None]:
 class RoundClock:
     """The steps of one round's ``clients`` clients, each at most ``steps`` steps, in turn.
 
-    :meth:`step` gives the ``client_step`` event of client number ``position`` (0-based, in
+    :meth:`step` gives the :class:`ClientStep` event of client number ``position`` (0-based, in
     the order the driver runs them): its step t of T, the round's elapsed seconds and
     ``round_estimate_s``, the elapsed time over the fraction of the round's steps done
     (clients done count T each; a client that stops early, e.g. FedLAP at its radius,
@@ -60,20 +63,17 @@ class RoundClock:
     clients: int
     start: float = field(default_factory=time.perf_counter)
 
-    def step(self, position: int, client: int, step: int, steps: int) -> dict[str, float]:
+    def step(self, position: int, client: int, step: int, steps: int) -> ClientStep:
         elapsed = time.perf_counter() - self.start
         done = (position + step / max(steps, 1)) / max(self.clients, 1)
-        return {"round": self.round, "client": client, "position": position,
-                "clients": self.clients, "step": step, "steps": steps,
-                "elapsed_s": elapsed, "round_estimate_s": elapsed / done if done else 0.0}
+        return ClientStep(self.round, client, position, self.clients, step, steps, elapsed,
+                          elapsed / done if done else 0.0)
 
-    def cohort_step(self, step: int, steps: int) -> dict[str, float | bool | None]:
-        """The ``client_step`` event of a cohort trained at once
-        (:mod:`~fedlap_privacy.fl.engine.cohort`): all ``clients`` clients did step t of T
-        (``cohort`` True, ``client`` None, position 0); the estimate is the elapsed time over t /
-        T."""
+    def cohort_step(self, step: int, steps: int) -> ClientStep:
+        """The event of a cohort trained at once (:mod:`~fedlap_privacy.fl.engine.cohort`):
+        all ``clients`` clients did step t of T (``cohort`` True, ``client`` None, position
+        0); the estimate is the elapsed time over t / T."""
         elapsed = time.perf_counter() - self.start
         done = step / max(steps, 1)
-        return {"round": self.round, "client": None, "position": 0, "clients": self.clients,
-                "step": step, "steps": steps, "cohort": True, "elapsed_s": elapsed,
-                "round_estimate_s": elapsed / done if done else 0.0}
+        return ClientStep(self.round, None, 0, self.clients, step, steps, elapsed,
+                          elapsed / done if done else 0.0, cohort=True)

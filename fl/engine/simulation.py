@@ -45,13 +45,20 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import resolve_given
 from fedlap_privacy.fl.engine.client_sampling import select_clients
+from fedlap_privacy.fl.engine.events import (
+    Callback,
+    RoundEnded,
+    RoundEstimate,
+    RoundStarted,
+    RunStarted,
+    RunWarning,
+)
 from fedlap_privacy.fl.engine.progress import LONG_ROUND_S
 from fedlap_privacy.fl.engine.run_split import client_parts, validation_indices
 from fedlap_privacy.fl.engine.stop import STOPPED, stop_requested
 from fedlap_privacy.fl.engine.terminal_progress import progress_callback
 from fedlap_privacy.fl.engine.training_run import (
     AskClients,
-    Callback,
     TrainingRun,
     default_model_config,
     evaluate,
@@ -244,30 +251,28 @@ def restored_config(private: PrivateRunState, model: str | None = None,
 
 
 def _estimate(run: TrainingRun, callback: Callback) -> None:
-    """The ``estimate`` event before round 1: one access timed (the mean over a short
-    step), times T accesses per client, times the clients expected in a round; ``long``
-    past LONG_ROUND_S."""
+    """The :class:`RoundEstimate` event before round 1: one access timed (the mean over a
+    short step), times T accesses per client, times the clients expected in a round."""
     access_s = run.time_one_access()
     if access_s is None:
         return
     cfg = run.cfg
     clients = max(cfg.sampling.expected_cohort, 1.0)
     round_s = access_s * cfg.accesses_per_round * clients
-    callback("estimate", {"access_s": access_s, "accesses": cfg.accesses_per_round,
-                          "clients": clients, "round_s": round_s, "run_s": round_s * cfg.rounds,
-                          "long": round_s > LONG_ROUND_S})
+    callback(RoundEstimate(access_s, cfg.accesses_per_round, clients, round_s,
+                           round_s * cfg.rounds, round_s > LONG_ROUND_S))
 
 
 def _execute(run: TrainingRun, callback: Callback | None, estimate: bool = False) -> TrainResult:
     """Run the remaining rounds of ``run``; checkpoints after every round."""
     cfg, out = run.cfg, run.out
-    callback = callback or (lambda event, info: None)
-    callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": run.round + 1})
+    callback = callback or (lambda event: None)
+    callback(RunStarted(cfg, run.round + 1))
     secure = run.secure
     planned = None if secure is None else secure.planned_epsilon(cfg.rounds, cfg.delta)
     for warning in privacy_warnings(cfg, run.sizes, planned) + (
             [] if secure is None else secure.warnings()):
-        callback("warning", {"message": warning})
+        callback(RunWarning(warning))
     if estimate and run.round == 0 and run.ask_clients is local_clients and not run.vectorised:
         _estimate(run, callback)
     stopped = "completed"
@@ -284,7 +289,7 @@ def _execute(run: TrainingRun, callback: Callback | None, estimate: bool = False
         if reason is not None:
             stopped = reason
             break
-        callback("round_start", {"round": m})
+        callback(RoundStarted(m))
         chosen = select_clients(cfg, m)
         run.mark_pending(m, steps, chosen)
         metrics, validation = run.run_round(m, steps, chosen, callback)
@@ -293,8 +298,7 @@ def _execute(run: TrainingRun, callback: Callback | None, estimate: bool = False
             run.validation.append(validation)
         run.round = m
         run.save()
-        shown = {} if validation is None else validation.to_dict()
-        callback("round_end", {**metrics.to_json(), **shown})
+        callback(RoundEnded(metrics, validation))
     if out is not None:
         from fedlap_privacy.fl.run.plots import plot_history
 

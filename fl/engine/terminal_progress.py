@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
-from fedlap_privacy.fl.engine.training_run import Callback
+from fedlap_privacy.fl.engine.events import (
+    Callback,
+    RoundEnded,
+    RoundEstimate,
+    RunEvent,
+    RunStarted,
+    RunWarning,
+)
 
-__all__ = ["progress_callback"]
+__all__ = ["duration", "progress_callback"]
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+def duration(seconds: float) -> str:
+    """A duration in words: 42 s, 3.5 min, 2.1 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 def progress_callback(progress: bool | None, callback: Callback | None,
@@ -37,24 +47,23 @@ def progress_callback(progress: bool | None, callback: Callback | None,
     def say(text: str) -> None:
         print(text, file=stream, flush=True)
 
-    def on_event(event: str, info: dict[str, Any]) -> None:
-        if event == "start":
-            cfg = info["config"]
-            rounds[0] = cfg["rounds"]
-            sigma = "" if info["sigma"] is None else f", sigma {info['sigma']:.4g}"
-            start = "" if info["start_round"] == 1 else f", from round {info['start_round']}"
-            say(f"training {cfg['method']} on {cfg['dataset']}: {cfg['rounds']} rounds, "
-                f"{cfg['clients']} clients{sigma}{start}")
-        elif event == "warning":
-            say(f"warning: {info['message']}")
-        elif event == "estimate" and info["long"]:
-            say(f"note: a round will take about {_duration(info['round_s'])}, the run about "
-                f"{_duration(info['run_s'])}")
-        elif event == "round_end":
-            eps = info.get("epsilon")
-            say(f"round {info['round']}/{rounds[0]}: test accuracy "
-                f"{info['test_accuracy']:.2%}, epsilon "
-                f"{'-' if eps is None else f'{eps:.3f}'} "
-                f"({_duration(time.perf_counter() - began)} so far)")
+    def on_event(event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            cfg = event.config
+            rounds[0] = cfg.rounds
+            sigma = "" if cfg.sigma is None else f", sigma {cfg.sigma:.4g}"
+            start = "" if event.start_round == 1 else f", from round {event.start_round}"
+            say(f"training {cfg.method} on {cfg.dataset}: {cfg.rounds} rounds, "
+                f"{cfg.clients} clients{sigma}{start}")
+        elif isinstance(event, RunWarning):
+            say(f"warning: {event.message}")
+        elif isinstance(event, RoundEstimate) and event.long:
+            say(f"note: a round will take about {duration(event.round_s)}, the run about "
+                f"{duration(event.run_s)}")
+        elif isinstance(event, RoundEnded):
+            r = event.record
+            say(f"round {r.round}/{rounds[0]}: test accuracy {r.test_accuracy:.2%}, epsilon "
+                f"{'-' if r.epsilon is None else f'{r.epsilon:.3f}'} "
+                f"({duration(time.perf_counter() - began)} so far)")
 
     return on_event

@@ -29,6 +29,7 @@ from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.auditing.canaries import CanarySet, flat_weights
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine.cohort import vectorise_refusal
+from fedlap_privacy.fl.engine.events import Callback, ClientDone
 from fedlap_privacy.fl.engine.packed_cohort import pack_refusal
 from fedlap_privacy.fl.engine.progress import RoundClock, reporting
 from fedlap_privacy.fl.engine.run_split import client_parts, validation_indices
@@ -62,8 +63,6 @@ __all__ = [
     "local_clients", "resolve_device",
 ]
 
-#: a run's progress events: (event, details) -> None
-Callback = Callable[[str, dict[str, Any]], None]
 #: how a round reaches its selected clients: (run, round, chosen, info, callback) -> replies.
 #: :func:`local_clients` runs them in this process; ``flower_app`` sends Flower messages.
 AskClients = Callable[["TrainingRun", int, list[int], RoundInfo, Callback], list[Reply]]
@@ -127,14 +126,14 @@ def local_clients(
         clock = RoundClock(m, len(chosen))
 
         def cohort_step(t: int, total: int) -> None:
-            callback("client_step", clock.cohort_step(t, total))
+            callback(clock.cohort_step(t, total))
 
         with reporting(cohort_step):
             replies = run.method.cohort_client(
                 run.model, run.x_train, run.y_train, [run.client_index[k] for k in chosen],
                 info, gens, packed=run.cohort_mode == "packed")
         for k in chosen:
-            callback("client_done", {"round": m, "client": k})
+            callback(ClientDone(m, k))
         return replies
     replies = []
     clock = RoundClock(m, len(chosen))
@@ -145,14 +144,14 @@ def local_clients(
         gen = dp_generator(run.cfg, run.device, m, k + 1)
 
         def step(t: int, total: int, position: int = position, k: int = k) -> None:
-            callback("client_step", clock.step(position, k, t, total))
+            callback(clock.step(position, k, t, total))
 
         with run.canary_context(k, m, len(y)), reporting(step):
             cx, cy = run.with_canaries(k, x, y)
             reply = run.method.client(run.model, cx, cy, run.client_state[k], info, gen)
         replies.append(dataclasses.replace(reply, num_examples=len(y)))  # N_k without canaries
         del x, y, cx, cy  # freed before the next client's records are gathered, not after
-        callback("client_done", {"round": m, "client": k})
+        callback(ClientDone(m, k))
     return replies
 
 

@@ -30,7 +30,8 @@ from fedlap_privacy.compute.threads import follow_load
 from fedlap_privacy.data.datasets import Dataset, load_dataset, partition_hash
 from fedlap_privacy.errors import FedlapError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.engine.simulation import Callback, client_parts
+from fedlap_privacy.fl.engine.events import Callback, ClientDone
+from fedlap_privacy.fl.engine.simulation import client_parts
 from fedlap_privacy.fl.flower.codec import pack, pack_into, unpack
 from fedlap_privacy.fl.flower.node_model import MODEL_RECORD, ModelShape
 from fedlap_privacy.fl.flower.partition import SIMULATED
@@ -285,7 +286,7 @@ class FlowerClients:
                 failed.append(answer)
                 continue
             replies.append(answer)
-            callback("client_done", {"round": m, "client": k})
+            callback(ClientDone(m, k))
         if failed:
             self._on_failure(run, m, chosen, failed, replies)
         if run.cfg.noise != NoiseKind.SEEDED:  # a seeded run keeps its threads (bit for bit)

@@ -24,7 +24,7 @@ from typing import Any
 
 from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.engine.simulation import Callback
+from fedlap_privacy.fl.engine.events import Callback, RoundEnded, RunStarted
 from fedlap_privacy.fl.flower.deployment import LocalDeployment
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.node_ledger import NODE_STATE
@@ -127,7 +127,7 @@ def run_on(
     cfg = prepare_run(cfg, out, resume_run, model)
     if deployment.clients != cfg.clients:
         raise ConfigError(f"{deployment.clients} SuperNodes for a run of {cfg.clients} clients")
-    callback = callback or (lambda event, info: None)
+    callback = callback or (lambda event: None)
     (out / STATUS).unlink(missing_ok=True)
     run_config = run_config_of(
         cfg, out=str(out), device=device, round_timeout=float(round_timeout),
@@ -137,7 +137,7 @@ def run_on(
         run_config["rounds"] = 0 if rounds is None else int(rounds)
     app = write_app(deployment.workdir / "app", cfg)
     seen = len(load_history(out)) if resume_run else 0
-    callback("start", {"config": cfg.to_dict(), "sigma": cfg.sigma, "start_round": seen + 1})
+    callback(RunStarted(cfg, seen + 1))
     deployment.marks.flwr_run = time.time()
     runner = deployment.flwr_run(app, run_config)
     try:  # until `flwr run` ends, or the ServerApp's status is written (its last act)
@@ -146,14 +146,14 @@ def run_on(
                 on_poll(deployment)
             history = load_history(out)
             for metrics in history[seen:]:
-                callback("round_end", metrics.to_json())
+                callback(RoundEnded(metrics))
             seen = max(seen, len(history))
             time.sleep(0.2)
     finally:
         stop(runner)
         deployment.marks.run_end = time.time()
     for metrics in load_history(out)[seen:]:
-        callback("round_end", metrics.to_json())
+        callback(RoundEnded(metrics))
     status_path = out / STATUS
     if not status_path.exists():
         log = deployment.workdir / "flwr-run.log"

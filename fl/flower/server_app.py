@@ -25,7 +25,8 @@ from flwr.serverapp import Grid, ServerApp
 from fedlap_privacy.compute.threads import apply_cpu_policy
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.config_resolve import resolve_given
-from fedlap_privacy.fl.engine.simulation import Callback, restored_config, resume, train
+from fedlap_privacy.fl.engine.events import Callback, RoundEnded, RunEvent, RunStarted
+from fedlap_privacy.fl.engine.simulation import restored_config, resume, train
 from fedlap_privacy.fl.flower.grid_clients import (
     FlowerClients,
     expected_partitions,
@@ -56,14 +57,15 @@ def _log(line: str) -> None:
     print(f"[fedlap-privacy] {line}", flush=True)
 
 
-def _progress(event: str, info: dict[str, Any]) -> None:
-    if event == "round_end":
-        eps = info.get("epsilon")
-        _log(f"round {info['round']}: test accuracy {info['test_accuracy']:.4f}, epsilon "
-             f"{'-' if eps is None else f'{eps:.4f}'}, {info.get('replies', '-')}/"
-             f"{info.get('clients', '-')} clients answered")
-    elif event == "start":
-        _log(f"start at round {info['start_round']}, sigma {info['sigma']}")
+def _progress(event: RunEvent) -> None:
+    if isinstance(event, RoundEnded):
+        r = event.record
+        eps = "-" if r.epsilon is None else f"{r.epsilon:.4f}"
+        _log(f"round {r.round}: test accuracy {r.test_accuracy:.4f}, epsilon {eps}, "
+             f"{'-' if r.replies is None else r.replies}/"
+             f"{'-' if r.clients is None else r.clients} clients answered")
+    elif isinstance(event, RunStarted):
+        _log(f"start at round {event.start_round}, sigma {event.config.sigma}")
 
 
 @server_app.main()

@@ -42,7 +42,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedlap_privacy.errors import ConfigError, FedlapError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.engine.simulation import Callback
+from fedlap_privacy.fl.engine.events import Callback
 from fedlap_privacy.fl.flower.client_app import make_client_app
 from fedlap_privacy.fl.flower.grid_clients import FlowerError
 from fedlap_privacy.fl.flower.node_ledger import NODE_STATE, mark_state_root
@@ -302,7 +302,7 @@ def run_simulation_engine(
     out = Path(out_dir).expanduser().resolve()
     if not resume_run and cfg is not None:
         cfg.validate()
-    callback = callback or (lambda event, info: None)
+    callback = callback or (lambda event: None)
     policy = None if node_policy is None else str(Path(node_policy).expanduser().resolve())
     if policy is not None:  # refuse a bad file now
         NodePolicy.from_node_config({"policy-file": policy})

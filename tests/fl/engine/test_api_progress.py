@@ -40,5 +40,5 @@ def test_a_terminal_gets_lines_by_default_and_a_callback_wins():
     assert progress_callback(None, None, Terminal()) is not None
     assert progress_callback(None, None, io.StringIO()) is None
     assert progress_callback(False, None, Terminal()) is None
-    mine = lambda event, info: None  # noqa: E731
+    mine = lambda event: None  # noqa: E731
     assert progress_callback(True, mine, Terminal()) is mine

@@ -14,6 +14,7 @@ from fedlap_privacy.errors import ConfigError
 from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.engine import cohort
 from fedlap_privacy.fl.engine.cohort import vectorise_refusal
+from fedlap_privacy.fl.engine.events import ClientDone, ClientStep, RunEvent
 from fedlap_privacy.fl.engine.simulation import train
 from fedlap_privacy.fl.methods.fedavg import LocalSGD, average_weights
 from fedlap_privacy.fl.methods.interface import Method, weights_of
@@ -247,14 +248,12 @@ def test_a_generic_model_is_not_packed_and_vmaps_as_the_loop() -> None:
 
 
 def test_the_cohort_reports_each_local_step() -> None:
-    seen: list[tuple[str, dict]] = []
+    seen: list[RunEvent] = []
     train(tiny(method="fedavg", clients=4, split="iid", split_seed=0, rounds=1,
-               cohort_training="packed"), None, device="cpu",
-          callback=lambda e, i: seen.append((e, i)))
-    steps = [i for e, i in seen if e == "client_step"]
-    assert [(s["step"], s["steps"], s["clients"], s["cohort"]) for s in steps] == [
+               cohort_training="packed"), None, device="cpu", callback=seen.append)
+    steps = [e for e in seen if isinstance(e, ClientStep)]
+    assert [(s.step, s.steps, s.clients, s.cohort) for s in steps] == [
         (t, 3, 4, True) for t in (1, 2, 3)]
-    assert all(s["round_estimate_s"] >= s["elapsed_s"] > 0 for s in steps)
-    names = [e for e, _ in seen]
-    assert max(n for n, e in enumerate(names) if e == "client_step") < names.index(
-        "client_done")
+    assert all(s.round_estimate_s >= s.elapsed_s > 0 for s in steps)
+    assert max(n for n, e in enumerate(seen) if isinstance(e, ClientStep)) < min(
+        n for n, e in enumerate(seen) if isinstance(e, ClientDone))

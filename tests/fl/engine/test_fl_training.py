@@ -15,6 +15,7 @@ from torch import Tensor
 from fedlap_privacy.accountant import FedLAPSchedule, epsilon
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import PRESETS, TrainConfig
+from fedlap_privacy.fl.engine.events import ClientDone, RoundEnded
 from fedlap_privacy.fl.engine.simulation import (
     CHECKPOINT,
     METRICS,
@@ -231,9 +232,9 @@ class _Stop(Exception):
     pass
 
 
-def _stop_at(event_name: str, round_: int):
-    def callback(event, info):
-        if event == event_name and info.get("round") == round_:
+def _stop_at(kind: type, round_: int):
+    def callback(event):
+        if isinstance(event, kind) and event.round == round_:
             raise _Stop
 
     return callback
@@ -244,7 +245,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, method):
     cfg = tiny(method=method, rounds=3, reproducible_noise=True)
     full = train(dataclasses.replace(cfg), tmp_path / "full", device="cpu")
     with pytest.raises(_Stop):
-        train(cfg, tmp_path / "cut", device="cpu", callback=_stop_at("round_end", 2))
+        train(cfg, tmp_path / "cut", device="cpu", callback=_stop_at(RoundEnded, 2))
     assert not (tmp_path / "cut" / PENDING).exists()
     resumed = resume(tmp_path / "cut", device="cpu")
     assert resumed.ledger.to_list() == full.ledger.to_list()
@@ -257,7 +258,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, method):
 def test_crash_mid_round_is_counted_not_lost(tmp_path):
     cfg = tiny(method="dp-fedavg", rounds=2)
     with pytest.raises(_Stop):
-        train(cfg, tmp_path, device="cpu", callback=_stop_at("client_done", 2))
+        train(cfg, tmp_path, device="cpu", callback=_stop_at(ClientDone, 2))
     assert (tmp_path / PENDING).exists()
     resumed = resume(tmp_path, device="cpu")
     statuses = [e.status for e in resumed.ledger.entries]

@@ -16,6 +16,7 @@ import torch
 from helpers import tiny
 
 from fedlap_privacy.fl.engine.compare import COMPARISON, run_comparison
+from fedlap_privacy.fl.engine.events import RoundEnded
 from fedlap_privacy.fl.engine.simulation import resume, train
 from fedlap_privacy.fl.engine.stop import (
     STOP_EXIT_CODE,
@@ -29,8 +30,8 @@ from fedlap_privacy.fl.run.run_files import METRICS, PENDING
 
 
 def _sigterm_after_round(round_: int):
-    def callback(event, info):
-        if event == "round_end" and info["round"] == round_:
+    def callback(event):
+        if isinstance(event, RoundEnded) and event.round == round_:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return callback

@@ -23,6 +23,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict  # noqa: E402
 from fedlap_privacy.data.datasets import load_dataset  # noqa: E402
 from fedlap_privacy.errors import ConfigError  # noqa: E402
 from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
+from fedlap_privacy.fl.engine.events import RoundEnded  # noqa: E402
 from fedlap_privacy.fl.engine.flower_app import (  # noqa: E402
     ClientFailure,
     FlowerClients,
@@ -238,8 +239,8 @@ def test_data_file_partition_is_pinned_by_its_hash(tmp_path):
     original = np.load(files[1])
     seen = []
 
-    def swap(event, info):  # after round 1, node 1's operator swaps its records
-        if event == "round_end" and not seen:
+    def swap(event):  # after round 1, node 1's operator swaps its records
+        if isinstance(event, RoundEnded) and not seen:
             seen.append(1)
             np.savez(files[1], x=original["x"][:-1], y=original["y"][:-1])
 

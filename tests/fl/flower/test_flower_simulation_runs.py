@@ -36,6 +36,7 @@ from flower_grid import task_identity, write_policy  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
 
 from fedlap_privacy.cli.main import app  # noqa: E402
+from fedlap_privacy.fl.engine.events import RoundEnded  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
 from fedlap_privacy.fl.engine.stop import (  # noqa: E402
     STOPPED,
@@ -72,8 +73,8 @@ def _sigterm_after_round(round_: int):
     its own under the Simulation Engine and Python runs the handler in the main thread: the
     callback waits for it, as a signal from outside would arrive during the round."""
 
-    def callback(event, info):
-        if event == "round_end" and info["round"] == round_:
+    def callback(event):
+        if isinstance(event, RoundEnded) and event.round == round_:
             os.kill(os.getpid(), signal.SIGTERM)
             deadline = time.monotonic() + 10
             while not stop_requested() and time.monotonic() < deadline:

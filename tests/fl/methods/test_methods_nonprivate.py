@@ -12,6 +12,7 @@ from helpers import tiny
 from torch import nn
 
 from fedlap_privacy.fl.config import TrainConfig
+from fedlap_privacy.fl.engine.events import RoundEnded
 from fedlap_privacy.fl.engine.simulation import PENDING, resume, train
 from fedlap_privacy.fl.methods.dp import poisson_sample
 from fedlap_privacy.fl.methods.fedavg import LocalSGD, local_training
@@ -227,8 +228,8 @@ def test_scaffold_resume_restores_control_variates(tmp_path):
     cfg = dict(LEARNS, method="scaffold")
     full = train(tiny(**cfg), tmp_path / "full", device="cpu")
 
-    def stop(event, info):
-        if event == "round_end" and info.get("round") == 2:
+    def stop(event):
+        if isinstance(event, RoundEnded) and event.round == 2:
             raise _Stop
 
     with pytest.raises(_Stop):
