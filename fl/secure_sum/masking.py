@@ -1,8 +1,11 @@
 """Secure aggregation in process: the masking arithmetic of Bell et al. 2020 (SecAgg+) with
 every secret drawn from the operating system and every mask expanded by ChaCha20.
 
-Each pair of clients i < j shares a 256-bit seed; client i adds the pair's mask, j subtracts
-it, so pair masks cancel in the sum. Each client also adds a self mask from its own 256-bit
+Each pair of clients i < j shares a 256-bit seed, agreed as in SecAgg+: each client draws a
+fresh X25519 key pair a round and advertises its public key (the server relays public keys
+only), and the pair's seed is HKDF-SHA256 of their Diffie-Hellman secret (:func:`pair_seed`),
+which only the two of them can compute; client i adds the pair's mask, j subtracts it, so
+pair masks cancel in the sum. Each client also adds a self mask from its own 256-bit
 seed (double masking). The server holds only masked uploads. To unmask it names the
 survivors (clients whose upload arrived); each survivor answers with its self seed and its
 pair seeds with the clients that dropped, never both kinds for one client: a dropped client's
@@ -10,8 +13,9 @@ upload that arrives late stays hidden behind its self mask. The clients of a rou
 server to ONE survivor set (the consistency check of Bell et al. 2020, where every client
 signs the set it is shown): naming a client a survivor to itself and dropped to its peers
 would unmask it, so any second, different set is refused. Below ``min_survivors`` the round
-is refused. In a deployment the seeds come from key agreement and the answers from secret
-shares held by the other clients; the arithmetic is the same.
+is refused. A survivor can answer for a dropped peer because it derives their pair seed
+itself; the server learns nothing about a seed from the public keys it relays (a server that
+substitutes keys is an active attacker: SecAgg+ then needs the keys signed).
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedlap_privacy.errors import FedlapError
 
 __all__ = ["SEED_BYTES", "MaskingClient", "RoundRefused", "SecureSumServer", "SurvivorSet",
-           "expand_mask", "setup_round"]
+           "expand_mask", "pair_seed", "setup_round"]
 
 #: bytes of every seed (256 bits)
 SEED_BYTES = 32
@@ -99,12 +106,23 @@ class MaskingClient:
         return self.self_seed, {p: s for p, s in self.pair_seeds.items() if p not in alive}
 
 
+def pair_seed(own: X25519PrivateKey, peer: X25519PublicKey, i: int, j: int) -> bytes:
+    """The 256-bit seed of clients ``i`` and ``j``: HKDF-SHA256 of their X25519 secret, bound
+    to the pair (either end computes the same from its own key and the other's public key)."""
+    info = b"fedlap-privacy pair seed %d %d" % (min(i, j), max(i, j))
+    return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None,
+                info=info).derive(own.exchange(peer))
+
+
 def setup_round(client_ids: Iterable[int], bits: int) -> dict[int, MaskingClient]:
-    """Every pair of clients agrees a fresh 256-bit seed (in process: ``secrets``); the clients
-    share one :class:`SurvivorSet`."""
+    """A round's key agreement (module docstring): fresh X25519 key pairs, every pair's seed
+    from :func:`pair_seed` (in process, the smaller id's end computes it for both: the
+    secret is the same from either end); the clients share one :class:`SurvivorSet`."""
     ids = sorted(set(client_ids))
     agreed = SurvivorSet()
-    seeds = {(i, j): secrets.token_bytes(SEED_BYTES) for k, i in enumerate(ids)
+    keys = {i: X25519PrivateKey.generate() for i in ids}
+    public = {i: key.public_key() for i, key in keys.items()}  # what the server relays
+    seeds = {(i, j): pair_seed(keys[i], public[j], i, j) for k, i in enumerate(ids)
              for j in ids[k + 1:]}
     return {i: MaskingClient(i, bits, {(j if a == i else a): s for (a, j), s in seeds.items()
                                        if i in (a, j)}, agreed=agreed) for i in ids}

@@ -8,6 +8,7 @@ import secrets
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scipy.linalg import hadamard
 from scipy.stats import chisquare
 
@@ -26,7 +27,7 @@ from fedlap_privacy.fl.secure_sum import (
     setup_round,
 )
 from fedlap_privacy.fl.secure_sum.hadamard import fwht, rotate, rotation_signs, unrotate
-from fedlap_privacy.fl.secure_sum.masking import SEED_BYTES, expand_mask
+from fedlap_privacy.fl.secure_sum.masking import SEED_BYTES, expand_mask, pair_seed
 from fedlap_privacy.fl.secure_sum.noise import discrete_gaussian, skellam
 from fedlap_privacy.secret_random import os_generator
 
@@ -237,6 +238,12 @@ def test_seeds_have_256_bits_and_differ():
     assert all(len(s) == SEED_BYTES == 32 for s in seeds)
     assert len(set(seeds)) == 4 + 6  # each pair seed seen by both ends
     assert clients[0].pair_seeds[3] == clients[3].pair_seeds[0]
+    # the seeds come from X25519 key agreement: either end derives the pair's seed from its
+    # own private key and the other's public key, and another pair's keys give another seed
+    a, b, c = (X25519PrivateKey.generate() for _ in range(3))
+    assert pair_seed(a, b.public_key(), 0, 1) == pair_seed(b, a.public_key(), 1, 0)
+    assert pair_seed(a, c.public_key(), 0, 1) != pair_seed(a, b.public_key(), 0, 1)
+    assert pair_seed(a, b.public_key(), 0, 1) != pair_seed(a, b.public_key(), 0, 2)
     assert repr(clients[0].self_seed) not in repr(clients[0])  # secrets stay out of logs
     assert repr(clients[0].pair_seeds[3]) not in repr(clients[0])
     with pytest.raises(ValueError, match="256 bits"):
