@@ -205,8 +205,6 @@ def train(
         guarded(lambda: check_writable(out, probe=not dry_run))
     if preset is None and not resume and not json_output:
         print_schedule(schedule.value, cfg)
-    if engine is not Engine.simulation and cfg.secure_aggregation is not None:
-        fail("--secure-aggregation runs in process only in this release: --engine simulation")
     if engine is not Engine.simulation:
         _require_flower(engine)
     elif allow_client_failures or node_policy is not None:

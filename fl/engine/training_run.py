@@ -47,7 +47,9 @@ from fedlap_privacy.fl.run.run_files import METRICS, PENDING, commit_run_files, 
 from fedlap_privacy.fl.run.run_records import PrivacyStatement, RoundRecord
 from fedlap_privacy.fl.run.user_runs import prepare_data, run_model
 from fedlap_privacy.fl.secure_sum.training import (
+    MaskedRound,
     SecurePlan,
+    finish_round,
     secure_sum_round,
     with_planned_noise,
 )
@@ -165,9 +167,6 @@ class TrainingRun:
         ask_clients: AskClients = local_clients, data: Dataset | None = None,
         split_seed: int | None = None,
     ) -> None:
-        if cfg.secure_aggregation is not None and ask_clients is not local_clients:
-            raise ConfigError("secure aggregation runs in process only in this release: train "
-                              "it with --engine simulation")
         self.split_seed = run_split_seed(cfg, split_seed)
         if data is None and cfg.data is not None:  # a user's records (fl.run.user_runs)
             cfg, data = prepare_data(cfg, self.split_seed)
@@ -187,7 +186,9 @@ class TrainingRun:
         built = run_model(cfg, self.data.input_shape, self.data.num_classes)
         self.model_config, self.model_factory = built.model_config, built.factory
         self.model = built.model.to(device)
-        self.secure = None
+        self.secure: SecurePlan | None = None
+        #: a round's masked uploads, when a remote driver's clients masked their own
+        self.masked_round: MaskedRound | None = None
         if cfg.secure_aggregation is not None:
             size = sum(p.numel() for p in self.model.parameters())
             self.cfg = cfg = with_planned_noise(cfg, size)
@@ -454,11 +455,16 @@ class TrainingRun:
         """Over secure aggregation: the clients' clipped updates summed by
         :func:`~fedlap_privacy.fl.secure_sum.training.secure_sum_round` (``planned`` set up,
         ``sent`` answered), the server's step on the decoded sum; the round's record."""
-        names = [n for n, _ in self.model.named_parameters()]
-        updates = [torch.cat([r.payload[n].detach().double().flatten() for n in names])
-                   .cpu().numpy() for r in sent]
         assert self.secure is not None
-        outcome = secure_sum_round(self.secure, updates, planned)
+        masked, self.masked_round = self.masked_round, None
+        if masked is not None:  # the clients masked their own uploads (a Flower driver)
+            outcome = finish_round(self.secure, masked.spec, masked.server, masked.reveal,
+                                   masked.planned)
+        else:
+            names = [n for n, _ in self.model.named_parameters()]
+            updates = [torch.cat([r.payload[n].detach().double().flatten() for n in names])
+                       .cpu().numpy() for r in sent]
+            outcome = secure_sum_round(self.secure, updates, planned)
         extra: dict[str, Any] = {"expected_clients": self.cfg.sampling.expected_cohort,
                                  "clip": self.cfg.clip, "secure_received": len(sent)}
         if outcome.total is None:

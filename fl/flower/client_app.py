@@ -60,6 +60,14 @@ from fedlap_privacy.fl.flower.node_model import (
 from fedlap_privacy.fl.flower.partition import NodeData, load_partition
 from fedlap_privacy.fl.flower.policy import NodePolicy, PolicyRefusal, node_round_info
 from fedlap_privacy.fl.flower.run_config import parse_config
+from fedlap_privacy.fl.flower.secure_node import (
+    SECURE_RECORD,
+    UNMASK,
+    UPLOAD_RECORD,
+    mask_update,
+    public_key,
+    unmask_answer,
+)
 from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
 
@@ -124,6 +132,8 @@ def _describe(msg: Message, context: Context) -> Message:
         return _refuse(msg, exc, _partition_hint(context))
     reply = ConfigRecord({"partition-id": data.index, "num-examples": data.size,
                           "content-hash": data.content_hash, "source": data.source})
+    if cfg.secure_aggregation is not None:  # its key for the run's secure sums
+        reply["secure-key"] = public_key(context)
     return Message(RecordDict({"node": reply}), reply_to=msg)
 
 
@@ -169,9 +179,11 @@ def _admit(msg: Message, context: Context, device: torch.device
 
 
 def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Module,
-                context: Context, device: torch.device, steps: int) -> RecordDict:
+                context: Context, device: torch.device, steps: int,
+                secure: ConfigRecord | None = None) -> RecordDict:
     """Step 4: one client round on ``data`` from ``model`` (holding the broadcast weights);
-    returns the reply's records."""
+    returns the reply's records. Over secure aggregation (``secure``: the instruction's
+    peers and rotation seed) the update leaves the node only masked (:mod:`.secure_node`)."""
     info = node_round_info(cfg, info, model.state_dict())
     state: dict[str, Any] = {}
     if "state-tree" in context.state.config_records:
@@ -185,7 +197,13 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Mod
     if reply.accesses > steps:  # the ledger entered T before the round: never exceed it
         raise RuntimeError(f"the client step made {reply.accesses} accesses, {steps} admitted")
     pack_into(context.state, "state", {"partition": data.index, "state": state})
-    out = pack("payload", reply.payload)
+    if secure is not None:
+        update = torch.cat([reply.payload[n].detach().double().flatten()
+                            for n, _ in model.named_parameters()]).cpu().numpy()
+        out = RecordDict({UPLOAD_RECORD: mask_update(cfg, update, secure, data.index,
+                                                     info.round, context)})
+    else:
+        out = pack("payload", reply.payload)
     out["reply"] = ConfigRecord({
         "accesses": int(reply.accesses), "num-examples": int(reply.num_examples),
         "stats": json.dumps(reply.stats), "partition-id": data.index,
@@ -206,8 +224,27 @@ def _train(msg: Message, context: Context) -> Message:
         cfg, info, data, model, steps = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
-    out = train_round(cfg, info, data, model, context, device, steps)
+    secure = msg.content.config_records.get(SECURE_RECORD)
+    if (secure is None) != (cfg.secure_aggregation is None):
+        return _refuse(msg, ConfigError("a secure_aggregation run's round comes with its "
+                                        "secure-sum record, and only such a run's"), data.index)
+    try:
+        out = train_round(cfg, info, data, model, context, device, steps, secure)
+    except ConfigError as exc:
+        return _refuse(msg, exc, data.index)
     return Message(out, reply_to=msg)
+
+
+def _unmask(msg: Message, context: Context) -> Message:
+    """The unmasking of a secure round: the node's self seed and its pair seeds with the
+    peers that dropped, for one survivor set (:func:`.secure_node.unmask_answer`)."""
+    try:
+        request = msg.content.config_records["unmask"]
+        answer = unmask_answer(request, context)
+    except (KeyError, ConfigError) as exc:
+        return _refuse(msg, exc if isinstance(exc, ConfigError)
+                       else ConfigError("malformed unmasking request"), _partition_hint(context))
+    return Message(RecordDict({"unmask": answer}), reply_to=msg)
 
 
 #: a Flower mod, as ``ClientApp(mods=...)`` takes it: (message, context, the next handler)
@@ -215,11 +252,13 @@ Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Messag
 
 
 def make_client_app(mods: list[Mod] | None = None) -> ClientApp:
-    """This module's ClientApp (``query``: discovery, ``train``: one client round), with
+    """This module's ClientApp (``query``: discovery, ``train``: one client round,
+    ``query.unmask``: a secure round's unmasking), with
     Flower ``mods`` run before each handler (the Simulation Engine's give each virtual
     node its state folder and policy: :mod:`.simulation_engine`)."""
     app = ClientApp(mods=mods)
     app.query()(_describe)
+    app.query(UNMASK)(_unmask)
     app.train()(_train)
     return app
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 import torch
 from flwr.app import DEFAULT_TTL, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -36,8 +37,12 @@ from fedlap_privacy.fl.flower.codec import pack, pack_into, unpack
 from fedlap_privacy.fl.flower.node_model import MODEL_RECORD, ModelShape
 from fedlap_privacy.fl.flower.partition import SIMULATED
 from fedlap_privacy.fl.flower.run_config import config_values
+from fedlap_privacy.fl.flower.secure_node import SECURE_RECORD, UNMASK, UPLOAD_RECORD
 from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 from fedlap_privacy.fl.run.user_runs import prepare_data
+from fedlap_privacy.fl.secure_sum.encoding import SecureSumSpec
+from fedlap_privacy.fl.secure_sum.masking import Answer, SecureSumServer
+from fedlap_privacy.fl.secure_sum.training import MaskedRound, SecurePlan, round_spec
 from fedlap_privacy.vocabulary import NoiseKind
 
 __all__ = [
@@ -58,7 +63,8 @@ class ClientFailure(FlowerError):
 
 
 class RunView(Protocol):
-    """What :class:`FlowerClients` reads of the simulator's run (and the one call it makes)."""
+    """What :class:`FlowerClients` reads of the simulator's run (and the one call it makes);
+    over secure aggregation it hands the round's masked uploads to ``masked_round``."""
 
     cfg: TrainConfig
     split_seed: int
@@ -66,6 +72,8 @@ class RunView(Protocol):
     model: nn.Module
     data: Dataset
     out: Path | None
+    secure: SecurePlan | None
+    masked_round: MaskedRound | None
 
     def enter_interrupted(self) -> None: ...
 
@@ -87,6 +95,7 @@ class NodeInfo:
     size: int
     content_hash: str
     source: str
+    secure_key: bytes | None = None  # its X25519 public key (a secure_aggregation run)
 
 
 def reason_of(msg: Message) -> str:
@@ -103,6 +112,29 @@ def _refusal(msg: Message) -> str | None:
     """The node's refusal (a ``refusal`` record: its policy said no), or None."""
     rec = msg.content.config_records.get("refusal") if not msg.has_error() else None
     return None if rec is None else str(rec["reason"])[:300]
+
+
+def _secure_key(cfg: TrainConfig, rec: ConfigRecord, k: int) -> bytes | None:
+    """Partition k's public key from its discovery answer (a secure_aggregation run)."""
+    if cfg.secure_aggregation is None:
+        return None
+    key = rec.get("secure-key")
+    if not isinstance(key, bytes) or len(key) != 32:
+        raise FlowerError(f"client {k} sent no X25519 public key for the run's secure sums")
+    return key
+
+
+def _upload(msg: Message, spec: SecureSumSpec) -> np.ndarray | str:
+    """A masked upload, or why the reply holds none of the round's size."""
+    rec = msg.content.config_records.get(UPLOAD_RECORD)
+    data = None if rec is None else rec.get("masked")
+    size = spec.mechanism.quantisation.dim
+    if not isinstance(data, bytes) or len(data) != 8 * size:
+        return "no masked upload of the round's size"
+    masked = np.frombuffer(data, dtype="<u8").astype(np.uint64)
+    if masked.max(initial=0) >= spec.modulus:
+        return "a masked upload outside the modulus"
+    return masked
 
 
 def run_data(cfg: TrainConfig, split_seed: int | None = None) -> tuple[TrainConfig, Dataset]:
@@ -212,7 +244,7 @@ class FlowerClients:
                 rec = reply.content.config_records["node"]
                 k = int(rec["partition-id"])
                 info = NodeInfo(node, int(rec["num-examples"]), str(rec["content-hash"]),
-                                str(rec["source"]))
+                                str(rec["source"]), _secure_key(cfg, rec, k))
                 if k in found and found[k].node_id != node:
                     raise FlowerError(f"two SuperNodes hold partition {k}: give each its own "
                                       "partition-id")
@@ -259,8 +291,10 @@ class FlowerClients:
         if str(rec["content-hash"]) != self.nodes[k].content_hash:
             return (f"client {k}: its records changed since discovery (content hash "
                     f"{str(rec['content-hash'])[:12]}, pinned {self.nodes[k].content_hash[:12]})")
-        return Reply(unpack(msg.content, "payload", device), int(rec["accesses"]),
-                     int(rec["num-examples"]), json.loads(str(rec["stats"])))
+        payload = {} if UPLOAD_RECORD in msg.content.config_records else unpack(
+            msg.content, "payload", device)
+        return Reply(payload, int(rec["accesses"]), int(rec["num-examples"]),
+                     json.loads(str(rec["stats"])))
 
     def __call__(
         self, run: RunView, m: int, chosen: list[int], info: RoundInfo, callback: Callback
@@ -274,24 +308,70 @@ class FlowerClients:
         content[MODEL_RECORD] = model_shape(run.data).to_record()
         content["config"] = ConfigRecord(config_values(instruction_config(run.cfg,
                                                                           run.split_seed)))
+        spec = None if run.secure is None else round_spec(run.secure)
+        if spec is not None:  # the peers' keys as discovered, the public rotation seed
+            content[SECURE_RECORD] = ConfigRecord({
+                "peers": list(chosen), "rotation-seed": spec.rotation_seed,
+                "keys": [self.nodes[k].secure_key or b"" for k in chosen]})
         ttl = DEFAULT_TTL if self.round_timeout <= 0 else self.round_timeout + 30.0
         messages = [Message(content, self.nodes[k].node_id, "train", ttl=ttl, group_id=str(m))
                     for k in chosen]
         got = self._collect(messages, self.round_timeout)
         replies: list[Reply] = []
         failed: list[str] = []
+        uploads: dict[int, np.ndarray] = {}
         for i, k in enumerate(chosen):
             answer = self._reply(k, m, got.get(i), run.device)
             if isinstance(answer, str):
                 failed.append(answer)
                 continue
+            if spec is not None:
+                masked = _upload(got[i], spec)
+                if isinstance(masked, str):
+                    failed.append(f"client {k}: {masked}")
+                    continue
+                uploads[k] = masked
+                # its upload, as received (and counted in the round's upload bytes)
+                answer = dataclasses.replace(answer, payload={
+                    "masked": torch.from_numpy(masked.view(np.int64))})
             replies.append(answer)
             callback(ClientDone(m, k))
+        if spec is not None:
+            assert run.secure is not None
+            server = SecureSumServer(run.secure.bits, spec.mechanism.quantisation.dim,
+                                     run.secure.min_survivors)
+            for k, masked in uploads.items():
+                server.receive(k, masked)
+            run.masked_round = MaskedRound(
+                spec, server, lambda alive: self._reveal(m, alive, ttl), len(chosen))
         if failed:
             self._on_failure(run, m, chosen, failed, replies)
         if run.cfg.noise != NoiseKind.SEEDED:  # a seeded run keeps its threads (bit for bit)
             follow_load(fresh=True)  # the server's step: the nodes are done with the cores
         return replies
+
+    def _reveal(self, m: int, alive: frozenset[int], ttl: float) -> dict[int, Answer]:
+        """Ask the survivors of round m to unmask (``query.unmask``); the answers that came."""
+        request = RecordDict({"unmask": ConfigRecord({"round": m, "survivors": sorted(alive)})})
+        order = sorted(alive)
+        got = self._collect([Message(request, self.nodes[k].node_id, f"query.{UNMASK}", ttl=ttl,
+                                     group_id=str(m)) for k in order], self.round_timeout)
+        answers: dict[int, Answer] = {}
+        for i, k in enumerate(order):
+            msg = got.get(i)
+            if msg is None or msg.has_error() or "unmask" not in msg.content.config_records:
+                reason = ("no answer" if msg is None else reason_of(msg) if msg.has_error()
+                          else _refusal(msg))
+                self.log(f"round {m}: client {k} did not unmask ({reason})")
+                continue
+            rec = msg.content.config_records["unmask"]
+            try:
+                dropped = dict(zip((int(j) for j in rec["dropped"]),
+                                   (bytes(x) for x in rec["pair-seeds"]), strict=True))
+                answers[k] = (bytes(rec["self-seed"]), dropped)
+            except (KeyError, TypeError, ValueError):
+                self.log(f"round {m}: client {k} answered the unmasking malformed")
+        return answers
 
     def _on_failure(self, run: RunView, m: int, chosen: list[int], failed: list[str],
                     replies: list[Reply]) -> None:

@@ -14,8 +14,10 @@ unless ALL of these hold, and nothing is read from the node's records before it 
   reported weight of one round and no record (local, LDP-FL), or nothing (none). The
   default admits the record-level methods only; a method of any other notion is admitted
   only when the node names it. Then the node's ``threat-model``: ``server`` (default)
-  admits only notions whose epsilon holds against the server (record-level and local);
-  ``trusted-server`` admits any allowed method. A node sees only the rounds it answered and
+  admits only notions whose epsilon holds against the server (record-level and local, and
+  client-level DP-FedAvg over secure aggregation, where the node adds its own noise share
+  and the server sees only the sum: :mod:`.secure_node`); ``trusted-server`` admits any
+  allowed method. A node sees only the rounds it answered and
   cannot check the server's client sampling, so its ledger never assumes hidden selection;
 * Gaussian methods: a sigma (at discovery a run may still leave it to the server to plan
   from its target epsilon; each round's instruction must carry it), sigma >= ``min-sigma``
@@ -248,7 +250,7 @@ class NodePolicy:
             raise PolicyRefusal(f"method {cfg.method} is not allowed by the node's policy "
                                 f"(allowed: {', '.join(self.allowed_methods) or 'none'})"
                                 f"{opt_in}")
-        if (self.threat_model == ThreatModel.SERVER
+        if (self.threat_model == ThreatModel.SERVER and cfg.secure_aggregation is None
                 and ThreatModel.SERVER not in NOTION_THREAT_MODELS[cfg.notion]):
             raise PolicyRefusal(f"{cfg.method} has no guarantee against the server "
                                 f"({cfg.notion} privacy), the node's threat model")

@@ -21,7 +21,7 @@ substitutes keys is an active attacker: SecAgg+ then needs the keys signed).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,8 +32,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from fedlap_privacy.errors import FedlapError
 
-__all__ = ["SEED_BYTES", "MaskingClient", "RoundRefused", "SecureSumServer", "SurvivorSet",
-           "expand_mask", "pair_seed", "setup_round"]
+__all__ = ["SEED_BYTES", "Answer", "MaskingClient", "Reveal", "RoundRefused", "SecureSumServer",
+           "SurvivorSet", "expand_mask", "pair_seed", "setup_round"]
 
 #: bytes of every seed (256 bits)
 SEED_BYTES = 32
@@ -42,6 +42,12 @@ _NONCE = bytes(16)  # each seed expands one mask of one round: a fixed nonce is 
 
 class RoundRefused(FedlapError):
     """The round cannot be released: too few survivors, or an inconsistent request."""
+
+
+#: a survivor's answer to the unmasking: its self seed and its pair seeds with dropped peers
+Answer = tuple[bytes, dict[int, bytes]]
+#: asks the survivors (a set) for their answers, by client id
+Reveal = Callable[[frozenset[int]], dict[int, Answer]]
 
 
 def expand_mask(seed: bytes, size: int, bits: int) -> np.ndarray:
@@ -96,7 +102,7 @@ class MaskingClient:
             out = (out + m) & top if self.cid < peer else (out - m) & top
         return out
 
-    def reveal(self, survivors: Iterable[int]) -> tuple[bytes, dict[int, bytes]]:
+    def reveal(self, survivors: Iterable[int]) -> Answer:
         """Answer the server's unmasking request: the self seed and the pair seeds with the
         peers that did not survive, for the round's one agreed survivor set."""
         alive = frozenset(survivors)
@@ -106,10 +112,12 @@ class MaskingClient:
         return self.self_seed, {p: s for p, s in self.pair_seeds.items() if p not in alive}
 
 
-def pair_seed(own: X25519PrivateKey, peer: X25519PublicKey, i: int, j: int) -> bytes:
-    """The 256-bit seed of clients ``i`` and ``j``: HKDF-SHA256 of their X25519 secret, bound
-    to the pair (either end computes the same from its own key and the other's public key)."""
-    info = b"fedlap-privacy pair seed %d %d" % (min(i, j), max(i, j))
+def pair_seed(own: X25519PrivateKey, peer: X25519PublicKey, i: int, j: int,
+              round_: int = 0) -> bytes:
+    """The 256-bit seed of clients ``i`` and ``j`` in round ``round_``: HKDF-SHA256 of their
+    X25519 secret, bound to the pair and the round (either end computes the same from its own
+    key and the other's public key; a key pair kept for a run gives fresh seeds each round)."""
+    info = b"fedlap-privacy pair seed %d %d %d" % (round_, min(i, j), max(i, j))
     return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None,
                 info=info).derive(own.exchange(peer))
 
@@ -146,19 +154,25 @@ class SecureSumServer:
     def survivors(self) -> frozenset[int]:
         return frozenset(self.uploads)
 
-    def unmask(self, clients: dict[int, MaskingClient]) -> np.ndarray:
-        """The sum mod 2^b of the survivors' shares: ask each survivor to reveal, remove the
-        self masks and the dropped clients' pair masks from the sum of uploads."""
+    def unmask(self, clients: dict[int, MaskingClient] | Reveal) -> np.ndarray:
+        """The sum mod 2^b of the survivors' shares: ask the survivors to reveal (``clients``:
+        the clients themselves, or a :data:`Reveal` that asks them over the network), remove
+        the self masks and the dropped clients' pair masks from the sum of uploads."""
         alive = self.survivors
         if len(alive) < self.min_survivors:
             raise RoundRefused(f"{len(alive)} uploads arrived, the round needs at least "
                                f"{self.min_survivors}: not released")
+        answers = (clients(alive) if callable(clients)
+                   else {cid: clients[cid].reveal(alive) for cid in alive})
+        if set(answers) != set(alive):
+            raise RoundRefused(f"{len(alive) - len(answers.keys() & alive)} survivors did not "
+                               "answer the unmasking: not released")
         top = np.uint64((1 << self.bits) - 1)
         total = np.zeros(self.size, dtype=np.uint64)
         for upload in self.uploads.values():
             total = (total + upload) & top
         for cid in sorted(alive):
-            self_seed, dropped = clients[cid].reveal(alive)
+            self_seed, dropped = answers[cid]
             total = (total - expand_mask(self_seed, self.size, self.bits)) & top
             for peer, seed in dropped.items():
                 m = expand_mask(seed, self.size, self.bits)

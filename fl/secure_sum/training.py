@@ -46,14 +46,20 @@ from fedlap_privacy.accountant.distributed import (
     share_variance,
 )
 from fedlap_privacy.fl.secure_sum.encoding import SecureSumSpec, decode, encode
-from fedlap_privacy.fl.secure_sum.masking import RoundRefused, SecureSumServer, setup_round
+from fedlap_privacy.fl.secure_sum.masking import (
+    MaskingClient,
+    Reveal,
+    RoundRefused,
+    SecureSumServer,
+    setup_round,
+)
 from fedlap_privacy.state.secure_rounds import SecureRound
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
 
-__all__ = ["SecureOutcome", "SecurePlan", "check_noise", "secure_sum_round", "shares_present",
-           "with_planned_noise"]
+__all__ = ["MaskedRound", "SecureOutcome", "SecurePlan", "check_noise", "finish_round",
+           "round_spec", "secure_sum_round", "shares_present", "with_planned_noise"]
 
 #: the tail, in standard deviations of the squared norm, the noise check allows
 _NOISE_CHECK_SIGMAS = 6.0
@@ -191,19 +197,30 @@ def check_noise(total: np.ndarray, spec: SecureSumSpec, received: int) -> None:
                            "its noise share; not released")
 
 
-def secure_sum_round(plan: SecurePlan, updates: list[np.ndarray], planned: int
-                     ) -> SecureOutcome:
-    """One round (module docstring): ``planned`` clients set up, the first ``len(updates)``
-    answer with their clipped updates (flat float vectors of the model's size); the others
-    dropped out."""
-    spec = SecureSumSpec(plan.mechanism, plan.bits, plan.model_size, secrets.token_bytes(32))
-    clients = setup_round(range(planned), plan.bits)
-    server = SecureSumServer(plan.bits, plan.mechanism.quantisation.dim, plan.min_survivors)
-    for cid, update in enumerate(updates):  # client side: its own share, masked
-        server.receive(cid, clients[cid].mask(encode(update, spec)))
+@dataclass
+class MaskedRound:
+    """A round's masked uploads as a remote driver (Flower's) collected them: the round's
+    public parameters, what the server holds, how to ask the survivors to unmask, and the
+    clients set up (``planned``)."""
+
+    spec: SecureSumSpec
+    server: SecureSumServer
+    reveal: Reveal
+    planned: int
+
+
+def round_spec(plan: SecurePlan) -> SecureSumSpec:
+    """A round's public parameters: the run's mechanism and a fresh public rotation seed."""
+    return SecureSumSpec(plan.mechanism, plan.bits, plan.model_size, secrets.token_bytes(32))
+
+
+def finish_round(plan: SecurePlan, spec: SecureSumSpec, server: SecureSumServer,
+                 reveal: dict[int, MaskingClient] | Reveal, planned: int) -> SecureOutcome:
+    """The server's part of a round whose uploads ``server`` holds: unmask their sum with the
+    survivors' answers (``reveal``), check its noise and decode it (module docstring)."""
     received = len(server.survivors)
     try:
-        total = server.unmask(clients)
+        total = server.unmask(reveal)
     except RoundRefused as exc:  # never unmasked: nothing seen, nothing spent
         return SecureOutcome(None, plan.record(planned, received, released=False), str(exc))
     try:
@@ -213,3 +230,16 @@ def secure_sum_round(plan: SecurePlan, updates: list[np.ndarray], planned: int
         return SecureOutcome(None, plan.record(planned, present, released=True),
                              f"{exc}; charged at the {present} shares its noise shows")
     return SecureOutcome(decode(total, spec), plan.record(planned, received, released=True))
+
+
+def secure_sum_round(plan: SecurePlan, updates: list[np.ndarray], planned: int
+                     ) -> SecureOutcome:
+    """One round in process (module docstring): ``planned`` clients set up, the first
+    ``len(updates)`` answer with their clipped updates (flat float vectors of the model's
+    size); the others dropped out."""
+    spec = round_spec(plan)
+    clients = setup_round(range(planned), plan.bits)
+    server = SecureSumServer(plan.bits, plan.mechanism.quantisation.dim, plan.min_survivors)
+    for cid, update in enumerate(updates):  # client side: its own share, masked
+        server.receive(cid, clients[cid].mask(encode(update, spec)))
+    return finish_round(plan, spec, server, clients, planned)

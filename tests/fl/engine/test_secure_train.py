@@ -344,7 +344,8 @@ def test_the_training_run_builds_its_plan_from_the_model(monkeypatch) -> None:
     assert seen == [_size(result)]
 
 
-def test_dry_run_plans_the_epsilon_against_the_server_and_flower_is_refused(tmp_path) -> None:
+def test_dry_run_plans_the_epsilon_against_the_server_and_remote_canaries_are_refused(
+        tmp_path) -> None:
     result = runner.invoke(app, ["train", "--method", "dp-fedavg-client", "--secure-aggregation",
                                  "discrete-gaussian", "--clients", "5", "--rounds", "3",
                                  "--min-survivors", "4", "--sigma", "1", "--set", "width=8",
@@ -359,5 +360,6 @@ def test_dry_run_plans_the_epsilon_against_the_server_and_flower_is_refused(tmp_
     def remote(run, m, chosen, info, callback):  # another driver (Flower's) answers
         return local_clients(run, m, chosen, info, callback)
 
-    with pytest.raises(ConfigError, match="in process only"):
-        train(cfg, None, device="cpu", ask_clients=remote)
+    with pytest.raises(ConfigError, match="canaries are inserted by the in-process driver"):
+        train(dataclasses.replace(cfg, canaries=2).validate(), None, device="cpu",
+              ask_clients=remote)
