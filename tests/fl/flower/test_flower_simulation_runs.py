@@ -36,6 +36,7 @@ from flower_grid import task_identity, write_policy  # noqa: E402, F401
 from typer.testing import CliRunner  # noqa: E402
 
 from fedlap_privacy.cli.main import app  # noqa: E402
+from fedlap_privacy.fl.config import TrainConfig  # noqa: E402
 from fedlap_privacy.fl.engine.events import RoundEnded  # noqa: E402
 from fedlap_privacy.fl.engine.simulation import CHECKPOINT, train  # noqa: E402
 from fedlap_privacy.fl.engine.stop import (  # noqa: E402
@@ -340,3 +341,25 @@ def test_a_resumed_simulation_keeps_each_virtual_nodes_budget(tmp_path, one_thre
         entries = [e for path in (out / NODE_STATE / f"node-{k}").glob("run-*.json")
                    for e in json.loads(path.read_text())["entries"]]
         assert [e["round"] for e in entries] == [1]  # round 2 never entered
+
+
+def test_a_secure_run_on_the_simulation_engine_spends_what_it_spends_in_process(tmp_path):
+    """--secure-aggregation over Flower's Simulation Engine: each virtual node masks its own
+    upload, a node whose policy names dp-fedavg-client admits it under threat-model server,
+    and the epsilon against the server is the in-process run's (every share arrived)."""
+    cfg = TrainConfig(method="dp-fedavg-client", clients=4, rounds=2, sigma=1.0, split="iid",
+                      local_steps=2, lr_local=0.1, width=8, secure_aggregation="skellam")
+    policy = write_policy(tmp_path / "policy.toml", allowed_methods=["dp-fedavg-client"],
+                          min_batch_size=1)
+    try:
+        run = run_simulation_engine(cfg, tmp_path / "run", "cpu", node_policy=policy,
+                                    resources=SimulationResources(address="local"))
+    except FlowerError as exc:
+        _skip_if_ray_did_not_start(exc)
+        raise
+    entries = load_checkpoint(tmp_path / "run" / CHECKPOINT)["ledger"]
+    assert [e["status"] for e in entries] == ["completed", "completed"]
+    assert [e["secure"]["received"] for e in entries] == [4, 4]
+    assert run.summary.privacy.threat_model == "server"
+    assert run.summary.privacy.epsilon == pytest.approx(
+        train(cfg, None, "cpu").summary.privacy.epsilon, rel=1e-12)
