@@ -16,6 +16,10 @@ network, as SecAgg+ (Bell et al. 2020) agrees them:
   survivor set (a second, different one is refused: it could unmask the node), only if
   it is among them and they are at least ``min_survivors``, with its self seed and its pair
   seeds with the peers that dropped.
+
+Against a server that follows the protocol. An active one could relay forged keys for a
+node's peers, or name a node a survivor to itself and dropped to its peers (the nodes do not
+compare their survivor sets: SecAgg+'s signed consistency round is not done here).
 """
 
 from __future__ import annotations
