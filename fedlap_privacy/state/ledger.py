@@ -307,10 +307,14 @@ class PrivacyLedger:
             secure=secure,
         )
 
-    def projected_epsilon(self, local_steps: int | None = None) -> float:
+    def projected_epsilon(self, local_steps: int | None = None,
+                          secure: SecureRound | None = None) -> float:
         """Epsilon if one more round with accounted T ``local_steps`` (default T) ran with
-        every client selected (the worst case, whoever is drawn)."""
-        extra = self._entry(0, 0, list(range(self.clients)), "completed", local_steps)
+        every client selected (the worst case, whoever is drawn); with ``secure``, that
+        round's record over secure aggregation, the epsilon against the server."""
+        extra = self._entry(0, 0, list(range(self.clients)), "completed", local_steps, secure)
+        if secure is not None:
+            return self.server_epsilon([extra])
         return self.epsilon_under(self.threat_model or ThreatModel.SERVER, [extra])
 
     def record(

@@ -70,6 +70,8 @@ from fedlap_privacy.fl.flower.secure_node import (
 )
 from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
+from fedlap_privacy.fl.secure_sum.training import SecurePlan
+from fedlap_privacy.state.secure_rounds import SecureRound
 
 __all__ = ["client_app", "make_client_app"]
 
@@ -173,9 +175,23 @@ def _admit(msg: Message, context: Context, device: torch.device
     state_dir = _check_state(node_config)
     ledger = NodeLedger.open(state_dir, int(context.run_id), data.index, data.content_hash,
                              data.size, cfg, policy)
-    ledger.admit(info.round, cfg, data.index, data.content_hash, steps, policy)
-    ledger.record(info.round, steps)
+    secure = _secure_record(msg.content, cfg, model)
+    ledger.admit(info.round, cfg, data.index, data.content_hash, steps, policy, secure)
+    ledger.record(info.round, steps, secure)
     return cfg, info, data, model, steps
+
+
+def _secure_record(content: RecordDict, cfg: TrainConfig, model: nn.Module
+                   ) -> SecureRound | None:
+    """Over secure aggregation, the node ledger's record of the round: the mechanism of the
+    node's own share for this model, priced at the fewest shares a released round holds."""
+    if cfg.secure_aggregation is None:
+        return None
+    if cfg.sigma is None:
+        raise ConfigError("a secure_aggregation round needs its sigma")
+    plan = SecurePlan.of(cfg, sum(p.numel() for p in model.parameters()))
+    peers = content.config_records.get(SECURE_RECORD, {}).get("peers", [])
+    return plan.record(len(peers), plan.min_survivors, released=True)
 
 
 def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Module,

@@ -13,7 +13,9 @@ Contract (docs/threat-model.md, "Cross-silo deployment"):
   policy changed between rounds never re-prices them; a method without such a guarantee, admitted
   only by a node that trusts the server, gets a ledger of notion "none": replays are still
   refused, no budget applies); an LDP-FL run, admitted only by a node that names it, gets a
-  ledger of notion "local" (per-weight epsilon, basic composition over rounds);
+  ledger of notion "local" (per-weight epsilon, basic composition over rounds); a client-level
+  run over secure aggregation, a client-level ledger whose entries carry the round's record
+  against the server at its fewest shares (``client-epsilon``: the node adds its own noise);
 * :meth:`NodeLedger.admit` refuses, without writing anything: a round number already
   answered or not after the last one (a replay), an instruction that changes the run's
   configuration (anything but ``rounds``) or the node's records within a run, and a round
@@ -40,9 +42,10 @@ from typing import Any
 from fedlap_privacy.accountant import FedLAPSchedule
 from fedlap_privacy.errors import CheckpointError, ConfigError
 from fedlap_privacy.fl.config import TrainConfig
-from fedlap_privacy.fl.flower.policy import PRICING, NodePolicy, PolicyRefusal
+from fedlap_privacy.fl.flower.policy import PRICING, SECURE_PRICING, NodePolicy, PolicyRefusal
 from fedlap_privacy.state.atomic import write_text_atomic
 from fedlap_privacy.state.ledger import PrivacyLedger, ledger_digest
+from fedlap_privacy.state.secure_rounds import SecureRound
 from fedlap_privacy.vocabulary import Notion, ThreatModel
 
 __all__ = ["FORMAT", "NODE_STATE", "NodeLedger", "check_state_root", "default_state_dir",
@@ -132,8 +135,10 @@ class NodeLedger:
         return self.ledger.entries[-1].round if self.ledger.entries else 0
 
     def admit(self, round_: int, cfg: TrainConfig, partition: int, content_hash: str,
-              steps: int, policy: NodePolicy) -> float:
-        """Refuse (:class:`PolicyRefusal`) or return the projected epsilon of this run."""
+              steps: int, policy: NodePolicy, secure: SecureRound | None = None) -> float:
+        """Refuse (:class:`PolicyRefusal`) or return the projected epsilon of this run
+        (``secure``: the round's record over secure aggregation, at its fewest shares: the
+        epsilon against the server, charged to ``client-epsilon``)."""
         run = f"run {self.run_id}"
         if round_ <= self.last_round:
             what = "already answered" if any(e.round == round_ for e in self.ledger.entries) \
@@ -146,18 +151,19 @@ class NodeLedger:
             k = changed[0]
             raise PolicyRefusal(f"the instruction changes {k.replace('_', '-')} within {run} "
                                 f"(was {self.config.get(k)!r}, now {getattr(cfg, k)!r})")
+        steps = 1 if secure is not None else steps  # client level: one release a round
         self._reschedule(steps)
-        budget = policy.budget(self.ledger.notion)
+        budget = policy.budget(self.ledger.notion, secure is not None)
         if budget is None:
             return math.inf  # no guarantee to budget: the node's policy trusts the server
-        projected = self.ledger.projected_epsilon(steps)
-        earlier = self.earlier_epsilon()
+        projected = self.ledger.projected_epsilon(steps, secure)
+        earlier = self.earlier_epsilon(secure is not None)
         if projected + earlier > budget:
             spent = f"this run {projected:.4g}" + (f" + earlier runs {earlier:.4g}"
                                                    if earlier else "")
             what = "epsilon" if self.ledger.notion == Notion.RECORD else (
                 f"{self.ledger.notion} epsilon")
-            key = PRICING[Notion(self.ledger.notion)].budget
+            key = (SECURE_PRICING if secure else PRICING[Notion(self.ledger.notion)]).budget
             raise PolicyRefusal(f"round {round_} would spend {what} {projected + earlier:.4g} "
                                 f"({spent}), above the node's budget {budget:g} ({key})")
         return projected
@@ -169,25 +175,30 @@ class NodeLedger:
                 batch_size=schedule.batch_size, client_size=schedule.client_size,
                 local_steps=steps, client_fraction=1.0)
 
-    def earlier_epsilon(self) -> float:
+    def earlier_epsilon(self, secure: bool = False) -> float:
         """Epsilon of the node's other runs of this run's notion on the same records (basic
-        composition; a run of another notion is another budget's)."""
+        composition; a run of another notion is another budget's; ``secure``: the client-level
+        runs over secure aggregation, by their epsilon against the server)."""
         total = 0.0
         for other in sorted(self.path.parent.glob("run-*.json")):
             if other == self.path:
                 continue
             saved = _read(other)
             last = saved["entries"][-1] if saved["entries"] else None
-            if (saved["content_hash"] == self.content_hash and last
-                    and last["notion"] == self.ledger.notion != Notion.NONE):
-                eps = last["epsilon"]
-                total += math.inf if eps is None else float(eps)
+            if (saved["content_hash"] != self.content_hash or not last
+                    or last["notion"] != self.ledger.notion or last["notion"] == Notion.NONE
+                    or (last.get("secure") is not None) != secure):
+                continue
+            eps = last["secure"]["server_epsilon"] if secure else last["epsilon"]
+            total += math.inf if eps is None else float(eps)
         return total
 
-    def record(self, round_: int, steps: int) -> None:
-        """Enter an admitted round at its full T and persist the ledger (before training)."""
+    def record(self, round_: int, steps: int, secure: SecureRound | None = None) -> None:
+        """Enter an admitted round at its full T (``secure``: its record at its fewest
+        shares) and persist the ledger (before training)."""
+        steps = 1 if secure is not None else steps  # client level: one release a round
         self._reschedule(steps)
-        self.ledger.record(round_, steps, [0], local_steps=steps)
+        self.ledger.record(round_, steps, [0], local_steps=steps, secure=secure)
         entries = self.ledger.to_list()
         write_text_atomic(self.path, json.dumps({
             "format": FORMAT, "run_id": self.run_id, "partition": self.partition,
@@ -213,6 +224,11 @@ def _new_ledger(cfg: TrainConfig, size: int, policy: NodePolicy,
     noise = cfg.noise
     if cfg.notion == Notion.LOCAL:
         return PrivacyLedger(Notion.LOCAL, round_epsilon=cfg.ldp_epsilon, noise=noise, clients=1)
+    if cfg.notion == Notion.CLIENT and cfg.secure_aggregation and cfg.sigma is not None:
+        # over secure aggregation: each entry carries the round's record against the server
+        return PrivacyLedger(Notion.CLIENT, FedLAPSchedule.client_level(1), cfg.sigma,
+                             policy.delta, accountant or policy.accountant,
+                             threat_model=ThreatModel.TRUSTED_SERVER, noise=noise, clients=1)
     if cfg.notion != Notion.RECORD or cfg.sigma is None:  # admitted by a trusting node
         return PrivacyLedger(Notion.NONE, noise=noise, clients=1)
     if cfg.batch_size > size:

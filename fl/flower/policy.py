@@ -71,7 +71,8 @@ from fedlap_privacy.fl.methods.schedule import CROSS_DEVICE
 from fedlap_privacy.model_factory import DEFAULT_TABULAR
 from fedlap_privacy.vocabulary import NOTION_THREAT_MODELS, Notion, ThreatModel
 
-__all__ = ["NODE_THREAT_MODELS", "PRICING", "NodePolicy", "PolicyRefusal", "Pricing",
+__all__ = ["NODE_THREAT_MODELS", "PRICING", "SECURE_PRICING", "NodePolicy", "PolicyRefusal",
+           "Pricing",
            "accesses_of", "node_round_info"]
 
 #: the threat models a node ledger can hold for (see the module docstring): a node sees only
@@ -112,6 +113,10 @@ PRICING: dict[Notion, Pricing] = {
                            "server adds", None),
     Notion.NONE: Pricing("nothing", None),
 }
+#: client-level DP-FedAvg over secure aggregation: the node adds its own noise share and the
+#: server sees only the sum, so the node can keep this budget (against the server)
+SECURE_PRICING = Pricing("a whole client against the server, with noise the clients add "
+                         "over secure aggregation", "client-epsilon")
 
 
 def _record_level_methods() -> tuple[str, ...]:
@@ -132,6 +137,8 @@ class NodePolicy:
     delta: float = 1e-5  # the node's delta: the largest a run may use; its ledger's delta
     epsilon: float = 10.0  # the node's record-level budget over every run on its records
     local_epsilon: float = 10.0  # its local-DP budget (per weight), if it admits ldp-fl
+    # its client-level budget against the server, over secure aggregation (SECURE_PRICING)
+    client_epsilon: float = 10.0
     threat_model: str = ThreatModel.SERVER.value
     accountant: str = AccountantName.PLD  # the node's own (PLD, the tightest; "rdp": Theorem 5.8's)
     allow_reproducible_noise: bool = False
@@ -151,6 +158,8 @@ class NodePolicy:
             (self.epsilon > 0 and math.isfinite(self.epsilon), "epsilon must be finite, > 0"),
             (self.local_epsilon > 0 and math.isfinite(self.local_epsilon),
              "local-epsilon must be finite, > 0"),
+            (self.client_epsilon > 0 and math.isfinite(self.client_epsilon),
+             "client-epsilon must be finite, > 0"),
             (self.threat_model in NODE_THREAT_MODELS,
              f"threat-model {self.threat_model!r} must be server or trusted-server (a node "
              "sees only the rounds it answered: hidden selection cannot be checked)"),
@@ -189,9 +198,10 @@ class NodePolicy:
         values.update({k: v for k, v in node_config.items() if k not in NODE_KEYS})
         return cls.from_values(values)
 
-    def budget(self, notion: str) -> float | None:
-        """The node's budget for ``notion`` (:data:`PRICING`); None: no budget it can keep."""
-        key = PRICING[Notion(notion)].budget
+    def budget(self, notion: str, secure: bool = False) -> float | None:
+        """The node's budget for ``notion`` (:data:`PRICING`; ``secure``: a client-level run
+        over secure aggregation, :data:`SECURE_PRICING`); None: no budget it can keep."""
+        key = (SECURE_PRICING if secure else PRICING[Notion(notion)]).budget
         return None if key is None else float(getattr(self, key.replace("-", "_")))
 
     def check(self, cfg: TrainConfig, info: RoundInfo) -> int:

@@ -5,6 +5,7 @@ in-process (:class:`FakeGrid`), every message the server receives recorded."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from fedlap_privacy.fl.engine.simulation import train  # noqa: E402
 from fedlap_privacy.fl.flower import secure_node  # noqa: E402
 from fedlap_privacy.fl.flower.secure_node import UNMASK, UPLOAD_RECORD, raw_public_key  # noqa: E402
 from fedlap_privacy.fl.secure_sum.masking import SecureSumServer  # noqa: E402
+from fedlap_privacy.fl.secure_sum.training import SecurePlan  # noqa: E402
 from fedlap_privacy.state.secure_rounds import REFUSED  # noqa: E402
 
 
@@ -140,3 +142,23 @@ def test_a_node_answers_one_survivor_set_per_round_and_checks_its_key(tmp_path):
         clients.nodes[0] = dataclasses.replace(clients.nodes[0], secure_key=key)
         with pytest.raises(ClientFailure, match=refused):
             train(cfg, tmp_path / key.hex()[:8], "cpu", ask_clients=clients)
+
+
+def test_each_node_charges_its_secure_rounds_against_the_server_to_its_budget(tmp_path):
+    """A node under threat-model server keeps its own ledger of a secure run: each round at
+    the fewest shares a released round holds (what the server's plan never exceeds), charged
+    to its client-epsilon budget; a round past the budget is refused before training."""
+    cfg = _cfg(min_survivors=3)
+    grid = FakeGrid(4, node_config={"threat-model": "server"})
+    run = train(cfg, tmp_path / "r", "cpu", ask_clients=_driver(grid, cfg))
+    entries = json.loads(next((grid.state_root / "node-0").glob("run-*.json")).read_text())[
+        "entries"]
+    size = sum(p.numel() for p in run.model.parameters())
+    plan = SecurePlan.of(cfg, size)
+    assert [e["secure"]["received"] for e in entries] == [3, 3]  # min_survivors, not 4
+    assert entries[-1]["secure"]["server_epsilon"] == pytest.approx(
+        plan.planned_epsilon(2, cfg.delta), rel=1e-9)
+    one_round = plan.planned_epsilon(1, cfg.delta)
+    grid = FakeGrid(4, node_config={"threat-model": "server", "client-epsilon": 1.1 * one_round})
+    with pytest.raises(ClientFailure, match=r"above the node's budget .* \(client-epsilon\)"):
+        train(cfg, tmp_path / "b", "cpu", ask_clients=_driver(grid, cfg))
