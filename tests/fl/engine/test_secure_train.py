@@ -342,6 +342,9 @@ def test_the_training_run_builds_its_plan_from_the_model(monkeypatch) -> None:
     monkeypatch.setattr(training_run.SecurePlan, "of", spy)
     result = train(_cfg(rounds=1), None, device="cpu")
     assert seen == [_size(result)]
+    # each client uploads its masked vector: 8 bytes a coordinate of the padded dimension
+    dim = result.ledger.entries[0].secure.dim
+    assert result.history[0].upload_bytes == 8 * dim >= 8 * _size(result)
 
 
 def test_dry_run_plans_the_epsilon_against_the_server_and_remote_canaries_are_refused(
