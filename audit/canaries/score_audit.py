@@ -296,7 +296,6 @@ def check_claim(claimed_epsilon: float, delta: float, confidence: float) -> None
         raise ConfigError(f"confidence must lie in (0, 1), got {confidence}")
 
 
-
 class OnScoreAudit:
     """What a framework's audit record (the score audit ``audit`` and what its canaries saw:
     :class:`~.gradient_canary_audit.GradientCanaryAudit`,

@@ -71,7 +71,6 @@ from fedlap_privacy.fl.flower.secure_node import (
 from fedlap_privacy.fl.methods.interface import RoundInfo, build_method
 from fedlap_privacy.fl.run.randomness import dp_generator
 from fedlap_privacy.fl.secure_sum.training import SecurePlan
-from fedlap_privacy.state.secure_rounds import SecureRound
 
 __all__ = ["client_app", "make_client_app"]
 
@@ -156,8 +155,9 @@ def _where(context: Context) -> str:
 
 
 def _admit(msg: Message, context: Context, device: torch.device
-           ) -> tuple[TrainConfig, RoundInfo, NodeData, nn.Module, int]:
-    """Steps 1-3 of the module docstring; raises one of ``_REFUSALS``."""
+           ) -> tuple[TrainConfig, RoundInfo, NodeData, nn.Module, int, SecurePlan | None]:
+    """Steps 1-3 of the module docstring; raises one of ``_REFUSALS``. Over secure
+    aggregation, also the node's own plan of its noise share for this model."""
     node_config = dict(context.node_config)
     policy = NodePolicy.from_node_config(node_config)
     cfg = _instruction_config(msg.content)
@@ -175,31 +175,38 @@ def _admit(msg: Message, context: Context, device: torch.device
     state_dir = _check_state(node_config)
     ledger = NodeLedger.open(state_dir, int(context.run_id), data.index, data.content_hash,
                              data.size, cfg, policy)
-    secure = _secure_record(msg.content, cfg, model)
+    plan = _secure_plan(msg.content, cfg, model)
+    # over secure aggregation, the round's record at the fewest shares a released round holds
+    secure = None if plan is None else plan.record(
+        len(msg.content.config_records[SECURE_RECORD].get("peers", [])), plan.min_survivors,
+        released=True)
     ledger.admit(info.round, cfg, data.index, data.content_hash, steps, policy, secure)
     ledger.record(info.round, steps, secure)
-    return cfg, info, data, model, steps
+    return cfg, info, data, model, steps, plan
 
 
-def _secure_record(content: RecordDict, cfg: TrainConfig, model: nn.Module
-                   ) -> SecureRound | None:
-    """Over secure aggregation, the node ledger's record of the round: the mechanism of the
-    node's own share for this model, priced at the fewest shares a released round holds."""
+def _secure_plan(content: RecordDict, cfg: TrainConfig, model: nn.Module) -> SecurePlan | None:
+    """Over secure aggregation, the mechanism of the node's own noise share for this model
+    (:meth:`SecurePlan.of`); refuses a secure-sum record without a secure run and the
+    reverse."""
+    if (SECURE_RECORD in content.config_records) != (cfg.secure_aggregation is not None):
+        raise ConfigError("a secure_aggregation run's round comes with its secure-sum record, "
+                          "and only such a run's")
     if cfg.secure_aggregation is None:
         return None
     if cfg.sigma is None:
         raise ConfigError("a secure_aggregation round needs its sigma")
-    plan = SecurePlan.of(cfg, sum(p.numel() for p in model.parameters()))
-    peers = content.config_records.get(SECURE_RECORD, {}).get("peers", [])
-    return plan.record(len(peers), plan.min_survivors, released=True)
+    return SecurePlan.of(cfg, sum(p.numel() for p in model.parameters()))
 
 
 def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Module,
                 context: Context, device: torch.device, steps: int,
-                secure: ConfigRecord | None = None) -> RecordDict:
+                secure: ConfigRecord | None = None, plan: SecurePlan | None = None
+                ) -> RecordDict:
     """Step 4: one client round on ``data`` from ``model`` (holding the broadcast weights);
     returns the reply's records. Over secure aggregation (``secure``: the instruction's
-    peers and rotation seed) the update leaves the node only masked (:mod:`.secure_node`)."""
+    peers and rotation seed; ``plan``: the node's share) the update leaves the node only
+    masked (:mod:`.secure_node`)."""
     info = node_round_info(cfg, info, model.state_dict())
     state: dict[str, Any] = {}
     if "state-tree" in context.state.config_records:
@@ -213,10 +220,10 @@ def train_round(cfg: TrainConfig, info: RoundInfo, data: NodeData, model: nn.Mod
     if reply.accesses > steps:  # the ledger entered T before the round: never exceed it
         raise RuntimeError(f"the client step made {reply.accesses} accesses, {steps} admitted")
     pack_into(context.state, "state", {"partition": data.index, "state": state})
-    if secure is not None:
+    if secure is not None and plan is not None:
         update = torch.cat([reply.payload[n].detach().double().flatten()
                             for n, _ in model.named_parameters()]).cpu().numpy()
-        out = RecordDict({UPLOAD_RECORD: mask_update(cfg, update, secure, data.index,
+        out = RecordDict({UPLOAD_RECORD: mask_update(plan, update, secure, data.index,
                                                      info.round, context)})
     else:
         out = pack("payload", reply.payload)
@@ -237,15 +244,12 @@ def _train(msg: Message, context: Context) -> Message:
     device = _device(context)
     try:
         apply_cpu_policy(follow=False)
-        cfg, info, data, model, steps = _admit(msg, context, device)
+        cfg, info, data, model, steps, plan = _admit(msg, context, device)
     except _REFUSALS as exc:
         return _refuse(msg, exc, _partition_hint(context))
-    secure = msg.content.config_records.get(SECURE_RECORD)
-    if (secure is None) != (cfg.secure_aggregation is None):
-        return _refuse(msg, ConfigError("a secure_aggregation run's round comes with its "
-                                        "secure-sum record, and only such a run's"), data.index)
     try:
-        out = train_round(cfg, info, data, model, context, device, steps, secure)
+        out = train_round(cfg, info, data, model, context, device, steps,
+                          msg.content.config_records.get(SECURE_RECORD), plan)
     except ConfigError as exc:
         return _refuse(msg, exc, data.index)
     return Message(out, reply_to=msg)

@@ -331,9 +331,6 @@ class FlowerClients:
                     failed.append(f"client {k}: {masked}")
                     continue
                 uploads[k] = masked
-                # its upload, as received (and counted in the round's upload bytes)
-                answer = dataclasses.replace(answer, payload={
-                    "masked": torch.from_numpy(masked.view(np.int64))})
             replies.append(answer)
             callback(ClientDone(m, k))
         if spec is not None:

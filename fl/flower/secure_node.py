@@ -30,7 +30,6 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from flwr.app import ConfigRecord, Context
 
 from fedlap_privacy.errors import ConfigError
-from fedlap_privacy.fl.config import TrainConfig
 from fedlap_privacy.fl.secure_sum.encoding import SecureSumSpec, encode
 from fedlap_privacy.fl.secure_sum.masking import (
     MaskingClient,
@@ -94,18 +93,16 @@ def _peers(record: ConfigRecord, cid: int, own: bytes) -> dict[int, X25519Public
         raise ConfigError("malformed secure-sum instruction: a public key is not X25519") from None
 
 
-def mask_update(cfg: TrainConfig, update: np.ndarray, record: ConfigRecord, cid: int,
+def mask_update(plan: SecurePlan, update: np.ndarray, record: ConfigRecord, cid: int,
                 round_: int, context: Context) -> ConfigRecord:
     """The reply's masked upload of client ``cid``'s clipped ``update`` (flat, the model's
-    size) in ``round_`` (module docstring); the round's self seed and peers are kept in the
-    node's ``context.state`` for the unmasking."""
-    if cfg.secure_aggregation is None or cfg.sigma is None:
-        raise ConfigError("a secure-sum round needs a secure_aggregation run with its sigma")
+    size) with the node's own noise share (``plan``, :meth:`SecurePlan.of` of the run's
+    configuration) in ``round_`` (module docstring); the round's self seed and peers are
+    kept in the node's ``context.state`` for the unmasking."""
     key = _private_key(context)
     peers = _peers(record, cid, raw_public_key(key.public_key()))
-    plan = SecurePlan.of(cfg, int(update.size))  # the node's own share of the noise
     try:
-        spec = SecureSumSpec(plan.mechanism, plan.bits, int(update.size),
+        spec = SecureSumSpec(plan.mechanism, plan.bits, plan.model_size,
                              bytes(record["rotation-seed"]))
     except KeyError:
         raise ConfigError("malformed secure-sum instruction (rotation seed)") from None
