@@ -5,7 +5,7 @@ with several ``--rounds``, accuracy against the round count at matched epsilon
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -37,6 +37,7 @@ from fedlap_privacy.fl.engine.events import (
 from fedlap_privacy.fl.engine.stop import stop_between_rounds
 
 if TYPE_CHECKING:
+    from fedlap_privacy.fl.engine.compare_records import Comparison
     from fedlap_privacy.fl.engine.dry_run import ComparePlan
 
 
@@ -59,11 +60,11 @@ def _round_counts(text: str) -> list[int]:
     return guarded(lambda: round_counts(values))
 
 
-def _accuracy(cell: dict[str, Any], seeds: int) -> str:
+def _accuracy(mean: float, std: float, seeds: int) -> str:
     """Mean test accuracy in %, with the standard deviation over seeds when there are several."""
     if seeds > 1:
-        return f"{100 * cell['mean']:.2f} ± {100 * cell['std']:.2f}"
-    return f"{100 * cell['mean']:.2f}"
+        return f"{100 * mean:.2f} ± {100 * std:.2f}"
+    return f"{100 * mean:.2f}"
 
 
 def compare(
@@ -155,7 +156,7 @@ def compare(
                                    split_seed=split_seed)
         )
     if json_output:
-        print_json(report)
+        print_json(report.to_json())
         return
     if several:
         _print_by_rounds(report)
@@ -164,65 +165,65 @@ def compare(
     console.print(
         "Epsilons of different notions do not compare: record-level protects one record, "
         "client-level a client's whole dataset, local each uploaded weight per round. "
-        f"{report['seconds']:.0f} s. Output: {out}"
+        f"{report.seconds:.0f} s. Output: {out}"
     )
 
 
-def _print_by_epsilon(report: dict[str, Any]) -> None:
+def _print_by_epsilon(report: Comparison) -> None:
     """One round count: a row per method, a column per target epsilon (the paper's Table 2)."""
     from fedlap_privacy.fl.engine.compare import NO_DP
 
-    columns = [f"{e:g}" for e in report["eps"]] + [NO_DP]
-    table = FoldingTable(title=f"Test accuracy (%) on {report['dataset']}, {report['rounds']} "
-                         f"rounds, delta {report['delta']:g}, {report['seeds']} seed(s)")
+    columns = [f"{e:g}" for e in report.eps] + [NO_DP]
+    table = FoldingTable(title=f"Test accuracy (%) on {report.dataset}, {report.rounds} "
+                         f"rounds, delta {report.delta:g}, {report.seeds} seed(s)")
     table.add_column("method", no_wrap=True)
     table.add_column("privacy notion")
     table.add_column("upload / client-round", justify="right")
     for c in columns:
         table.add_column(c if c == NO_DP else f"eps {c}", justify="right")
-    for method, row in report["methods"].items():
+    for method, row in report.methods.items():
         cells = []
         for c in columns:
-            cell = row["results"].get(c)
-            cells.append("-" if cell is None else _accuracy(cell, report["seeds"]))
-        upload = row["upload_bytes"]
-        table.add_row(method, row["notion"], "-" if upload is None else human_bytes(upload),
+            cell = row.results.get(c)
+            cells.append("-" if cell is None else _accuracy(cell.mean, cell.std, report.seeds))
+        upload = row.upload_bytes
+        table.add_row(method, row.notion, "-" if upload is None else human_bytes(upload),
                       *cells)
     console.print(table)
 
 
-def _print_by_rounds(report: dict[str, Any]) -> None:
+def _print_by_rounds(report: Comparison) -> None:
     """Several round counts: a row per method and budget, a column per round count with the
     final accuracy and the epsilon the run reports (each count planned for its own budget)."""
     from fedlap_privacy.fl.engine.compare import NO_DP
 
-    counts: list[int] = report["round_counts"]
+    counts = report.round_counts
     table = FoldingTable(title=f"Test accuracy (%) and epsilon spent after R rounds at matched "
-                        f"target epsilon, {report['dataset']}, delta {report['delta']:g}, "
-                        f"{report['seeds']} seed(s)")
+                        f"target epsilon, {report.dataset}, delta {report.delta:g}, "
+                        f"{report.seeds} seed(s)")
     table.add_column("method", no_wrap=True)
     table.add_column("privacy notion")
     table.add_column("upload / client-round", justify="right")
     table.add_column("target")
     for r in counts:
         table.add_column(f"{r} round" + ("" if r == 1 else "s"), justify="right")
-    for method, row in report["methods"].items():
-        upload = row["upload_bytes"]
-        cells = list(row["results"].items())
+    for method, row in report.methods.items():
+        upload = row.upload_bytes
+        cells = list(row.results.items())
         for i, (column, cell) in enumerate(cells):
-            by_rounds = {p["rounds"]: p for p in cell.get("by_rounds", [])}
+            by_rounds = {p.rounds: p for p in cell.by_rounds}
             values = []
             for r in counts:
                 point = by_rounds.get(r)
                 if point is None:
                     values.append("-")
                     continue
-                spent = point["epsilon_mean"]
-                values.append(_accuracy(point, report["seeds"])
+                spent = point.epsilon_mean
+                values.append(_accuracy(point.mean, point.std, report.seeds)
                               + ("" if spent is None else f"\neps {spent:.2f}"))
             first = i == 0
             table.add_row(
-                method if first else "", row["notion"] if first else "",
+                method if first else "", row.notion if first else "",
                 "" if not first else "-" if upload is None else human_bytes(upload),
                 column if column == NO_DP else f"eps {column}", *values,
                 end_section=i == len(cells) - 1,

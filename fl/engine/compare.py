@@ -38,12 +38,10 @@ seed set with ``--set split_seed=N`` (declared public), else ONE secret split se
 comparison, kept only in its runs' ``private.pt`` and read back from there when the
 comparison resumes.
 
-``comparison.json`` (:func:`run_comparison`): ``configs`` holds each method's base
-configuration; ``rounds`` is the largest round count (the only one, usually) and
-``round_counts`` all of them, ascending. Each cell (method, budget) of
-``methods[m]["results"]`` holds ``runs`` (every run, each with its planned ``rounds``),
-``mean`` / ``std`` / ``mean_by_round`` of the runs planned for ``rounds``, and ``by_rounds``:
-one :class:`RoundsResult` per round count.
+``comparison.json`` (:func:`run_comparison`) is
+:meth:`~fedlap_privacy.fl.engine.compare_records.Comparison.to_json`: a row per method, a cell
+per budget, each run and a summary per round count
+(:mod:`~fedlap_privacy.fl.engine.compare_records`).
 """
 
 from __future__ import annotations
@@ -55,7 +53,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -74,6 +71,13 @@ from fedlap_privacy.fl.engine.compare_budgets import (
     round_counts,
 )
 from fedlap_privacy.fl.engine.compare_plots import plot_comparison, plot_round_counts, plot_rounds
+from fedlap_privacy.fl.engine.compare_records import (
+    Comparison,
+    ComparisonCell,
+    ComparisonRun,
+    MethodRow,
+    RoundsResult,
+)
 from fedlap_privacy.fl.engine.events import (
     ComparisonCallback,
     ComparisonRunEnded,
@@ -91,11 +95,11 @@ from fedlap_privacy.fl.run.run_files import (
 )
 from fedlap_privacy.fl.run.run_records import RunSummary
 from fedlap_privacy.state.atomic import write_text_atomic
-from fedlap_privacy.state.jsonsafe import json_safe
 
 __all__ = [
     "COMPARISON",
     "NO_DP",
+    "Comparison",
     "Job",
     "RoundsResult",
     "bases_by_rounds",
@@ -221,60 +225,6 @@ def plan_jobs(
     return jobs
 
 
-@dataclass(frozen=True)
-class RoundsResult:
-    """One cell (method, budget) of a comparison at one round count: the final test accuracy
-    and the reported epsilon of its runs, mean and standard deviation over seeds (population
-    sd, as the cell's ``std``). ``epsilon_*`` / ``sigma_mean`` are None where a run has none
-    (non-private; sigma: methods without Gaussian noise)."""
-
-    rounds: int
-    seeds: list[int]
-    mean: float
-    std: float
-    epsilon_mean: float | None
-    epsilon_std: float | None
-    sigma_mean: float | None
-    #: mean accuracy after each round (over the runs that reached it)
-    mean_by_round: list[float]
-    #: mean accuracy on the runs' validation split (None without ``validation_records``)
-    validation_mean: float | None = None
-
-    @classmethod
-    def of(cls, rounds: int, runs: list[dict[str, Any]]) -> RoundsResult:
-        """The summary of ``runs``, the run records (:func:`run_comparison`) planned for
-        ``rounds``."""
-        accs = [r["test_accuracy"] for r in runs]
-        eps = [r["epsilon"] for r in runs]
-        sigmas = [r["sigma"] for r in runs]
-        validation = [r.get("validation_accuracy") for r in runs]
-        known = None not in eps
-        return cls(
-            rounds=rounds,
-            seeds=[r["seed"] for r in runs],
-            mean=float(np.mean(accs)),
-            std=float(np.std(accs)),
-            epsilon_mean=float(np.mean(eps)) if known else None,
-            epsilon_std=float(np.std(eps)) if known else None,
-            sigma_mean=float(np.mean(sigmas)) if None not in sigmas else None,
-            mean_by_round=_mean_by_round([r["accuracy_by_round"] for r in runs]),
-            validation_mean=float(np.mean(validation)) if None not in validation else None,
-        )
-
-
-def _summarise(cell: dict[str, Any], last: int) -> None:
-    """Set ``cell``'s ``by_rounds`` and its ``mean`` / ``std`` / ``mean_by_round`` (those of
-    the runs planned for ``last`` rounds) from its ``runs``."""
-    by_count: dict[int, list[dict[str, Any]]] = {}
-    for run in cell["runs"]:
-        by_count.setdefault(run["rounds"], []).append(run)
-    results = {r: RoundsResult.of(r, runs) for r, runs in sorted(by_count.items())}
-    cell["by_rounds"] = [dataclasses.asdict(r) for r in results.values()]
-    final = results.get(last) or list(results.values())[-1]
-    cell["mean"], cell["std"] = final.mean, final.std
-    cell["mean_by_round"] = final.mean_by_round
-
-
 def run_comparison(
     base: Bases,
     eps_values: list[float],
@@ -286,9 +236,9 @@ def run_comparison(
     jobs: list[Job] | None = None,
     rounds: Sequence[int] | None = None,
     split_seed: int | None = None,
-) -> dict[str, Any]:
+) -> Comparison:
     """Train every method at every budget, round count and seed; write and return
-    ``comparison.json`` (its fields: the module docstring) and the plots
+    ``comparison.json`` (:class:`Comparison`) and the plots
     ``accuracy_vs_epsilon.png``, ``accuracy_vs_round.png`` and ``accuracy_vs_rounds.png``.
 
     ``base``: one configuration, or one per method (:func:`method_bases`). ``rounds``: the
@@ -306,10 +256,8 @@ def run_comparison(
     callback = callback or (lambda event: None)
     callback(ComparisonStarted(len(jobs), counts))
     t0 = time.perf_counter()
-    rows: dict[str, dict[str, Any]] = {
-        m: {"notion": METHOD_TABLE[m].notion.value, "upload_bytes": None, "results": {}}
-        for m in methods
-    }
+    cells: dict[str, dict[str, list[ComparisonRun]]] = {m: {} for m in methods}
+    uploads: dict[str, float | None] = dict.fromkeys(methods)
     for job in jobs:
         method, eps, seed = job.method, job.eps, job.seed
         callback(ComparisonRunStarted(method, eps, job.rounds, seed))
@@ -322,62 +270,36 @@ def run_comparison(
                 f"{folder}; the same command resumes the comparison")
         history = load_history(folder)
         privacy = summary.privacy
-        run = {
-            "seed": seed,
-            "rounds": job.rounds,  # planned for (and budgeted over) this many rounds
-            "test_accuracy": summary.test_accuracy,
-            # with --set validation_records=N: accuracy on the held-out training records
-            # (private data: from the run's private.pt, never in its ckpt.pt)
-            "validation_accuracy": summary.validation_accuracy,
-            "epsilon": privacy.epsilon,
-            # the accountant that planned sigma and reports epsilon (PLD by default), and
-            # the run's epsilon by every accountant (RDP's Theorem 5.8 figure beside it)
-            "accountant": privacy.accountant,
-            "epsilon_by_accountant": privacy.epsilon_by_accountant,
-            "delta": privacy.delta,
-            "sigma": privacy.sigma,
-            "round_epsilon": privacy.round_epsilon,
-            "rounds_run": summary.rounds_run,
-            "stopped": summary.stopped,
-            "seconds": time.perf_counter() - started,
-            "out": summary.out,
-            # per round: how accuracy grows while the run spends its budget (a run planned
-            # for R rounds spends less than its target before round R)
-            "accuracy_by_round": [h.test_accuracy for h in history],
-            "epsilon_by_round": [h.epsilon for h in history],
-        }
-        row = rows[method]
-        uploads = [h.upload_bytes for h in history if h.clients]
-        if uploads:
-            row["upload_bytes"] = float(np.mean(uploads))
-        cell = row["results"].setdefault(NO_DP if eps is None else f"{eps:g}", {"runs": []})
-        cell["runs"].append(run)
+        run = ComparisonRun(
+            seed=seed, rounds=job.rounds, test_accuracy=summary.test_accuracy,
+            validation_accuracy=summary.validation_accuracy, epsilon=privacy.epsilon,
+            accountant=privacy.accountant, epsilon_by_accountant=privacy.epsilon_by_accountant,
+            delta=privacy.delta, sigma=privacy.sigma, round_epsilon=privacy.round_epsilon,
+            rounds_run=summary.rounds_run, stopped=summary.stopped,
+            seconds=time.perf_counter() - started, out=summary.out,
+            accuracy_by_round=[h.test_accuracy for h in history],
+            epsilon_by_round=[h.epsilon for h in history],
+        )
+        uploaded = [h.upload_bytes for h in history if h.clients]
+        if uploaded:
+            uploads[method] = float(np.mean(uploaded))
+        cells[method].setdefault(NO_DP if eps is None else f"{eps:g}", []).append(run)
         callback(ComparisonRunEnded(method, eps, run))
-    for row in rows.values():
-        for cell in row["results"].values():
-            _summarise(cell, counts[-1])
-    report = {
-        "dataset": first.dataset,
-        "rounds": counts[-1],
-        "round_counts": counts,
-        "delta": first.delta,
-        "eps": [float(e) for e in eps_values],
-        "seeds": seeds,
-        # each method's base (FedLAP-DP's schedule keys are its own); a run's is in its folder
-        "configs": {m: dataclasses.replace(base_for(base, m), rounds=counts[-1]).to_dict()
-                    for m in methods},
-        "methods": rows,
-        "seconds": time.perf_counter() - t0,
-    }
+    report = Comparison(
+        dataset=first.dataset, rounds=counts[-1], round_counts=counts, delta=first.delta,
+        eps=[float(e) for e in eps_values], seeds=seeds,
+        configs={m: dataclasses.replace(base_for(base, m), rounds=counts[-1]).to_dict()
+                 for m in methods},
+        methods={m: MethodRow(METHOD_TABLE[m].notion.value, uploads[m],
+                              {b: ComparisonCell.of(runs, counts[-1])
+                               for b, runs in cells[m].items()})
+                 for m in methods},
+        seconds=time.perf_counter() - t0,
+    )
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / COMPARISON, json.dumps(json_safe(report), indent=2) + "\n")
+    write_text_atomic(out / COMPARISON, json.dumps(report.to_json(), indent=2) + "\n")
     plot_comparison(report, out / "accuracy_vs_epsilon.png")
     plot_rounds(report, out / "accuracy_vs_round.png")
     plot_round_counts(report, out / "accuracy_vs_rounds.png")
     return report
 
-
-def _mean_by_round(curves: list[list[float]]) -> list[float]:
-    """Mean accuracy after each round over the runs that reached it."""
-    longest = max((len(c) for c in curves), default=0)
-    return [float(np.mean([c[i] for c in curves if len(c) > i])) for i in range(longest)]

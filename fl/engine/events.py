@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fedlap_privacy.fl.config import TrainConfig
+    from fedlap_privacy.fl.engine.compare_records import ComparisonRun
     from fedlap_privacy.fl.run.run_records import RoundRecord
     from fedlap_privacy.state.run_state import ValidationScore
 
@@ -129,7 +130,7 @@ class ComparisonRunEnded:
 
     method: str
     eps: float | None
-    run: dict[str, Any]
+    run: ComparisonRun
 
 
 ComparisonEvent = ComparisonStarted | ComparisonRunStarted | ComparisonRunEnded

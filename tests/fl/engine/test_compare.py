@@ -114,8 +114,8 @@ def test_comparison_report_table_and_resume(tmp_path):
     again = run_comparison(base, [2.0, 8.0], ["dp-fedavg", "fedavg"], 2, tmp_path, "cpu")
     assert ckpt.stat().st_mtime_ns == stamp
     def numbers(r):
-        return [(run["test_accuracy"], run["epsilon"]) for cell in r["methods"]["dp-fedavg"][
-            "results"].values() for run in cell["runs"]]
+        return [(run.test_accuracy, run.epsilon)
+                for cell in r.methods["dp-fedavg"].results.values() for run in cell.runs]
 
     assert numbers(again) == numbers(report)
     # ... but refuses a directory whose runs had other settings
@@ -206,14 +206,14 @@ def test_comparison_tables_final_accuracy_per_round_count(tmp_path):
     # run folders carry the count (several counts), so no count's run overwrites another's
     assert not (tmp_path / "runs" / "dp-fedavg-eps3-seed0").exists()
     assert (tmp_path / "accuracy_vs_rounds.png").stat().st_size > 0
-    assert report["round_counts"] == [1, 3]
+    assert report.round_counts == [1, 3] and report.to_json() == saved
     # resumed, not trained again
     ckpt = tmp_path / "runs" / "dp-fedavg-eps3-rounds1-seed0" / CHECKPOINT
     stamp = ckpt.stat().st_mtime_ns
     again = run_comparison(base, [3.0], ["dp-fedavg", "fedavg"], 2, tmp_path, "cpu",
                            rounds=[1, 3])
     assert ckpt.stat().st_mtime_ns == stamp
-    assert again["methods"]["dp-fedavg"]["results"]["3"]["by_rounds"] == cell["by_rounds"]
+    assert again.to_json()["methods"]["dp-fedavg"]["results"]["3"]["by_rounds"] == cell["by_rounds"]
 
 
 def test_methods_share_one_secret_split_which_a_resumed_comparison_keeps(tmp_path):
@@ -230,9 +230,9 @@ def test_methods_share_one_secret_split_which_a_resumed_comparison_keeps(tmp_pat
     assert len(states) == 4 and len({s.split_seed for s in states}) == 1
     secret = states[0].split_seed
     assert len({tuple(map(tuple, (i.tolist() for i in s.client_indices))) for s in states}) == 1
-    assert all(r["validation_accuracy"] is not None
-               for row in report["methods"].values() for cell in row["results"].values()
-               for r in cell["runs"])
+    assert all(r.validation_accuracy is not None
+               for row in report.methods.values() for cell in row.results.values()
+               for r in cell.runs)
     assert str(secret) not in (tmp_path / COMPARISON).read_text()
     assert comparison_split_seed(base, tmp_path) == secret  # a resume keeps the split
     assert comparison_split_seed(base, tmp_path / "elsewhere") != secret  # a fresh secret

@@ -68,9 +68,9 @@ def test_a_stopped_comparison_says_so_and_the_same_call_resumes_it(tmp_path):
             run_comparison(base, [3.0], ["dp-fedavg"], 1, tmp_path, "cpu")
     assert not (tmp_path / COMPARISON).exists()  # no table of unfinished runs
     report = run_comparison(base, [3.0], ["dp-fedavg"], 1, tmp_path, "cpu")
-    [run] = report["methods"]["dp-fedavg"]["results"]["3"]["runs"]
-    assert run["rounds_run"] == 2 and run["stopped"] == "completed"
-    assert 3.0 - 0.01 < run["epsilon"] <= 3.0
+    [run] = report.methods["dp-fedavg"].results["3"].runs
+    assert run.rounds_run == 2 and run.stopped == "completed"
+    assert 3.0 - 0.01 < run.epsilon <= 3.0
 
 
 def test_train_command_stops_on_sigterm_with_exit_143_and_resumes(tmp_path):
