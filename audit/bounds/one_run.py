@@ -482,22 +482,13 @@ def one_run_audit(
                 f"need k_plus, k_minus >= 0 and 1 <= k_plus + k_minus <= m={m}, "
                 f"got k_plus={k_plus}, k_minus={k_minus}"
             )
-        r, v = _guess_counts(order, included_arr, int(k_plus), int(k_minus))
+        pair = (int(k_plus), int(k_minus))
+        r, v = _guess_counts(order, included_arr, *pair)
         return OneRunResult(
             epsilon_lower_bound=_bound(method, m, r, v, delta, level),
-            ceiling=_grid_ceiling(m, k, [(int(k_plus), int(k_minus))], delta, level, method),
-            canaries=m,
-            guesses=r,
-            correct=v,
-            confidence=confidence,
-            k_plus=int(k_plus),
-            k_minus=int(k_minus),
-            selection="fixed",
-            delta=delta,
-            candidates=1,
-            method=method,
-            included=k,
-        )
+            ceiling=_grid_ceiling(m, k, [pair], delta, level, method), canaries=m, guesses=r,
+            correct=v, confidence=confidence, k_plus=pair[0], k_minus=pair[1],
+            selection="fixed", delta=delta, candidates=1, method=method, included=k)
 
     if selection == "bonferroni":
         if grid is None:
@@ -510,19 +501,10 @@ def one_run_audit(
                                                 method)
         return OneRunResult(
             epsilon_lower_bound=bound,
-            ceiling=_grid_ceiling(m, k, grid, delta, level_each, method),
-            canaries=m,
-            guesses=r,
-            correct=v,
-            confidence=confidence,
-            k_plus=kp,
-            k_minus=km,
-            selection="bonferroni",
-            delta=delta,
-            candidates=len(grid),
-            method=method,
-            included=k,
-        )
+            ceiling=_grid_ceiling(m, k, grid, delta, level_each, method), canaries=m,
+            guesses=r, correct=v, confidence=confidence, k_plus=kp, k_minus=km,
+            selection="bonferroni", delta=delta, candidates=len(grid), method=method,
+            included=k)
 
     if selection == "split":
         if m < 4:
@@ -549,18 +531,8 @@ def one_run_audit(
         return OneRunResult(
             epsilon_lower_bound=_bound(method, m_b, r, v, delta, level),
             ceiling=_grid_ceiling(m_b, included_b, [(kp, km)], delta, level, method),
-            canaries=m_b,
-            guesses=r,
-            correct=v,
-            confidence=confidence,
-            k_plus=kp,
-            k_minus=km,
-            selection="split",
-            delta=delta,
-            candidates=1,
-            method=method,
-            included=included_b,
-        )
+            canaries=m_b, guesses=r, correct=v, confidence=confidence, k_plus=kp, k_minus=km,
+            selection="split", delta=delta, candidates=1, method=method, included=included_b)
 
     raise ConfigError(f"selection must be 'bonferroni' or 'split', got {selection!r}")
 
