@@ -512,7 +512,7 @@ class TrainingRun:
         if len(self.y_val):
             validation = ValidationScore(m, *evaluate(self.model, self.x_val, self.y_val))
         upload = [r.upload_bytes for r in replies] if self.secure is None else [
-            8 * self.secure.mechanism.quantisation.dim] * len(replies)  # the masked vectors
+            self.secure.upload_bytes] * len(replies)
         return RoundRecord(
             round=m, test_accuracy=acc, test_loss=loss, epsilon=epsilon,
             delta=entry.delta, rounds_spent=entry.rounds_spent, local_steps=entry.local_steps,

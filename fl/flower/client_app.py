@@ -259,12 +259,12 @@ def _unmask(msg: Message, context: Context) -> Message:
     """The unmasking of a secure round: the node's self seed and its pair seeds with the
     peers that dropped, for one survivor set (:func:`.secure_node.unmask_answer`)."""
     try:
-        request = msg.content.config_records["unmask"]
+        request = msg.content.config_records[UNMASK]
         answer = unmask_answer(request, context)
     except (KeyError, ConfigError) as exc:
         return _refuse(msg, exc if isinstance(exc, ConfigError)
                        else ConfigError("malformed unmasking request"), _partition_hint(context))
-    return Message(RecordDict({"unmask": answer}), reply_to=msg)
+    return Message(RecordDict({UNMASK: answer}), reply_to=msg)
 
 
 #: a Flower mod, as ``ClientApp(mods=...)`` takes it: (message, context, the next handler)

@@ -41,7 +41,7 @@ from fedlap_privacy.fl.flower.secure_node import SECURE_RECORD, UNMASK, UPLOAD_R
 from fedlap_privacy.fl.methods.interface import Reply, RoundInfo
 from fedlap_privacy.fl.run.user_runs import prepare_data
 from fedlap_privacy.fl.secure_sum.encoding import SecureSumSpec
-from fedlap_privacy.fl.secure_sum.masking import Answer, SecureSumServer
+from fedlap_privacy.fl.secure_sum.masking import Answer
 from fedlap_privacy.fl.secure_sum.training import MaskedRound, SecurePlan, round_spec
 from fedlap_privacy.vocabulary import NoiseKind
 
@@ -335,8 +335,7 @@ class FlowerClients:
             callback(ClientDone(m, k))
         if spec is not None:
             assert run.secure is not None
-            server = SecureSumServer(run.secure.bits, spec.mechanism.quantisation.dim,
-                                     run.secure.min_survivors)
+            server = run.secure.sum_server()
             for k, masked in uploads.items():
                 server.receive(k, masked)
             run.masked_round = MaskedRound(
@@ -349,19 +348,19 @@ class FlowerClients:
 
     def _reveal(self, m: int, alive: frozenset[int], ttl: float) -> dict[int, Answer]:
         """Ask the survivors of round m to unmask (``query.unmask``); the answers that came."""
-        request = RecordDict({"unmask": ConfigRecord({"round": m, "survivors": sorted(alive)})})
+        request = RecordDict({UNMASK: ConfigRecord({"round": m, "survivors": sorted(alive)})})
         order = sorted(alive)
         got = self._collect([Message(request, self.nodes[k].node_id, f"query.{UNMASK}", ttl=ttl,
                                      group_id=str(m)) for k in order], self.round_timeout)
         answers: dict[int, Answer] = {}
         for i, k in enumerate(order):
             msg = got.get(i)
-            if msg is None or msg.has_error() or "unmask" not in msg.content.config_records:
+            if msg is None or msg.has_error() or UNMASK not in msg.content.config_records:
                 reason = ("no answer" if msg is None else reason_of(msg) if msg.has_error()
                           else _refusal(msg))
                 self.log(f"round {m}: client {k} did not unmask ({reason})")
                 continue
-            rec = msg.content.config_records["unmask"]
+            rec = msg.content.config_records[UNMASK]
             try:
                 dropped = dict(zip((int(j) for j in rec["dropped"]),
                                    (bytes(x) for x in rec["pair-seeds"]), strict=True))

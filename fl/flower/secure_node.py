@@ -46,7 +46,8 @@ __all__ = ["SECURE_RECORD", "UNMASK", "UPLOAD_RECORD", "mask_update", "public_ke
 SECURE_RECORD = "secure-sum"
 #: the reply's record holding the masked vector
 UPLOAD_RECORD = "secure-upload"
-#: the message type of the unmasking request (``query.unmask``)
+#: the unmasking: the request's message type (``query.unmask``) and the name of the record
+#: the request and the answer carry
 UNMASK = "unmask"
 _KEY = "secure-sum-key"  # context.state: the node's private key for the run
 _ROUND = "secure-sum-round"  # context.state: the last round's self seed, peers and survivors

@@ -144,6 +144,16 @@ class SecurePlan:
                 "times, so the summed noise is worth sigma over that; more --bits (or the "
                 "default, the fewest within 2%) lowers epsilon"]
 
+    @property
+    def upload_bytes(self) -> int:
+        """What one client uploads a round: its masked vector, 8 bytes a coordinate of the
+        padded dimension."""
+        return 8 * self.mechanism.quantisation.dim
+
+    def sum_server(self) -> SecureSumServer:
+        """A round's server side of the masking, for this mechanism's vectors."""
+        return SecureSumServer(self.bits, self.mechanism.quantisation.dim, self.min_survivors)
+
     def record(self, planned: int, received: int, released: bool) -> SecureRound:
         return SecureRound.of(self.mechanism, self.bits, planned, received, self.min_survivors,
                               self.colluding, released)
@@ -239,7 +249,7 @@ def secure_sum_round(plan: SecurePlan, updates: list[np.ndarray], planned: int
     size); the others dropped out."""
     spec = round_spec(plan)
     clients = setup_round(range(planned), plan.bits)
-    server = SecureSumServer(plan.bits, plan.mechanism.quantisation.dim, plan.min_survivors)
+    server = plan.sum_server()
     for cid, update in enumerate(updates):  # client side: its own share, masked
         server.receive(cid, clients[cid].mask(encode(update, spec)))
     return finish_round(plan, spec, server, clients, planned)
